@@ -1,0 +1,1 @@
+//! uzram: a compressed RAM block device engine.
