@@ -1,1 +1,106 @@
-//! placeholder
+//! `uzram-allocator`: a zsmalloc-like allocator for compressed pages, in userspace.
+//!
+//! A [`Pool`] stores objects of 1 to 4096 bytes. Objects are grouped by size into size classes
+//! (32 B to 4 KiB in 16-byte steps, neighbours with identical layouts merged); each class packs its
+//! objects into zspages of 1 to 8 contiguous 4 KiB pages, and zspages are carved from 2 MiB arenas
+//! mapped with `mmap`. Callers get an opaque [`Handle`] (never 0) and read and write objects through
+//! it; the handle is indirect, so compaction can move an object, or a whole zspage, without telling
+//! the owner.
+//!
+//! ```
+//! use uzram_allocator::{Pool, PoolConfig};
+//!
+//! let pool = Pool::new(PoolConfig::default())?;
+//! let h = pool.store(b"compressed bytes")?;
+//! assert_eq!(pool.read(h, |obj| obj.to_vec())?, b"compressed bytes");
+//! pool.free(h)?;
+//! assert_eq!(pool.stats().objects, 0);
+//! # Ok::<(), uzram_allocator::Error>(())
+//! ```
+//!
+//! # Lock order
+//! `class -> arenas`. Each class has its own mutex (no global lock on the alloc/free/read path); the
+//! arena set has one mutex, taken only when a zspage is created, freed or moved. A thread never holds
+//! two class locks, and never takes a class lock while holding the arena lock. Background work
+//! ([`Pool::compact`]) takes one class lock at a time.
+//!
+//! # Memory and `mlockall`
+//! See the `mem` module: memory goes back to the OS one whole arena at a time (`munmap`), never by
+//! `MADV_DONTNEED`, which fails on memory locked by the daemon's `mlockall`.
+//!
+//! All `unsafe` code is in the `mem` module.
+
+#![warn(missing_docs)]
+
+mod class;
+#[doc(hidden)]
+pub mod fuzzing;
+mod mem;
+mod pool;
+
+pub use class::{ClassSpec, CLASS_STEP, MAX_OBJECT, MIN_OBJECT};
+pub use mem::{ARENA_PAGES, PAGE_SIZE};
+pub use pool::{
+    ClassStats, CompactStats, Handle, Pool, PoolConfig, PoolStats, FULLNESS_GROUPS,
+    MAX_PAGES_PER_ZSPAGE,
+};
+
+/// Errors of the pool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An object size outside 1..=4096.
+    #[error("object size {size} is outside 1..={max} bytes")]
+    InvalidSize {
+        /// The size asked for.
+        size: usize,
+        /// The largest object.
+        max: usize,
+    },
+    /// Allocating would take the pool past its memory limit; nothing was allocated.
+    #[error("memory limit of {limit_bytes} bytes reached ({used_bytes} bytes in use)")]
+    LimitExceeded {
+        /// The limit.
+        limit_bytes: u64,
+        /// Bytes of zspage pages in use.
+        used_bytes: u64,
+    },
+    /// The OS refused memory for a new arena.
+    #[error("cannot map a {bytes}-byte arena: {}", std::io::Error::from_raw_os_error(*errno))]
+    OutOfMemory {
+        /// The arena size.
+        bytes: u64,
+        /// The errno of `mmap`.
+        errno: i32,
+    },
+    /// The handle does not name a live object of this pool.
+    #[error("handle {raw:#x} does not name a live object")]
+    InvalidHandle {
+        /// The handle's word.
+        raw: u64,
+    },
+    /// A write longer than the object.
+    #[error("write of {len} bytes does not fit an object of {size} bytes")]
+    WriteTooLong {
+        /// Bytes to write.
+        len: usize,
+        /// The object's size.
+        size: usize,
+    },
+    /// A read buffer shorter than the object.
+    #[error("buffer of {len} bytes cannot hold an object of {size} bytes")]
+    BufferTooSmall {
+        /// The buffer's length.
+        len: usize,
+        /// The object's size.
+        size: usize,
+    },
+    /// A configuration value out of range.
+    #[error("invalid pool configuration: {what} = {value}")]
+    InvalidConfig {
+        /// The field.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+    },
+}

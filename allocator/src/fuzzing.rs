@@ -1,0 +1,189 @@
+//! The `pool_ops` fuzz harness: random pool operations checked against a model (a list of live
+//! objects with their contents). Shared by the cargo-fuzz target, the corpus replay test and the
+//! proptest.
+
+use arbitrary::{Arbitrary, Unstructured};
+
+use crate::{Error, Handle, Pool, PoolConfig, MAX_OBJECT, PAGE_SIZE};
+
+/// One pool operation. Indexes pick a live object modulo the number of live objects.
+#[derive(Debug, Clone, Arbitrary)]
+pub enum PoolOp {
+    /// Store an object of `size % 4096 + 1` bytes with a pattern from `seed`.
+    Store {
+        /// Size selector.
+        size: u16,
+        /// Pattern seed.
+        seed: u8,
+    },
+    /// Free a live object.
+    Free {
+        /// Object selector.
+        idx: u16,
+    },
+    /// Overwrite a live object with a new pattern.
+    Rewrite {
+        /// Object selector.
+        idx: u16,
+        /// Pattern seed.
+        seed: u8,
+    },
+    /// Read a live object and compare it with the model.
+    Read {
+        /// Object selector.
+        idx: u16,
+    },
+    /// Compact the pool.
+    Compact,
+    /// Set the memory limit to `pages` pages, or none.
+    SetLimit {
+        /// Limit in pages.
+        pages: Option<u8>,
+    },
+    /// Use a handle that names nothing.
+    Bogus {
+        /// The handle's word.
+        raw: u64,
+    },
+}
+
+/// The pattern an object of `len` bytes holds for `seed`: compressible-looking runs, distinct per seed.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i / 7) as u8).wrapping_mul(seed | 1))
+        .collect()
+}
+
+/// Runs `ops` on a fresh pool and checks every result against the model. Panics on a mismatch.
+pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize) {
+    let config = PoolConfig {
+        max_pages_per_zspage,
+        auto_compact: true,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(config).expect("valid config");
+    let mut model: Vec<(Handle, Vec<u8>)> = Vec::new();
+    for (n, op) in ops.iter().enumerate() {
+        match *op {
+            PoolOp::Store { size, seed } => {
+                let data = pattern(seed, usize::from(size) % MAX_OBJECT + 1);
+                let before = pool.stats();
+                match pool.store(&data) {
+                    Ok(h) => {
+                        assert!(
+                            model.iter().all(|(m, _)| *m != h),
+                            "handle {h:?} given twice"
+                        );
+                        model.push((h, data));
+                    }
+                    Err(Error::LimitExceeded { .. }) => {
+                        let after = pool.stats();
+                        assert_eq!(before.objects, after.objects, "failed store left an object");
+                        assert_eq!(
+                            before.pages_used, after.pages_used,
+                            "failed store kept pages"
+                        );
+                        let spec = pool.classes()[class_index(&pool, data.len())];
+                        assert!(
+                            after.pages_used + spec.pages_per_zspage as u64 > after.limit_pages,
+                            "limit refused a store that fits"
+                        );
+                    }
+                    Err(e) => panic!("store of {} bytes failed: {e}", data.len()),
+                }
+            }
+            PoolOp::Free { idx } if !model.is_empty() => {
+                let (h, _) = model.swap_remove(usize::from(idx) % model.len());
+                pool.free(h).expect("free of a live handle");
+                let again = pool.free(h);
+                assert!(
+                    matches!(again, Err(Error::InvalidHandle { .. })),
+                    "double free: {again:?}"
+                );
+            }
+            PoolOp::Rewrite { idx, seed } if !model.is_empty() => {
+                let i = usize::from(idx) % model.len();
+                let data = pattern(seed, model[i].1.len());
+                pool.write(model[i].0, &data)
+                    .expect("write of a live handle");
+                model[i].1 = data;
+            }
+            PoolOp::Read { idx } if !model.is_empty() => {
+                let (h, data) = &model[usize::from(idx) % model.len()];
+                assert_eq!(pool.read(*h, |o| o.to_vec()).expect("read"), *data);
+            }
+            PoolOp::Compact => {
+                pool.compact();
+                for s in pool.class_stats() {
+                    assert_eq!(
+                        s.freeable, 0,
+                        "class {} still freeable after compaction",
+                        s.size
+                    );
+                }
+                check_all(&pool, &model);
+            }
+            PoolOp::SetLimit { pages } => {
+                pool.set_limit(pages.map(|p| u64::from(p) * PAGE_SIZE as u64));
+            }
+            PoolOp::Bogus { raw } => {
+                if let Some(h) = Handle::from_raw(raw) {
+                    if !model.iter().any(|(m, _)| *m == h) {
+                        assert!(pool.read(h, |_| ()).is_err(), "bogus handle {raw:#x} read");
+                    }
+                }
+            }
+            _ => {}
+        }
+        if n % 64 == 63 {
+            pool.check_invariants().expect("invariants");
+        }
+    }
+    check_all(&pool, &model);
+    for (h, _) in model.drain(..) {
+        pool.free(h).expect("free");
+    }
+    let s = pool.stats();
+    assert_eq!(
+        (s.objects, s.pages_used, s.object_bytes),
+        (0, 0, 0),
+        "empty pool holds memory"
+    );
+    pool.check_invariants()
+        .expect("invariants after freeing all");
+}
+
+fn class_index(pool: &Pool, size: usize) -> usize {
+    pool.classes()
+        .iter()
+        .position(|c| c.size >= size)
+        .expect("a class holds every size")
+}
+
+fn check_all(pool: &Pool, model: &[(Handle, Vec<u8>)]) {
+    pool.check_invariants().expect("invariants");
+    for (h, data) in model {
+        assert_eq!(pool.read(*h, |o| o.to_vec()).expect("read"), *data);
+    }
+    let s = pool.stats();
+    assert_eq!(s.objects, model.len() as u64);
+    assert_eq!(
+        s.object_bytes,
+        model.iter().map(|(_, d)| d.len() as u64).sum::<u64>()
+    );
+}
+
+/// The cargo-fuzz entry: decodes a chain size and a list of operations from `data` and runs them.
+pub fn pool_ops(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok(chain) = u.int_in_range(1..=crate::MAX_PAGES_PER_ZSPAGE) else {
+        return;
+    };
+    let Ok(ops) = u
+        .arbitrary_iter::<PoolOp>()
+        .and_then(|it| it.take(4096).collect::<Result<Vec<_>, _>>())
+    else {
+        return;
+    };
+    run_ops(&ops, chain);
+}

@@ -1,0 +1,512 @@
+//! All raw memory of the pool: arenas mapped with `mmap`, and runs of contiguous pages handed out of
+//! them. This is the only module of the crate with `unsafe` code.
+//!
+//! # Why arenas, and how memory goes back to the OS
+//! The uzram daemon runs under `mlockall(MCL_CURRENT | MCL_FUTURE)`, so every mapping it makes is
+//! populated and locked at once, and `MADV_DONTNEED` fails on locked ranges. The pool therefore never
+//! gives back part of a mapping: it maps memory in arenas of [`ARENA_PAGES`] pages and returns an
+//! arena with `munmap` only when no run is allocated in it. Compaction moves runs out of sparse arenas
+//! ([`ArenaSet::alloc_run`] with `exclude`) so that they empty. One empty arena is kept as a reserve
+//! so that a pool oscillating around an arena boundary does not map and unmap on every zspage.
+//! The number of mappings is bounded by pool size / arena size (8192 for 16 GiB), far below
+//! `vm.max_map_count`.
+//!
+//! # Soundness
+//! A [`PageRun`] is an owning handle to `pages` contiguous pages inside one arena, like a
+//! `Box<[u8]>` whose memory lives in the arena. The invariants that make the safe API sound:
+//! 1. The used-page bitmap of each arena marks exactly the pages of the live `PageRun`s in it, so no
+//!    two `PageRun`s overlap (allocation only hands out pages whose bits are clear, and sets them).
+//! 2. An arena is unmapped only when its bitmap is empty, i.e. no `PageRun` points into it; a
+//!    `PageRun` is returned only by value ([`ArenaSet::free_run`]), so none outlives its pages.
+//! 3. `PageRun` is neither `Clone` nor `Copy`; reads go through `&PageRun`, writes through
+//!    `&mut PageRun`, so the borrow checker gives writers exclusive access, as with a `Box`.
+//!
+//! Every `PageRun` must be given back to the `ArenaSet` it came from before that set is dropped
+//! (the pool does so in its `Drop`); a run that leaks only leaks memory, never dangles, because an
+//! arena with allocated pages is never unmapped while the set lives, and the set unmaps everything when
+//! it is dropped, after which the pool holds no runs.
+
+use std::ptr::NonNull;
+
+/// Bytes in a page. uzram serves 4 KiB pages only.
+pub const PAGE_SIZE: usize = 4096;
+/// Pages in one arena (one `mmap`): 2 MiB.
+pub const ARENA_PAGES: usize = 512;
+const ARENA_BYTES: usize = ARENA_PAGES * PAGE_SIZE;
+const BITMAP_WORDS: usize = ARENA_PAGES / 64;
+
+/// One anonymous private mapping of `ARENA_BYTES`.
+struct Mapping {
+    ptr: NonNull<u8>,
+}
+
+impl Mapping {
+    fn new() -> Result<Mapping, i32> {
+        // SAFETY: an anonymous private mapping with no address hint has no preconditions; the result
+        // is checked against MAP_FAILED before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ARENA_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::ENOMEM));
+        }
+        NonNull::new(ptr.cast::<u8>())
+            .map(|ptr| Mapping { ptr })
+            .ok_or(libc::ENOMEM)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from a successful mmap of ARENA_BYTES and is unmapped exactly once, here.
+        // Invariant 2 of the module guarantees no PageRun points into it any more.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), ARENA_BYTES);
+        }
+    }
+}
+
+// SAFETY: a Mapping is plain memory owned by this value; it is only touched through PageRuns, whose
+// own access rules (see the module docs) keep threads apart.
+unsafe impl Send for Mapping {}
+
+/// An owning handle to `pages` contiguous pages of an arena. See the module docs.
+#[derive(Debug)]
+pub struct PageRun {
+    ptr: NonNull<u8>,
+    arena: u32,
+    first_page: u16,
+    pages: u16,
+}
+
+// SAFETY: a PageRun owns its pages exclusively (invariant 1), like a Box<[u8]>; moving it to another
+// thread moves that ownership.
+unsafe impl Send for PageRun {}
+// SAFETY: shared references only read (`bytes`); writes need `&mut PageRun` (invariant 3).
+unsafe impl Sync for PageRun {}
+
+impl PageRun {
+    /// Number of pages in the run.
+    pub fn pages(&self) -> usize {
+        usize::from(self.pages)
+    }
+
+    /// Length of the run in bytes.
+    pub fn len_bytes(&self) -> usize {
+        self.pages() * PAGE_SIZE
+    }
+
+    /// The arena the run lives in.
+    pub fn arena(&self) -> u32 {
+        self.arena
+    }
+
+    /// The run's first page within its arena.
+    pub fn first_page(&self) -> usize {
+        usize::from(self.first_page)
+    }
+
+    /// The whole run as bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the run's pages are mapped and owned by this PageRun (invariants 1 and 2); `&self`
+        // guarantees no `&mut` access exists for the slice's lifetime (invariant 3).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len_bytes()) }
+    }
+
+    /// The whole run as mutable bytes.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only access to the run's pages.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len_bytes()) }
+    }
+}
+
+struct Arena {
+    mapping: Mapping,
+    /// Bit set = page allocated to a live PageRun.
+    used: [u64; BITMAP_WORDS],
+    used_pages: usize,
+    /// Per first page of a live run, the tag its owner gave (what `runs_in` reports).
+    owner: Box<[u64; ARENA_PAGES]>,
+}
+
+impl Arena {
+    fn is_free(&self, page: usize) -> bool {
+        self.used[page / 64] & (1 << (page % 64)) == 0
+    }
+
+    fn set_range(&mut self, first: usize, n: usize, used: bool) {
+        for p in first..first + n {
+            let bit = 1u64 << (p % 64);
+            if used {
+                self.used[p / 64] |= bit;
+            } else {
+                self.used[p / 64] &= !bit;
+            }
+        }
+    }
+
+    /// First fit of `n` contiguous free pages.
+    fn find_free(&self, n: usize) -> Option<usize> {
+        if ARENA_PAGES - self.used_pages < n {
+            return None;
+        }
+        let mut run_start = 0;
+        let mut run_len = 0;
+        let mut page = 0;
+        while page < ARENA_PAGES {
+            if page % 64 == 0 && self.used[page / 64] == u64::MAX {
+                run_len = 0;
+                page += 64;
+                continue;
+            }
+            if self.is_free(page) {
+                if run_len == 0 {
+                    run_start = page;
+                }
+                run_len += 1;
+                if run_len == n {
+                    return Some(run_start);
+                }
+            } else {
+                run_len = 0;
+            }
+            page += 1;
+        }
+        None
+    }
+}
+
+/// Why a run could not be allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapError {
+    /// `mmap` failed with this errno (ENOMEM, or EAGAIN under a memlock limit).
+    Map(i32),
+    /// No arena other than the excluded one has room, and mapping was not allowed.
+    NoRoom,
+}
+
+/// Where [`ArenaSet::alloc_run`] may put a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Anywhere, mapping a new arena if needed.
+    Any,
+    /// Compaction: in an already used arena other than this one.
+    AwayFrom(u32),
+}
+
+/// The set of arenas of one pool. Not internally synchronised: the pool keeps it under a mutex.
+#[derive(Default)]
+pub struct ArenaSet {
+    arenas: Vec<Option<Arena>>,
+    free_ids: Vec<u32>,
+    /// The arena the last allocation came from: tried first.
+    cursor: usize,
+    mapped: usize,
+    used_pages: usize,
+    /// Arenas mapped and later unmapped, over the pool's life.
+    released: u64,
+    /// Empty arenas to keep mapped rather than unmap.
+    reserve: usize,
+}
+
+impl ArenaSet {
+    /// A set that keeps up to `reserve` empty arenas mapped.
+    pub fn new(reserve: usize) -> ArenaSet {
+        ArenaSet {
+            reserve,
+            ..ArenaSet::default()
+        }
+    }
+
+    /// Pages in mapped arenas (what the pool really costs in RAM).
+    pub fn mapped_pages(&self) -> usize {
+        self.mapped * ARENA_PAGES
+    }
+
+    /// Pages allocated to live runs.
+    pub fn used_pages(&self) -> usize {
+        self.used_pages
+    }
+
+    /// Arenas currently mapped.
+    #[cfg(test)]
+    pub fn mapped_arenas(&self) -> usize {
+        self.mapped
+    }
+
+    /// Arenas unmapped so far.
+    pub fn released_arenas(&self) -> u64 {
+        self.released
+    }
+
+    /// Bytes of bookkeeping (not pool memory) the set holds.
+    pub fn metadata_bytes(&self) -> usize {
+        self.arenas.capacity() * std::mem::size_of::<Option<Arena>>()
+            + self.mapped * std::mem::size_of::<[u64; ARENA_PAGES]>()
+            + self.free_ids.capacity() * 4
+    }
+
+    /// Allocates `n` contiguous pages tagged `owner` (non-zero). With [`Placement::Any`] it tries the
+    /// arena of the last allocation, then the fullest arena with room (so sparse arenas drain), then
+    /// maps a new one. With [`Placement::AwayFrom`] it takes the fullest non-empty arena other than
+    /// the victim, and never maps.
+    pub fn alloc_run(
+        &mut self,
+        n: usize,
+        owner: u64,
+        place: Placement,
+    ) -> Result<PageRun, MapError> {
+        assert!((1..=ARENA_PAGES).contains(&n), "run of {n} pages");
+        let (excluded, may_map) = match place {
+            Placement::Any => (None, true),
+            Placement::AwayFrom(victim) => (Some(victim), false),
+        };
+        let mut found = None;
+        if let (Placement::Any, Some(Some(a))) = (place, self.arenas.get(self.cursor)) {
+            if let Some(first) = a.find_free(n) {
+                found = Some((self.cursor, first));
+            }
+        }
+        if found.is_none() {
+            let mut best: Option<(usize, usize, usize)> = None; // (id, first, used_pages)
+            for (id, a) in self.arenas.iter().enumerate() {
+                let Some(a) = a else { continue };
+                // Moving a run into an empty arena would only swap which arena is sparse.
+                let useless = excluded.is_some() && a.used_pages == 0;
+                if excluded == Some(id as u32)
+                    || useless
+                    || best.is_some_and(|(_, _, u)| u >= a.used_pages)
+                {
+                    continue;
+                }
+                if let Some(first) = a.find_free(n) {
+                    best = Some((id, first, a.used_pages));
+                }
+            }
+            found = best.map(|(id, first, _)| (id, first));
+        }
+        let (id, first) = match found {
+            Some(f) => f,
+            None if may_map => {
+                let mapping = Mapping::new().map_err(MapError::Map)?;
+                let arena = Arena {
+                    mapping,
+                    used: [0; BITMAP_WORDS],
+                    used_pages: 0,
+                    owner: Box::new([0; ARENA_PAGES]),
+                };
+                self.mapped += 1;
+                let id = match self.free_ids.pop() {
+                    Some(id) => {
+                        self.arenas[id as usize] = Some(arena);
+                        id as usize
+                    }
+                    None => {
+                        self.arenas.push(Some(arena));
+                        self.arenas.len() - 1
+                    }
+                };
+                (id, 0)
+            }
+            None => return Err(MapError::NoRoom),
+        };
+        self.cursor = id;
+        let arena = self.arenas[id].as_mut().expect("chosen arena is mapped");
+        arena.set_range(first, n, true);
+        arena.used_pages += n;
+        debug_assert_ne!(owner, 0, "owner tags are non-zero");
+        arena.owner[first] = owner;
+        self.used_pages += n;
+        // SAFETY: `first + n <= ARENA_PAGES` (find_free only returns runs inside the arena), so the
+        // offset stays inside the mapping.
+        let ptr = unsafe { arena.mapping.ptr.add(first * PAGE_SIZE) };
+        Ok(PageRun {
+            ptr,
+            arena: id as u32,
+            first_page: first as u16,
+            pages: n as u16,
+        })
+    }
+
+    /// Returns a run's pages; unmaps its arena if that leaves it empty and the reserve is full.
+    /// Returns the number of pages unmapped (0 or ARENA_PAGES).
+    pub fn free_run(&mut self, run: PageRun) -> usize {
+        let id = run.arena as usize;
+        let arena = self.arenas[id]
+            .as_mut()
+            .expect("a live run's arena is mapped");
+        debug_assert!((0..run.pages()).all(|p| !arena.is_free(run.first_page() + p)));
+        arena.set_range(run.first_page(), run.pages(), false);
+        arena.used_pages -= run.pages();
+        arena.owner[run.first_page()] = 0;
+        self.used_pages -= run.pages();
+        if arena.used_pages == 0 {
+            let empty = self
+                .arenas
+                .iter()
+                .flatten()
+                .filter(|a| a.used_pages == 0)
+                .count();
+            if empty > self.reserve {
+                // Invariant 2: the bitmap is empty, no PageRun points into this arena.
+                self.arenas[id] = None;
+                self.free_ids.push(id as u32);
+                self.mapped -= 1;
+                self.released += 1;
+                return ARENA_PAGES;
+            }
+        }
+        0
+    }
+
+    /// The arena with the fewest used pages (> 0), with the owner tags of its runs, if moving its runs
+    /// into the other arenas' free pages could empty it.
+    pub fn sparsest(&self) -> Option<(u32, Vec<u64>)> {
+        let (id, a) = self
+            .arenas
+            .iter()
+            .enumerate()
+            .filter_map(|(id, a)| a.as_ref().map(|a| (id, a)))
+            .filter(|(_, a)| a.used_pages > 0)
+            .min_by_key(|(_, a)| a.used_pages)?;
+        let free_elsewhere = self.mapped_pages() - self.used_pages - (ARENA_PAGES - a.used_pages);
+        if free_elsewhere < a.used_pages {
+            return None;
+        }
+        // Owner tags are non-zero and set only on the first page of a live run.
+        let tags = a.owner.iter().copied().filter(|&t| t != 0).collect();
+        Some((id as u32, tags))
+    }
+
+    /// Checks the set's own counters against its bitmaps.
+    pub fn check(&self) -> Result<(), String> {
+        let mut used = 0;
+        let mut mapped = 0;
+        for (id, a) in self.arenas.iter().enumerate() {
+            let Some(a) = a else { continue };
+            mapped += 1;
+            let bits: usize = a.used.iter().map(|w| w.count_ones() as usize).sum();
+            if bits != a.used_pages {
+                return Err(format!(
+                    "arena {id}: bitmap has {bits} pages, counter {}",
+                    a.used_pages
+                ));
+            }
+            used += bits;
+        }
+        if used != self.used_pages || mapped != self.mapped {
+            return Err(format!(
+                "arena set counters: used {} (bitmaps {used}), mapped {} (arenas {mapped})",
+                self.used_pages, self.mapped
+            ));
+        }
+        Ok(())
+    }
+
+    /// Pages used in arena `id` (0 when it is not mapped).
+    pub fn arena_used_pages(&self, id: u32) -> usize {
+        self.arenas
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |a| a.used_pages)
+    }
+
+    /// Whether `run`'s pages are marked used in its arena (for the pool's invariant check).
+    pub fn run_is_marked(&self, run: &PageRun) -> bool {
+        match self.arenas.get(run.arena as usize) {
+            Some(Some(a)) => (0..run.pages()).all(|p| !a.is_free(run.first_page() + p)),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_do_not_overlap_and_hold_their_bytes() {
+        let mut set = ArenaSet::new(0);
+        let mut runs: Vec<PageRun> = (0..40)
+            .map(|i| set.alloc_run(1 + i % 8, 1, Placement::Any).unwrap())
+            .collect();
+        for (i, r) in runs.iter_mut().enumerate() {
+            r.bytes_mut().fill(i as u8);
+        }
+        for (i, r) in runs.iter().enumerate() {
+            assert!(r.bytes().iter().all(|&b| b == i as u8));
+        }
+        set.check().unwrap();
+        for r in runs {
+            set.free_run(r);
+        }
+        assert_eq!(set.used_pages(), 0);
+        assert_eq!(
+            set.mapped_arenas(),
+            0,
+            "empty arenas beyond the reserve are unmapped"
+        );
+        set.check().unwrap();
+    }
+
+    #[test]
+    fn reserve_keeps_one_empty_arena() {
+        let mut set = ArenaSet::new(1);
+        let r = set.alloc_run(4, 1, Placement::Any).unwrap();
+        assert_eq!(set.free_run(r), 0);
+        assert_eq!(set.mapped_arenas(), 1);
+    }
+
+    #[test]
+    fn exclude_and_no_map_report_no_room() {
+        let mut set = ArenaSet::new(0);
+        let r = set.alloc_run(8, 1, Placement::Any).unwrap();
+        assert_eq!(
+            set.alloc_run(8, 2, Placement::AwayFrom(r.arena()))
+                .unwrap_err(),
+            MapError::NoRoom
+        );
+        let r2 = set.alloc_run(8, 2, Placement::Any).unwrap();
+        assert_eq!(r2.arena(), r.arena());
+        set.free_run(r);
+        set.free_run(r2);
+    }
+
+    #[test]
+    fn allocation_prefers_the_fullest_arena() {
+        let mut set = ArenaSet::new(2);
+        let a: Vec<PageRun> = (0..ARENA_PAGES)
+            .map(|_| set.alloc_run(1, 1, Placement::Any).unwrap())
+            .collect();
+        let b: Vec<PageRun> = (0..ARENA_PAGES)
+            .map(|_| set.alloc_run(1, 1, Placement::Any).unwrap())
+            .collect();
+        assert_ne!(a[0].arena(), b[0].arena());
+        let (a_id, b_id) = (a[0].arena(), b[0].arena());
+        // Free 20 pages in a, 500 in b: the next allocation after a miss goes to a (fuller), and b
+        // is the arena to empty.
+        let mut a = a;
+        let mut b = b;
+        for r in a.drain(..20) {
+            set.free_run(r);
+        }
+        for r in b.drain(..500) {
+            set.free_run(r);
+        }
+        let r = set.alloc_run(1, 1, Placement::AwayFrom(b_id)).unwrap();
+        assert_eq!(r.arena(), a_id);
+        assert_eq!(set.sparsest().unwrap().0, b_id);
+        for r in a.into_iter().chain(b).chain([r]) {
+            set.free_run(r);
+        }
+    }
+}

@@ -1,0 +1,1008 @@
+//! The pool: size classes of zspages carved from arenas, handles with one level of indirection,
+//! fullness groups, compaction and the memory limit.
+//!
+//! Lock order: a class lock, then the arena lock. Never two class locks at once; never a class lock
+//! taken while the arena lock is held.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crossbeam::utils::CachePadded;
+use parking_lot::Mutex;
+
+use crate::class::{ClassSpec, ClassTable, MAX_OBJECT};
+use crate::mem::{ArenaSet, MapError, PageRun, Placement, ARENA_PAGES, PAGE_SIZE};
+use crate::Error;
+
+/// Largest zspage the pool accepts in its configuration.
+pub const MAX_PAGES_PER_ZSPAGE: usize = 16;
+
+/// An opaque reference to an object in a [`Pool`]. Never 0, so `Option<Handle>` is one word.
+///
+/// Only the low 48 bits of [`Handle::to_raw`] are ever set, so an embedder may keep flags in the
+/// top 16 bits of the word it stores a handle in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle(std::num::NonZeroU64);
+
+const HANDLE_CLASS_SHIFT: u32 = 32;
+
+impl Handle {
+    fn new(class: usize, local: u32) -> Handle {
+        let raw = ((class as u64) << HANDLE_CLASS_SHIFT) | (u64::from(local) + 1);
+        Handle(std::num::NonZeroU64::new(raw).expect("local + 1 is never 0"))
+    }
+
+    /// The handle as a word (never 0, at most 48 bits).
+    pub fn to_raw(self) -> u64 {
+        self.0.get()
+    }
+
+    /// A handle from a word made by [`Handle::to_raw`]. The pool validates handles on use, so a
+    /// wrong word gives [`Error::InvalidHandle`], never undefined behaviour.
+    pub fn from_raw(raw: u64) -> Option<Handle> {
+        std::num::NonZeroU64::new(raw).map(Handle)
+    }
+
+    fn class(self) -> usize {
+        (self.0.get() >> HANDLE_CLASS_SHIFT) as usize
+    }
+
+    fn local(self) -> Option<u32> {
+        let low = (self.0.get() & 0xffff_ffff) as u32;
+        low.checked_sub(1)
+    }
+}
+
+/// Tunables of a [`Pool`].
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Longest zspage, in pages (1..=16). Longer zspages waste less per class but hold memory in
+    /// larger units.
+    pub max_pages_per_zspage: usize,
+    /// Memory limit in bytes of zspage pages (zram's `mem_limit`); `None` for no limit.
+    pub limit_bytes: Option<u64>,
+    /// Compact a class by itself, a bounded step at a time, when frees leave it fragmented.
+    pub auto_compact: bool,
+    /// Empty arenas kept mapped instead of returned to the OS.
+    pub reserve_arenas: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> PoolConfig {
+        PoolConfig {
+            max_pages_per_zspage: 8,
+            limit_bytes: None,
+            auto_compact: true,
+            reserve_arenas: 1,
+        }
+    }
+}
+
+/// Pool-wide figures. Pages are 4 KiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Pages held by zspages (zram's `mem_used_total` / 4096).
+    pub pages_used: u64,
+    /// Highest `pages_used` since creation or the last [`Pool::reset_max_used`].
+    pub max_pages_used: u64,
+    /// Pages in mapped arenas: the pool's real cost in RAM (>= `pages_used`).
+    pub pages_mapped: u64,
+    /// Zspage pages freed by compaction (zram's `pages_compacted`).
+    pub pages_compacted: u64,
+    /// Arena pages returned to the OS by compaction moving zspages out of sparse arenas.
+    pub pages_released: u64,
+    /// Live objects.
+    pub objects: u64,
+    /// Sum of the live objects' sizes as allocated.
+    pub object_bytes: u64,
+    /// Bookkeeping outside the pool's pages: handle tables, back-pointers, zspage and arena records.
+    pub metadata_bytes: u64,
+    /// The memory limit in pages (0 = none).
+    pub limit_pages: u64,
+}
+
+/// One row of the per-class table, like zsmalloc's debugfs `classes` file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Index of the class.
+    pub index: usize,
+    /// Slot size.
+    pub size: usize,
+    /// Zspages by fill ratio: `[0]` < 10 %, ..., `[9]` < 100 %, `[10]` full.
+    pub by_fullness: [u64; FULLNESS_GROUPS],
+    /// Object slots in this class's zspages.
+    pub obj_allocated: u64,
+    /// Live objects.
+    pub obj_used: u64,
+    /// Pages held by this class's zspages.
+    pub pages_used: u64,
+    /// Pages in one zspage.
+    pub pages_per_zspage: usize,
+    /// Zspages that compaction could free.
+    pub freeable: u64,
+}
+
+/// Result of a compaction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompactStats {
+    /// Zspage pages freed by moving objects together.
+    pub pages_freed: u64,
+    /// Arena pages returned to the OS by moving zspages together.
+    pub pages_released: u64,
+}
+
+/// Partial groups `< 10 %` .. `< 100 %`, then full.
+pub const FULLNESS_GROUPS: usize = 11;
+const FULL_GROUP: usize = FULLNESS_GROUPS - 1;
+
+/// Objects moved per automatic compaction step (bounds the work a free may do).
+const AUTO_COMPACT_MOVES: usize = 64;
+/// Zspage moves per automatic arena defragmentation step.
+const AUTO_DEFRAG_MOVES: usize = 8;
+
+// Back-pointer words: an allocated slot holds its handle's local index; a free one holds the next
+// free slot (or FREE_END) with FREE_TAG set.
+const FREE_TAG: u32 = 1 << 31;
+const FREE_END: u32 = 0xffff;
+
+// Handle table words. Allocated: bit 63 | size << 43 | slot << 32 | zspage id. Free: next free
+// local index + 1 (0 = end).
+const ENTRY_LIVE: u64 = 1 << 63;
+
+fn entry_pack(zspage: u32, slot: usize, size: usize) -> u64 {
+    ENTRY_LIVE | ((size as u64) << 43) | ((slot as u64) << 32) | u64::from(zspage)
+}
+
+fn entry_unpack(e: u64) -> Option<(u32, usize, usize)> {
+    (e & ENTRY_LIVE != 0).then_some({
+        (
+            e as u32,
+            ((e >> 32) & 0x7ff) as usize,
+            ((e >> 43) & 0x1fff) as usize,
+        )
+    })
+}
+
+struct Zspage {
+    run: PageRun,
+    inuse: usize,
+    /// First free slot, or FREE_END.
+    free_head: u32,
+    group: usize,
+    /// Position in `groups[group]`.
+    group_pos: usize,
+}
+
+struct ClassState {
+    spec: ClassSpec,
+    index: usize,
+    zspages: Vec<Option<Zspage>>,
+    free_zspage_ids: Vec<u32>,
+    /// `objs_per_zspage` words per zspage id.
+    backptr: Vec<u32>,
+    groups: [Vec<u32>; FULLNESS_GROUPS],
+    handles: Vec<u64>,
+    free_handle: u64,
+    obj_used: usize,
+    object_bytes: usize,
+    live_zspages: usize,
+}
+
+struct Shared<'a> {
+    arenas: &'a Mutex<ArenaSet>,
+    pages_used: &'a AtomicU64,
+    max_pages_used: &'a AtomicU64,
+    limit_pages: &'a AtomicU64,
+    pages_compacted: &'a AtomicU64,
+}
+
+impl ClassState {
+    fn new(index: usize, spec: ClassSpec) -> ClassState {
+        ClassState {
+            spec,
+            index,
+            zspages: Vec::new(),
+            free_zspage_ids: Vec::new(),
+            backptr: Vec::new(),
+            groups: Default::default(),
+            handles: Vec::new(),
+            free_handle: 0,
+            obj_used: 0,
+            object_bytes: 0,
+            live_zspages: 0,
+        }
+    }
+
+    fn group_of(&self, inuse: usize) -> usize {
+        let objs = self.spec.objs_per_zspage;
+        if inuse == objs {
+            FULL_GROUP
+        } else {
+            (inuse * 10 / objs).min(9)
+        }
+    }
+
+    fn owner_tag(&self, zid: u32) -> u64 {
+        ((self.index as u64) << 32) | (u64::from(zid) + 1)
+    }
+
+    fn group_insert(&mut self, zid: u32) {
+        let inuse = self.zspages[zid as usize]
+            .as_ref()
+            .expect("live zspage")
+            .inuse;
+        let g = self.group_of(inuse);
+        let z = self.zspages[zid as usize].as_mut().expect("live zspage");
+        z.group = g;
+        z.group_pos = self.groups[g].len();
+        self.groups[g].push(zid);
+    }
+
+    fn group_remove(&mut self, zid: u32) {
+        let z = self.zspages[zid as usize].as_ref().expect("live zspage");
+        let (g, pos) = (z.group, z.group_pos);
+        let removed = self.groups[g].swap_remove(pos);
+        debug_assert_eq!(removed, zid);
+        if let Some(&moved) = self.groups[g].get(pos) {
+            self.zspages[moved as usize]
+                .as_mut()
+                .expect("grouped zspage is live")
+                .group_pos = pos;
+        }
+    }
+
+    fn regroup(&mut self, zid: u32) {
+        let z = self.zspages[zid as usize].as_ref().expect("live zspage");
+        if self.group_of(z.inuse) != z.group {
+            self.group_remove(zid);
+            self.group_insert(zid);
+        }
+    }
+
+    /// The fullest zspage with a free slot, other than `except`.
+    fn fullest_partial(&self, except: Option<u32>) -> Option<u32> {
+        (0..FULL_GROUP)
+            .rev()
+            .flat_map(|g| self.groups[g].iter().rev())
+            .copied()
+            .find(|&z| Some(z) != except)
+    }
+
+    /// The emptiest zspage.
+    fn sparsest(&self) -> Option<u32> {
+        (0..FULL_GROUP)
+            .flat_map(|g| self.groups[g].iter().rev())
+            .copied()
+            .next()
+    }
+
+    fn new_zspage(&mut self, shared: &Shared<'_>) -> Result<u32, Error> {
+        let pages = self.spec.pages_per_zspage as u64;
+        let limit = shared.limit_pages.load(Ordering::Relaxed);
+        let before = shared.pages_used.fetch_add(pages, Ordering::Relaxed);
+        if limit != 0 && before + pages > limit {
+            shared.pages_used.fetch_sub(pages, Ordering::Relaxed);
+            return Err(Error::LimitExceeded {
+                limit_bytes: limit * PAGE_SIZE as u64,
+                used_bytes: before * PAGE_SIZE as u64,
+            });
+        }
+        shared
+            .max_pages_used
+            .fetch_max(before + pages, Ordering::Relaxed);
+        let zid = match self.free_zspage_ids.pop() {
+            Some(id) => id,
+            None => {
+                self.zspages.push(None);
+                self.backptr
+                    .resize(self.zspages.len() * self.spec.objs_per_zspage, 0);
+                (self.zspages.len() - 1) as u32
+            }
+        };
+        let run = shared.arenas.lock().alloc_run(
+            self.spec.pages_per_zspage,
+            self.owner_tag(zid),
+            Placement::Any,
+        );
+        let run = match run {
+            Ok(run) => run,
+            Err(e) => {
+                shared.pages_used.fetch_sub(pages, Ordering::Relaxed);
+                self.free_zspage_ids.push(zid);
+                let errno = match e {
+                    MapError::Map(errno) => errno,
+                    MapError::NoRoom => libc::ENOMEM,
+                };
+                return Err(Error::OutOfMemory {
+                    bytes: (ARENA_PAGES * PAGE_SIZE) as u64,
+                    errno,
+                });
+            }
+        };
+        let objs = self.spec.objs_per_zspage;
+        let base = zid as usize * objs;
+        for (i, w) in self.backptr[base..base + objs].iter_mut().enumerate() {
+            *w = FREE_TAG
+                | if i + 1 < objs {
+                    (i + 1) as u32
+                } else {
+                    FREE_END
+                };
+        }
+        self.zspages[zid as usize] = Some(Zspage {
+            run,
+            inuse: 0,
+            free_head: 0,
+            group: 0,
+            group_pos: 0,
+        });
+        self.live_zspages += 1;
+        self.group_insert(zid);
+        Ok(zid)
+    }
+
+    fn free_zspage(&mut self, zid: u32, shared: &Shared<'_>) -> u64 {
+        self.group_remove(zid);
+        let z = self.zspages[zid as usize].take().expect("live zspage");
+        debug_assert_eq!(z.inuse, 0);
+        self.free_zspage_ids.push(zid);
+        self.live_zspages -= 1;
+        let pages = z.run.pages() as u64;
+        shared.pages_used.fetch_sub(pages, Ordering::Relaxed);
+        shared.arenas.lock().free_run(z.run);
+        pages
+    }
+
+    /// Takes a free slot of `zid` and points it at handle `local`.
+    fn take_slot(&mut self, zid: u32, local: u32) -> usize {
+        let objs = self.spec.objs_per_zspage;
+        let z = self.zspages[zid as usize].as_mut().expect("live zspage");
+        let slot = z.free_head as usize;
+        debug_assert!(slot < objs, "zspage with a free slot");
+        let w = &mut self.backptr[zid as usize * objs + slot];
+        z.free_head = *w & !FREE_TAG;
+        *w = local;
+        z.inuse += 1;
+        self.regroup(zid);
+        slot
+    }
+
+    /// Gives back slot `slot` of `zid`; returns whether the zspage is now empty.
+    fn put_slot(&mut self, zid: u32, slot: usize) -> bool {
+        let objs = self.spec.objs_per_zspage;
+        let z = self.zspages[zid as usize].as_mut().expect("live zspage");
+        self.backptr[zid as usize * objs + slot] = FREE_TAG | z.free_head;
+        z.free_head = slot as u32;
+        z.inuse -= 1;
+        let empty = z.inuse == 0;
+        self.regroup(zid);
+        empty
+    }
+
+    fn alloc(&mut self, size: usize, shared: &Shared<'_>) -> Result<Handle, Error> {
+        let zid = match self.fullest_partial(None) {
+            Some(z) => z,
+            None => self.new_zspage(shared)?,
+        };
+        let local = match self.free_handle.checked_sub(1) {
+            Some(l) => {
+                self.free_handle = self.handles[l as usize];
+                l as u32
+            }
+            None => {
+                self.handles.push(0);
+                (self.handles.len() - 1) as u32
+            }
+        };
+        let slot = self.take_slot(zid, local);
+        self.handles[local as usize] = entry_pack(zid, slot, size);
+        self.obj_used += 1;
+        self.object_bytes += size;
+        Ok(Handle::new(self.index, local))
+    }
+
+    fn lookup(&self, h: Handle) -> Result<(u32, usize, usize), Error> {
+        h.local()
+            .and_then(|l| self.handles.get(l as usize))
+            .and_then(|&e| entry_unpack(e))
+            .ok_or(Error::InvalidHandle { raw: h.to_raw() })
+    }
+
+    fn object(&self, h: Handle) -> Result<&[u8], Error> {
+        let (zid, slot, size) = self.lookup(h)?;
+        let z = self.zspages[zid as usize]
+            .as_ref()
+            .expect("a live handle's zspage is live");
+        let off = slot * self.spec.size;
+        Ok(&z.run.bytes()[off..off + size])
+    }
+
+    fn object_mut(&mut self, h: Handle) -> Result<&mut [u8], Error> {
+        let (zid, slot, size) = self.lookup(h)?;
+        let z = self.zspages[zid as usize]
+            .as_mut()
+            .expect("a live handle's zspage is live");
+        let off = slot * self.spec.size;
+        Ok(&mut z.run.bytes_mut()[off..off + size])
+    }
+
+    /// Frees the object; returns the zspage pages freed (0 unless its zspage emptied).
+    fn free(&mut self, h: Handle, shared: &Shared<'_>) -> Result<u64, Error> {
+        let (zid, slot, size) = self.lookup(h)?;
+        let local = h.local().expect("looked up");
+        self.handles[local as usize] = self.free_handle;
+        self.free_handle = u64::from(local) + 1;
+        self.obj_used -= 1;
+        self.object_bytes -= size;
+        if self.put_slot(zid, slot) {
+            return Ok(self.free_zspage(zid, shared));
+        }
+        Ok(0)
+    }
+
+    /// Zspages' worth of free slots: what compaction could free at best.
+    fn freeable(&self) -> usize {
+        let allocated = self.live_zspages * self.spec.objs_per_zspage;
+        (allocated - self.obj_used) / self.spec.objs_per_zspage
+    }
+
+    fn fragmented(&self) -> bool {
+        let f = self.freeable();
+        f >= 2 && f * 8 >= self.live_zspages
+    }
+
+    /// Moves objects from the sparsest zspages into the fullest until no zspage can be freed or
+    /// `max_moves` objects moved. Returns zspage pages freed.
+    fn compact(&mut self, max_moves: usize, shared: &Shared<'_>) -> u64 {
+        let mut freed = 0;
+        let mut moves = 0;
+        let objs = self.spec.objs_per_zspage;
+        while moves < max_moves && self.freeable() > 0 {
+            let Some(src) = self.sparsest() else { break };
+            while moves < max_moves {
+                let Some(src_slot) = self.first_used_slot(src) else {
+                    break;
+                };
+                let Some(dst) = self.fullest_partial(Some(src)) else {
+                    break;
+                };
+                let local = self.backptr[src as usize * objs + src_slot];
+                let (_, _, size) = entry_unpack(self.handles[local as usize]).expect("live");
+                let dst_slot = self.take_slot(dst, local);
+                self.copy_object(src, src_slot, dst, dst_slot, size);
+                self.handles[local as usize] = entry_pack(dst, dst_slot, size);
+                moves += 1;
+                if self.put_slot(src, src_slot) {
+                    freed += self.free_zspage(src, shared);
+                    break;
+                }
+            }
+            if self.zspages[src as usize].is_some() {
+                // No destination left (or out of moves): the class is as compact as it gets.
+                break;
+            }
+        }
+        shared.pages_compacted.fetch_add(freed, Ordering::Relaxed);
+        freed
+    }
+
+    fn first_used_slot(&self, zid: u32) -> Option<usize> {
+        let objs = self.spec.objs_per_zspage;
+        let base = zid as usize * objs;
+        self.backptr[base..base + objs]
+            .iter()
+            .position(|w| w & FREE_TAG == 0)
+    }
+
+    fn copy_object(&mut self, src: u32, src_slot: usize, dst: u32, dst_slot: usize, size: usize) {
+        let s = self.spec.size;
+        let (src_off, dst_off) = (src_slot * s, dst_slot * s);
+        let (a, b) = two_mut(&mut self.zspages, src as usize, dst as usize);
+        let (a, b) = (a.as_ref().expect("live"), b.as_mut().expect("live"));
+        b.run.bytes_mut()[dst_off..dst_off + size]
+            .copy_from_slice(&a.run.bytes()[src_off..src_off + size]);
+    }
+
+    /// Moves zspage `zid` (tagged `tag`) out of arena `victim` into another arena. Returns false when
+    /// the zspage is not there any more, or no other arena has room.
+    fn migrate_zspage(&mut self, zid: u32, victim: u32, shared: &Shared<'_>) -> Result<bool, ()> {
+        let tag = self.owner_tag(zid);
+        let Some(Some(z)) = self.zspages.get_mut(zid as usize) else {
+            return Ok(false);
+        };
+        if z.run.arena() != victim {
+            return Ok(false);
+        }
+        let mut arenas = shared.arenas.lock();
+        let Ok(mut dst) = arenas.alloc_run(z.run.pages(), tag, Placement::AwayFrom(victim)) else {
+            return Err(());
+        };
+        dst.bytes_mut().copy_from_slice(z.run.bytes());
+        let old = std::mem::replace(&mut z.run, dst);
+        arenas.free_run(old);
+        Ok(true)
+    }
+
+    fn metadata_bytes(&self) -> usize {
+        self.zspages.capacity() * std::mem::size_of::<Option<Zspage>>()
+            + self.free_zspage_ids.capacity() * 4
+            + self.backptr.capacity() * 4
+            + self.groups.iter().map(|g| g.capacity() * 4).sum::<usize>()
+            + self.handles.capacity() * 8
+    }
+
+    fn stats(&self) -> ClassStats {
+        let mut by_fullness = [0u64; FULLNESS_GROUPS];
+        for (g, n) in self.groups.iter().zip(by_fullness.iter_mut()) {
+            *n = g.len() as u64;
+        }
+        ClassStats {
+            index: self.index,
+            size: self.spec.size,
+            by_fullness,
+            obj_allocated: (self.live_zspages * self.spec.objs_per_zspage) as u64,
+            obj_used: self.obj_used as u64,
+            pages_used: (self.live_zspages * self.spec.pages_per_zspage) as u64,
+            pages_per_zspage: self.spec.pages_per_zspage,
+            freeable: self.freeable() as u64,
+        }
+    }
+
+    fn check(&self, arenas: &ArenaSet) -> Result<(), String> {
+        let objs = self.spec.objs_per_zspage;
+        let ctx = |m: String| format!("class {} (size {}): {m}", self.index, self.spec.size);
+        let mut live = 0;
+        let mut used_total = 0;
+        for (zid, z) in self.zspages.iter().enumerate() {
+            let Some(z) = z else { continue };
+            live += 1;
+            if z.run.pages() != self.spec.pages_per_zspage || !arenas.run_is_marked(&z.run) {
+                return Err(ctx(format!(
+                    "zspage {zid}: run not marked used in its arena"
+                )));
+            }
+            let words = &self.backptr[zid * objs..(zid + 1) * objs];
+            let used = words.iter().filter(|w| *w & FREE_TAG == 0).count();
+            if used != z.inuse || used == 0 {
+                return Err(ctx(format!(
+                    "zspage {zid}: inuse {} but {used} slots used",
+                    z.inuse
+                )));
+            }
+            used_total += used;
+            // The free list visits exactly the free slots.
+            let mut seen = 0;
+            let mut cur = z.free_head;
+            while cur != FREE_END {
+                let w = words.get(cur as usize).copied().unwrap_or(0);
+                if w & FREE_TAG == 0 || seen > objs {
+                    return Err(ctx(format!("zspage {zid}: free list broken at {cur}")));
+                }
+                seen += 1;
+                cur = w & !FREE_TAG;
+            }
+            if seen != objs - used {
+                return Err(ctx(format!(
+                    "zspage {zid}: free list has {seen} of {} free",
+                    objs - used
+                )));
+            }
+            for (slot, &local) in words.iter().enumerate().filter(|(_, w)| *w & FREE_TAG == 0) {
+                match self
+                    .handles
+                    .get(local as usize)
+                    .and_then(|&e| entry_unpack(e))
+                {
+                    Some((hz, hs, size))
+                        if hz as usize == zid && hs == slot && size <= self.spec.size => {}
+                    other => {
+                        return Err(ctx(format!(
+                            "zspage {zid} slot {slot}: handle {local} -> {other:?}"
+                        )))
+                    }
+                }
+            }
+            if self.group_of(z.inuse) != z.group
+                || self.groups[z.group].get(z.group_pos) != Some(&(zid as u32))
+            {
+                return Err(ctx(format!(
+                    "zspage {zid}: in group {} at {}, expected group {}",
+                    z.group,
+                    z.group_pos,
+                    self.group_of(z.inuse)
+                )));
+            }
+        }
+        let grouped: usize = self.groups.iter().map(Vec::len).sum();
+        if live != self.live_zspages || grouped != live || used_total != self.obj_used {
+            return Err(ctx(format!(
+                "counters: live {} (found {live}), grouped {grouped}, obj_used {} (found {used_total})",
+                self.live_zspages, self.obj_used
+            )));
+        }
+        let live_handles = self
+            .handles
+            .iter()
+            .filter(|&&e| e & ENTRY_LIVE != 0)
+            .count();
+        if live_handles != self.obj_used {
+            return Err(ctx(format!(
+                "{live_handles} live handles for {} objects",
+                self.obj_used
+            )));
+        }
+        let sizes: usize = self
+            .handles
+            .iter()
+            .filter_map(|&e| entry_unpack(e))
+            .map(|(_, _, s)| s)
+            .sum();
+        if sizes != self.object_bytes {
+            return Err(ctx(format!(
+                "object bytes {} but handles sum to {sizes}",
+                self.object_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
+    assert_ne!(a, b);
+    if a < b {
+        let (lo, hi) = v.split_at_mut(b);
+        (&mut lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = v.split_at_mut(a);
+        (&mut hi[0], &mut lo[b])
+    }
+}
+
+/// A pool of compressed objects: see the crate docs.
+pub struct Pool {
+    table: ClassTable,
+    classes: Box<[CachePadded<Mutex<ClassState>>]>,
+    arenas: Mutex<ArenaSet>,
+    pages_used: AtomicU64,
+    max_pages_used: AtomicU64,
+    limit_pages: AtomicU64,
+    pages_compacted: AtomicU64,
+    pages_released: AtomicU64,
+    auto_compact: AtomicBool,
+    defrag_running: AtomicBool,
+}
+
+impl Pool {
+    /// A pool with the given configuration.
+    pub fn new(config: PoolConfig) -> Result<Pool, Error> {
+        if !(1..=MAX_PAGES_PER_ZSPAGE).contains(&config.max_pages_per_zspage) {
+            return Err(Error::InvalidConfig {
+                what: "max_pages_per_zspage",
+                value: config.max_pages_per_zspage as u64,
+            });
+        }
+        let table = ClassTable::new(config.max_pages_per_zspage);
+        let classes = table
+            .classes()
+            .iter()
+            .enumerate()
+            .map(|(i, &spec)| CachePadded::new(Mutex::new(ClassState::new(i, spec))))
+            .collect();
+        let pool = Pool {
+            table,
+            classes,
+            arenas: Mutex::new(ArenaSet::new(config.reserve_arenas)),
+            pages_used: AtomicU64::new(0),
+            max_pages_used: AtomicU64::new(0),
+            limit_pages: AtomicU64::new(0),
+            pages_compacted: AtomicU64::new(0),
+            pages_released: AtomicU64::new(0),
+            auto_compact: AtomicBool::new(config.auto_compact),
+            defrag_running: AtomicBool::new(false),
+        };
+        pool.set_limit(config.limit_bytes);
+        Ok(pool)
+    }
+
+    fn shared(&self) -> Shared<'_> {
+        Shared {
+            arenas: &self.arenas,
+            pages_used: &self.pages_used,
+            max_pages_used: &self.max_pages_used,
+            limit_pages: &self.limit_pages,
+            pages_compacted: &self.pages_compacted,
+        }
+    }
+
+    fn check_size(size: usize) -> Result<(), Error> {
+        if (1..=MAX_OBJECT).contains(&size) {
+            Ok(())
+        } else {
+            Err(Error::InvalidSize {
+                size,
+                max: MAX_OBJECT,
+            })
+        }
+    }
+
+    fn class(&self, h: Handle) -> Result<&Mutex<ClassState>, Error> {
+        self.classes
+            .get(h.class())
+            .map(|c| &**c)
+            .ok_or(Error::InvalidHandle { raw: h.to_raw() })
+    }
+
+    /// Allocates an object of `size` bytes (1..=4096). Its contents are unspecified until written.
+    pub fn alloc(&self, size: usize) -> Result<Handle, Error> {
+        Self::check_size(size)?;
+        let h = self.classes[self.table.class_of(size)]
+            .lock()
+            .alloc(size, &self.shared())?;
+        Ok(h)
+    }
+
+    /// Allocates an object holding `data` (1..=4096 bytes) under one lock acquisition.
+    pub fn store(&self, data: &[u8]) -> Result<Handle, Error> {
+        Self::check_size(data.len())?;
+        let mut class = self.classes[self.table.class_of(data.len())].lock();
+        let h = class.alloc(data.len(), &self.shared())?;
+        class
+            .object_mut(h)
+            .expect("just allocated")
+            .copy_from_slice(data);
+        Ok(h)
+    }
+
+    /// Frees an object. May compact its class by a bounded step when frees have fragmented it.
+    pub fn free(&self, h: Handle) -> Result<(), Error> {
+        let zspage_freed = {
+            let mut class = self.class(h)?.lock();
+            let shared = self.shared();
+            let freed = class.free(h, &shared)?;
+            if self.auto_compact.load(Ordering::Relaxed) && class.fragmented() {
+                class.compact(AUTO_COMPACT_MOVES, &shared);
+            }
+            freed
+        };
+        if zspage_freed > 0 && self.auto_compact.load(Ordering::Relaxed) {
+            self.maybe_defrag();
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with the object's bytes (exactly the size it was allocated with). The class lock is
+    /// held meanwhile, so keep `f` short (a memcpy or one decompression).
+    pub fn read<R>(&self, h: Handle, f: impl FnOnce(&[u8]) -> R) -> Result<R, Error> {
+        let class = self.class(h)?.lock();
+        Ok(f(class.object(h)?))
+    }
+
+    /// Copies the object into the start of `dst` and returns its size; `dst` must be large enough.
+    pub fn read_into(&self, h: Handle, dst: &mut [u8]) -> Result<usize, Error> {
+        let class = self.class(h)?.lock();
+        let obj = class.object(h)?;
+        let len = dst.len();
+        let dst = dst.get_mut(..obj.len()).ok_or(Error::BufferTooSmall {
+            len,
+            size: obj.len(),
+        })?;
+        dst.copy_from_slice(obj);
+        Ok(obj.len())
+    }
+
+    /// Overwrites the start of the object with `data` (at most the object's size).
+    pub fn write(&self, h: Handle, data: &[u8]) -> Result<(), Error> {
+        let mut class = self.class(h)?.lock();
+        let obj = class.object_mut(h)?;
+        let size = obj.len();
+        obj.get_mut(..data.len())
+            .ok_or(Error::WriteTooLong {
+                len: data.len(),
+                size,
+            })?
+            .copy_from_slice(data);
+        Ok(())
+    }
+
+    /// The size an object was allocated with.
+    pub fn object_size(&self, h: Handle) -> Result<usize, Error> {
+        Ok(self.class(h)?.lock().lookup(h)?.2)
+    }
+
+    /// The slot size an object of `size` bytes would occupy (its class's size).
+    pub fn class_size(&self, size: usize) -> Result<usize, Error> {
+        Self::check_size(size)?;
+        Ok(self.table.classes()[self.table.class_of(size)].size)
+    }
+
+    /// The size classes, smallest first.
+    pub fn classes(&self) -> &[ClassSpec] {
+        self.table.classes()
+    }
+
+    /// Sets (or with `None` clears) the memory limit, in bytes of zspage pages, rounded down to
+    /// pages. Lowering it below current use frees nothing; it only makes further growth fail.
+    pub fn set_limit(&self, limit_bytes: Option<u64>) {
+        let pages = limit_bytes.map_or(0, |b| (b / PAGE_SIZE as u64).max(1));
+        self.limit_pages.store(pages, Ordering::Relaxed);
+    }
+
+    /// Resets the high watermark of pages used to the current use (zram's `mem_used_max` reset).
+    pub fn reset_max_used(&self) {
+        self.max_pages_used
+            .store(self.pages_used.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// Turns automatic compaction on or off.
+    pub fn set_auto_compact(&self, on: bool) {
+        self.auto_compact.store(on, Ordering::Relaxed);
+    }
+
+    /// Compacts every class (moving objects out of the sparsest zspages), then moves zspages out of
+    /// sparse arenas so that whole arenas go back to the OS. Takes one class lock at a time.
+    pub fn compact(&self) -> CompactStats {
+        let shared = self.shared();
+        let mut pages_freed = 0;
+        for class in self.classes.iter() {
+            pages_freed += class.lock().compact(usize::MAX, &shared);
+        }
+        let pages_released = self.defrag(usize::MAX);
+        CompactStats {
+            pages_freed,
+            pages_released,
+        }
+    }
+
+    fn maybe_defrag(&self) {
+        let fragmented = {
+            let a = self.arenas.lock();
+            let slack = a.mapped_pages() - a.used_pages();
+            slack >= 2 * ARENA_PAGES && slack * 8 >= a.mapped_pages()
+        };
+        if fragmented {
+            self.defrag(AUTO_DEFRAG_MOVES);
+        }
+    }
+
+    /// Empties the sparsest arenas into the others, moving at most `max_moves` zspages. Returns arena
+    /// pages unmapped.
+    fn defrag(&self, max_moves: usize) -> u64 {
+        if self.defrag_running.swap(true, Ordering::Acquire) {
+            return 0;
+        }
+        let shared = self.shared();
+        let released_before = self.arenas.lock().released_arenas();
+        let mut moves = 0;
+        // Each round empties one arena or stops, so this bounds the rounds.
+        let mut rounds = self.arenas.lock().mapped_pages() / ARENA_PAGES;
+        'outer: while moves < max_moves && rounds > 0 {
+            rounds -= 1;
+            let Some((victim, tags)) = self.arenas.lock().sparsest() else {
+                break;
+            };
+            for tag in tags {
+                let (class, zid) = ((tag >> 32) as usize, (tag & 0xffff_ffff) as u32 - 1);
+                match self.classes[class]
+                    .lock()
+                    .migrate_zspage(zid, victim, &shared)
+                {
+                    Ok(true) => moves += 1,
+                    Ok(false) => {}
+                    Err(()) => break 'outer,
+                }
+                if moves >= max_moves {
+                    break 'outer;
+                }
+            }
+            if self.arenas.lock().arena_used_pages(victim) > 0 {
+                // The victim did not empty (new runs landed in it): stop rather than spin.
+                break;
+            }
+        }
+        let released =
+            (self.arenas.lock().released_arenas() - released_before) * ARENA_PAGES as u64;
+        self.pages_released.fetch_add(released, Ordering::Relaxed);
+        self.defrag_running.store(false, Ordering::Release);
+        released
+    }
+
+    /// Pool-wide figures.
+    pub fn stats(&self) -> PoolStats {
+        let mut objects = 0;
+        let mut object_bytes = 0;
+        let mut metadata = std::mem::size_of::<Pool>()
+            + self.classes.len() * std::mem::size_of::<CachePadded<Mutex<ClassState>>>();
+        for class in self.classes.iter() {
+            let c = class.lock();
+            objects += c.obj_used as u64;
+            object_bytes += c.object_bytes as u64;
+            metadata += c.metadata_bytes();
+        }
+        let (pages_mapped, arena_meta) = {
+            let a = self.arenas.lock();
+            (a.mapped_pages() as u64, a.metadata_bytes())
+        };
+        PoolStats {
+            pages_used: self.pages_used.load(Ordering::Relaxed),
+            max_pages_used: self.max_pages_used.load(Ordering::Relaxed),
+            pages_mapped,
+            pages_compacted: self.pages_compacted.load(Ordering::Relaxed),
+            pages_released: self.pages_released.load(Ordering::Relaxed),
+            objects,
+            object_bytes,
+            metadata_bytes: (metadata + arena_meta) as u64,
+            limit_pages: self.limit_pages.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Pages held by zspages (cheap: one atomic load).
+    pub fn pages_used(&self) -> u64 {
+        self.pages_used.load(Ordering::Relaxed)
+    }
+
+    /// One row per class, like zsmalloc's debugfs `classes`.
+    pub fn class_stats(&self) -> Vec<ClassStats> {
+        self.classes.iter().map(|c| c.lock().stats()).collect()
+    }
+
+    /// The class table as text, in the layout of zsmalloc's debugfs `classes` file.
+    pub fn format_class_stats(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::from(" class  size   10%   20%   30%   40%   50%   60%   70%   80%   90%   99%  100% obj_allocated   obj_used pages_used pages_per_zspage freeable\n");
+        for s in self.class_stats() {
+            let _ = write!(out, "{:>6} {:>5}", s.index, s.size);
+            for n in s.by_fullness {
+                let _ = write!(out, " {n:>5}");
+            }
+            let _ = writeln!(
+                out,
+                " {:>13} {:>10} {:>10} {:>16} {:>8}",
+                s.obj_allocated, s.obj_used, s.pages_used, s.pages_per_zspage, s.freeable
+            );
+        }
+        out
+    }
+
+    /// Verifies every internal invariant (free lists, fullness groups, handle back-pointers, page
+    /// counts, arena bitmaps). Takes every lock in order; meant for tests and fuzzing.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut pages = 0;
+        for class in self.classes.iter() {
+            let c = class.lock();
+            c.check(&self.arenas.lock())?;
+            pages += (c.live_zspages * c.spec.pages_per_zspage) as u64;
+        }
+        let a = self.arenas.lock();
+        a.check()?;
+        let used = self.pages_used.load(Ordering::Relaxed);
+        if pages != used || a.used_pages() as u64 != used {
+            return Err(format!(
+                "pages_used {used}, zspages hold {pages}, arenas mark {}",
+                a.used_pages()
+            ));
+        }
+        if self.max_pages_used.load(Ordering::Relaxed) < used {
+            return Err("max_pages_used below pages_used".into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Give every run back before the arena set unmaps (see mem's soundness notes).
+        let arenas = self.arenas.get_mut();
+        for class in self.classes.iter_mut() {
+            for z in class.get_mut().zspages.drain(..).flatten() {
+                arenas.free_run(z.run);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
