@@ -37,6 +37,7 @@ mod class;
 pub mod fuzzing;
 mod mem;
 mod pool;
+mod table;
 
 pub use class::{ClassSpec, CLASS_STEP, MAX_OBJECT, MIN_OBJECT};
 pub use mem::{ARENA_PAGES, PAGE_SIZE};

@@ -6,7 +6,7 @@
 //! populated and locked at once, and `MADV_DONTNEED` fails on locked ranges. The pool therefore never
 //! gives back part of a mapping: it maps memory in arenas of [`ARENA_PAGES`] pages and returns an
 //! arena with `munmap` only when no run is allocated in it. Compaction moves runs out of sparse arenas
-//! ([`ArenaSet::alloc_run`] with `exclude`) so that they empty. One empty arena is kept as a reserve
+//! ([`ArenaSet::alloc_run`] with [`Placement::AwayFrom`]) so that they empty. One empty arena is kept as a reserve
 //! so that a pool oscillating around an arena boundary does not map and unmap on every zspage.
 //! The number of mappings is bounded by pool size / arena size (8192 for 16 GiB), far below
 //! `vm.max_map_count`.
@@ -134,8 +134,6 @@ struct Arena {
     /// Bit set = page allocated to a live PageRun.
     used: [u64; BITMAP_WORDS],
     used_pages: usize,
-    /// Per first page of a live run, the tag its owner gave (what `runs_in` reports).
-    owner: Box<[u64; ARENA_PAGES]>,
 }
 
 impl Arena {
@@ -250,21 +248,14 @@ impl ArenaSet {
 
     /// Bytes of bookkeeping (not pool memory) the set holds.
     pub fn metadata_bytes(&self) -> usize {
-        self.arenas.capacity() * std::mem::size_of::<Option<Arena>>()
-            + self.mapped * std::mem::size_of::<[u64; ARENA_PAGES]>()
-            + self.free_ids.capacity() * 4
+        self.arenas.capacity() * std::mem::size_of::<Option<Arena>>() + self.free_ids.capacity() * 4
     }
 
-    /// Allocates `n` contiguous pages tagged `owner` (non-zero). With [`Placement::Any`] it tries the
+    /// Allocates `n` contiguous pages. With [`Placement::Any`] it tries the
     /// arena of the last allocation, then the fullest arena with room (so sparse arenas drain), then
     /// maps a new one. With [`Placement::AwayFrom`] it takes the fullest non-empty arena other than
     /// the victim, and never maps.
-    pub fn alloc_run(
-        &mut self,
-        n: usize,
-        owner: u64,
-        place: Placement,
-    ) -> Result<PageRun, MapError> {
+    pub fn alloc_run(&mut self, n: usize, place: Placement) -> Result<PageRun, MapError> {
         assert!((1..=ARENA_PAGES).contains(&n), "run of {n} pages");
         let (excluded, may_map) = match place {
             Placement::Any => (None, true),
@@ -302,7 +293,6 @@ impl ArenaSet {
                     mapping,
                     used: [0; BITMAP_WORDS],
                     used_pages: 0,
-                    owner: Box::new([0; ARENA_PAGES]),
                 };
                 self.mapped += 1;
                 let id = match self.free_ids.pop() {
@@ -323,8 +313,6 @@ impl ArenaSet {
         let arena = self.arenas[id].as_mut().expect("chosen arena is mapped");
         arena.set_range(first, n, true);
         arena.used_pages += n;
-        debug_assert_ne!(owner, 0, "owner tags are non-zero");
-        arena.owner[first] = owner;
         self.used_pages += n;
         // SAFETY: `first + n <= ARENA_PAGES` (find_free only returns runs inside the arena), so the
         // offset stays inside the mapping.
@@ -347,7 +335,6 @@ impl ArenaSet {
         debug_assert!((0..run.pages()).all(|p| !arena.is_free(run.first_page() + p)));
         arena.set_range(run.first_page(), run.pages(), false);
         arena.used_pages -= run.pages();
-        arena.owner[run.first_page()] = 0;
         self.used_pages -= run.pages();
         if arena.used_pages == 0 {
             let empty = self
@@ -368,9 +355,9 @@ impl ArenaSet {
         0
     }
 
-    /// The arena with the fewest used pages (> 0), with the owner tags of its runs, if moving its runs
-    /// into the other arenas' free pages could empty it.
-    pub fn sparsest(&self) -> Option<(u32, Vec<u64>)> {
+    /// The arena with the fewest used pages (> 0), if moving its runs into the other arenas' free
+    /// pages could empty it.
+    pub fn sparsest(&self) -> Option<u32> {
         let (id, a) = self
             .arenas
             .iter()
@@ -382,9 +369,7 @@ impl ArenaSet {
         if free_elsewhere < a.used_pages {
             return None;
         }
-        // Owner tags are non-zero and set only on the first page of a live run.
-        let tags = a.owner.iter().copied().filter(|&t| t != 0).collect();
-        Some((id as u32, tags))
+        Some(id as u32)
     }
 
     /// Checks the set's own counters against its bitmaps.
@@ -437,7 +422,7 @@ mod tests {
     fn runs_do_not_overlap_and_hold_their_bytes() {
         let mut set = ArenaSet::new(0);
         let mut runs: Vec<PageRun> = (0..40)
-            .map(|i| set.alloc_run(1 + i % 8, 1, Placement::Any).unwrap())
+            .map(|i| set.alloc_run(1 + i % 8, Placement::Any).unwrap())
             .collect();
         for (i, r) in runs.iter_mut().enumerate() {
             r.bytes_mut().fill(i as u8);
@@ -461,7 +446,7 @@ mod tests {
     #[test]
     fn reserve_keeps_one_empty_arena() {
         let mut set = ArenaSet::new(1);
-        let r = set.alloc_run(4, 1, Placement::Any).unwrap();
+        let r = set.alloc_run(4, Placement::Any).unwrap();
         assert_eq!(set.free_run(r), 0);
         assert_eq!(set.mapped_arenas(), 1);
     }
@@ -469,13 +454,13 @@ mod tests {
     #[test]
     fn exclude_and_no_map_report_no_room() {
         let mut set = ArenaSet::new(0);
-        let r = set.alloc_run(8, 1, Placement::Any).unwrap();
+        let r = set.alloc_run(8, Placement::Any).unwrap();
         assert_eq!(
-            set.alloc_run(8, 2, Placement::AwayFrom(r.arena()))
+            set.alloc_run(8, Placement::AwayFrom(r.arena()))
                 .unwrap_err(),
             MapError::NoRoom
         );
-        let r2 = set.alloc_run(8, 2, Placement::Any).unwrap();
+        let r2 = set.alloc_run(8, Placement::Any).unwrap();
         assert_eq!(r2.arena(), r.arena());
         set.free_run(r);
         set.free_run(r2);
@@ -485,10 +470,10 @@ mod tests {
     fn allocation_prefers_the_fullest_arena() {
         let mut set = ArenaSet::new(2);
         let a: Vec<PageRun> = (0..ARENA_PAGES)
-            .map(|_| set.alloc_run(1, 1, Placement::Any).unwrap())
+            .map(|_| set.alloc_run(1, Placement::Any).unwrap())
             .collect();
         let b: Vec<PageRun> = (0..ARENA_PAGES)
-            .map(|_| set.alloc_run(1, 1, Placement::Any).unwrap())
+            .map(|_| set.alloc_run(1, Placement::Any).unwrap())
             .collect();
         assert_ne!(a[0].arena(), b[0].arena());
         let (a_id, b_id) = (a[0].arena(), b[0].arena());
@@ -502,9 +487,9 @@ mod tests {
         for r in b.drain(..500) {
             set.free_run(r);
         }
-        let r = set.alloc_run(1, 1, Placement::AwayFrom(b_id)).unwrap();
+        let r = set.alloc_run(1, Placement::AwayFrom(b_id)).unwrap();
         assert_eq!(r.arena(), a_id);
-        assert_eq!(set.sparsest().unwrap().0, b_id);
+        assert_eq!(set.sparsest(), Some(b_id));
         for r in a.into_iter().chain(b).chain([r]) {
             set.free_run(r);
         }

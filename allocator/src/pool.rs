@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use crate::class::{ClassSpec, ClassTable, MAX_OBJECT};
 use crate::mem::{ArenaSet, MapError, PageRun, Placement, ARENA_PAGES, PAGE_SIZE};
+use crate::table::Table;
 use crate::Error;
 
 /// Largest zspage the pool accepts in its configuration.
@@ -142,7 +143,7 @@ const AUTO_DEFRAG_MOVES: usize = 8;
 // Back-pointer words: an allocated slot holds its handle's local index; a free one holds the next
 // free slot (or FREE_END) with FREE_TAG set.
 const FREE_TAG: u32 = 1 << 31;
-const FREE_END: u32 = 0xffff;
+const FREE_END: u16 = 0xffff;
 
 // Handle table words. Allocated: bit 63 | size << 43 | slot << 32 | zspage id. Free: next free
 // local index + 1 (0 = end).
@@ -164,23 +165,25 @@ fn entry_unpack(e: u64) -> Option<(u32, usize, usize)> {
 
 struct Zspage {
     run: PageRun,
-    inuse: usize,
+    inuse: u16,
     /// First free slot, or FREE_END.
-    free_head: u32,
-    group: usize,
+    free_head: u16,
+    group: u8,
     /// Position in `groups[group]`.
-    group_pos: usize,
+    group_pos: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<Option<Zspage>>() <= 32);
 
 struct ClassState {
     spec: ClassSpec,
     index: usize,
-    zspages: Vec<Option<Zspage>>,
+    zspages: Table<Option<Zspage>>,
     free_zspage_ids: Vec<u32>,
     /// `objs_per_zspage` words per zspage id.
-    backptr: Vec<u32>,
+    backptr: Table<u32>,
     groups: [Vec<u32>; FULLNESS_GROUPS],
-    handles: Vec<u64>,
+    handles: Table<u64>,
     free_handle: u64,
     obj_used: usize,
     object_bytes: usize,
@@ -200,11 +203,13 @@ impl ClassState {
         ClassState {
             spec,
             index,
-            zspages: Vec::new(),
+            // Segments of at most 64 zspage records, 16 back-pointer rows, 512 handles: small
+            // enough that a class's slack stays a few KiB, large enough to be rare allocations.
+            zspages: Table::new(1, 1, 64),
             free_zspage_ids: Vec::new(),
-            backptr: Vec::new(),
+            backptr: Table::new(spec.objs_per_zspage, 1, 16),
             groups: Default::default(),
-            handles: Vec::new(),
+            handles: Table::new(1, 16, 512),
             free_handle: 0,
             obj_used: 0,
             object_bytes: 0,
@@ -221,38 +226,34 @@ impl ClassState {
         }
     }
 
-    fn owner_tag(&self, zid: u32) -> u64 {
-        ((self.index as u64) << 32) | (u64::from(zid) + 1)
-    }
-
     fn group_insert(&mut self, zid: u32) {
         let inuse = self.zspages[zid as usize]
             .as_ref()
             .expect("live zspage")
             .inuse;
-        let g = self.group_of(inuse);
+        let g = self.group_of(usize::from(inuse));
         let z = self.zspages[zid as usize].as_mut().expect("live zspage");
-        z.group = g;
-        z.group_pos = self.groups[g].len();
+        z.group = g as u8;
+        z.group_pos = self.groups[g].len() as u32;
         self.groups[g].push(zid);
     }
 
     fn group_remove(&mut self, zid: u32) {
         let z = self.zspages[zid as usize].as_ref().expect("live zspage");
-        let (g, pos) = (z.group, z.group_pos);
+        let (g, pos) = (usize::from(z.group), z.group_pos as usize);
         let removed = self.groups[g].swap_remove(pos);
         debug_assert_eq!(removed, zid);
         if let Some(&moved) = self.groups[g].get(pos) {
             self.zspages[moved as usize]
                 .as_mut()
                 .expect("grouped zspage is live")
-                .group_pos = pos;
+                .group_pos = pos as u32;
         }
     }
 
     fn regroup(&mut self, zid: u32) {
         let z = self.zspages[zid as usize].as_ref().expect("live zspage");
-        if self.group_of(z.inuse) != z.group {
+        if self.group_of(usize::from(z.inuse)) != usize::from(z.group) {
             self.group_remove(zid);
             self.group_insert(zid);
         }
@@ -292,17 +293,16 @@ impl ClassState {
         let zid = match self.free_zspage_ids.pop() {
             Some(id) => id,
             None => {
-                self.zspages.push(None);
-                self.backptr
-                    .resize(self.zspages.len() * self.spec.objs_per_zspage, 0);
-                (self.zspages.len() - 1) as u32
+                let id = self.zspages.push_row();
+                let row = self.backptr.push_row();
+                debug_assert_eq!(id, row);
+                id as u32
             }
         };
-        let run = shared.arenas.lock().alloc_run(
-            self.spec.pages_per_zspage,
-            self.owner_tag(zid),
-            Placement::Any,
-        );
+        let run = shared
+            .arenas
+            .lock()
+            .alloc_run(self.spec.pages_per_zspage, Placement::Any);
         let run = match run {
             Ok(run) => run,
             Err(e) => {
@@ -319,13 +319,18 @@ impl ClassState {
             }
         };
         let objs = self.spec.objs_per_zspage;
-        let base = zid as usize * objs;
-        for (i, w) in self.backptr[base..base + objs].iter_mut().enumerate() {
+        for (i, w) in self
+            .backptr
+            .row_mut(zid as usize)
+            .expect("row of a zspage id")
+            .iter_mut()
+            .enumerate()
+        {
             *w = FREE_TAG
                 | if i + 1 < objs {
                     (i + 1) as u32
                 } else {
-                    FREE_END
+                    u32::from(FREE_END)
                 };
         }
         self.zspages[zid as usize] = Some(Zspage {
@@ -358,8 +363,8 @@ impl ClassState {
         let z = self.zspages[zid as usize].as_mut().expect("live zspage");
         let slot = z.free_head as usize;
         debug_assert!(slot < objs, "zspage with a free slot");
-        let w = &mut self.backptr[zid as usize * objs + slot];
-        z.free_head = *w & !FREE_TAG;
+        let w = &mut self.backptr.row_mut(zid as usize).expect("row")[slot];
+        z.free_head = (*w & !FREE_TAG) as u16;
         *w = local;
         z.inuse += 1;
         self.regroup(zid);
@@ -368,10 +373,9 @@ impl ClassState {
 
     /// Gives back slot `slot` of `zid`; returns whether the zspage is now empty.
     fn put_slot(&mut self, zid: u32, slot: usize) -> bool {
-        let objs = self.spec.objs_per_zspage;
         let z = self.zspages[zid as usize].as_mut().expect("live zspage");
-        self.backptr[zid as usize * objs + slot] = FREE_TAG | z.free_head;
-        z.free_head = slot as u32;
+        self.backptr.row_mut(zid as usize).expect("row")[slot] = FREE_TAG | u32::from(z.free_head);
+        z.free_head = slot as u16;
         z.inuse -= 1;
         let empty = z.inuse == 0;
         self.regroup(zid);
@@ -388,10 +392,7 @@ impl ClassState {
                 self.free_handle = self.handles[l as usize];
                 l as u32
             }
-            None => {
-                self.handles.push(0);
-                (self.handles.len() - 1) as u32
-            }
+            None => self.handles.push_row() as u32,
         };
         let slot = self.take_slot(zid, local);
         self.handles[local as usize] = entry_pack(zid, slot, size);
@@ -455,7 +456,6 @@ impl ClassState {
     fn compact(&mut self, max_moves: usize, shared: &Shared<'_>) -> u64 {
         let mut freed = 0;
         let mut moves = 0;
-        let objs = self.spec.objs_per_zspage;
         while moves < max_moves && self.freeable() > 0 {
             let Some(src) = self.sparsest() else { break };
             while moves < max_moves {
@@ -465,7 +465,7 @@ impl ClassState {
                 let Some(dst) = self.fullest_partial(Some(src)) else {
                     break;
                 };
-                let local = self.backptr[src as usize * objs + src_slot];
+                let local = self.backptr.row(src as usize).expect("row")[src_slot];
                 let (_, _, size) = entry_unpack(self.handles[local as usize]).expect("live");
                 let dst_slot = self.take_slot(dst, local);
                 self.copy_object(src, src_slot, dst, dst_slot, size);
@@ -486,9 +486,9 @@ impl ClassState {
     }
 
     fn first_used_slot(&self, zid: u32) -> Option<usize> {
-        let objs = self.spec.objs_per_zspage;
-        let base = zid as usize * objs;
-        self.backptr[base..base + objs]
+        self.backptr
+            .row(zid as usize)
+            .expect("row")
             .iter()
             .position(|w| w & FREE_TAG == 0)
     }
@@ -496,38 +496,42 @@ impl ClassState {
     fn copy_object(&mut self, src: u32, src_slot: usize, dst: u32, dst_slot: usize, size: usize) {
         let s = self.spec.size;
         let (src_off, dst_off) = (src_slot * s, dst_slot * s);
-        let (a, b) = two_mut(&mut self.zspages, src as usize, dst as usize);
-        let (a, b) = (a.as_ref().expect("live"), b.as_mut().expect("live"));
+        // Take the destination out of the table for a moment to hold both at once.
+        let mut b = self.zspages[dst as usize].take().expect("live");
+        let a = self.zspages[src as usize].as_ref().expect("live");
         b.run.bytes_mut()[dst_off..dst_off + size]
             .copy_from_slice(&a.run.bytes()[src_off..src_off + size]);
+        self.zspages[dst as usize] = Some(b);
     }
 
-    /// Moves zspage `zid` (tagged `tag`) out of arena `victim` into another arena. Returns false when
-    /// the zspage is not there any more, or no other arena has room.
-    fn migrate_zspage(&mut self, zid: u32, victim: u32, shared: &Shared<'_>) -> Result<bool, ()> {
-        let tag = self.owner_tag(zid);
-        let Some(Some(z)) = self.zspages.get_mut(zid as usize) else {
-            return Ok(false);
-        };
-        if z.run.arena() != victim {
-            return Ok(false);
+    /// Moves every zspage of this class out of arena `victim` into other arenas, at most
+    /// `max_moves`. Returns the zspages moved, or `None` when some zspage found no room elsewhere.
+    fn evacuate(&mut self, victim: u32, max_moves: usize, shared: &Shared<'_>) -> Option<usize> {
+        let mut moved = 0;
+        for z in self.zspages.iter_mut().flatten() {
+            if moved >= max_moves {
+                break;
+            }
+            if z.run.arena() != victim {
+                continue;
+            }
+            let mut arenas = shared.arenas.lock();
+            let mut dst = arenas
+                .alloc_run(z.run.pages(), Placement::AwayFrom(victim))
+                .ok()?;
+            dst.bytes_mut().copy_from_slice(z.run.bytes());
+            arenas.free_run(std::mem::replace(&mut z.run, dst));
+            moved += 1;
         }
-        let mut arenas = shared.arenas.lock();
-        let Ok(mut dst) = arenas.alloc_run(z.run.pages(), tag, Placement::AwayFrom(victim)) else {
-            return Err(());
-        };
-        dst.bytes_mut().copy_from_slice(z.run.bytes());
-        let old = std::mem::replace(&mut z.run, dst);
-        arenas.free_run(old);
-        Ok(true)
+        Some(moved)
     }
 
     fn metadata_bytes(&self) -> usize {
-        self.zspages.capacity() * std::mem::size_of::<Option<Zspage>>()
+        self.zspages.bytes()
             + self.free_zspage_ids.capacity() * 4
-            + self.backptr.capacity() * 4
+            + self.backptr.bytes()
             + self.groups.iter().map(|g| g.capacity() * 4).sum::<usize>()
-            + self.handles.capacity() * 8
+            + self.handles.bytes()
     }
 
     fn stats(&self) -> ClassStats {
@@ -560,9 +564,9 @@ impl ClassState {
                     "zspage {zid}: run not marked used in its arena"
                 )));
             }
-            let words = &self.backptr[zid * objs..(zid + 1) * objs];
+            let words = self.backptr.row(zid).expect("row of a live zspage");
             let used = words.iter().filter(|w| *w & FREE_TAG == 0).count();
-            if used != z.inuse || used == 0 {
+            if used != usize::from(z.inuse) || used == 0 {
                 return Err(ctx(format!(
                     "zspage {zid}: inuse {} but {used} slots used",
                     z.inuse
@@ -578,7 +582,7 @@ impl ClassState {
                     return Err(ctx(format!("zspage {zid}: free list broken at {cur}")));
                 }
                 seen += 1;
-                cur = w & !FREE_TAG;
+                cur = (w & !FREE_TAG) as u16;
             }
             if seen != objs - used {
                 return Err(ctx(format!(
@@ -601,14 +605,15 @@ impl ClassState {
                     }
                 }
             }
-            if self.group_of(z.inuse) != z.group
-                || self.groups[z.group].get(z.group_pos) != Some(&(zid as u32))
+            let group = usize::from(z.group);
+            if self.group_of(usize::from(z.inuse)) != group
+                || self.groups[group].get(z.group_pos as usize) != Some(&(zid as u32))
             {
                 return Err(ctx(format!(
                     "zspage {zid}: in group {} at {}, expected group {}",
                     z.group,
                     z.group_pos,
-                    self.group_of(z.inuse)
+                    self.group_of(usize::from(z.inuse))
                 )));
             }
         }
@@ -643,17 +648,6 @@ impl ClassState {
             )));
         }
         Ok(())
-    }
-}
-
-fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
-    assert_ne!(a, b);
-    if a < b {
-        let (lo, hi) = v.split_at_mut(b);
-        (&mut lo[a], &mut hi[0])
-    } else {
-        let (lo, hi) = v.split_at_mut(a);
-        (&mut hi[0], &mut lo[b])
     }
 }
 
@@ -876,18 +870,17 @@ impl Pool {
         let mut rounds = self.arenas.lock().mapped_pages() / ARENA_PAGES;
         'outer: while moves < max_moves && rounds > 0 {
             rounds -= 1;
-            let Some((victim, tags)) = self.arenas.lock().sparsest() else {
+            let Some(victim) = self.arenas.lock().sparsest() else {
                 break;
             };
-            for tag in tags {
-                let (class, zid) = ((tag >> 32) as usize, (tag & 0xffff_ffff) as u32 - 1);
-                match self.classes[class]
-                    .lock()
-                    .migrate_zspage(zid, victim, &shared)
-                {
-                    Ok(true) => moves += 1,
-                    Ok(false) => {}
-                    Err(()) => break 'outer,
+            // Zspages do not record back to arenas: scan each class for the victim's zspages.
+            for class in self.classes.iter() {
+                if self.arenas.lock().arena_used_pages(victim) == 0 {
+                    break;
+                }
+                match class.lock().evacuate(victim, max_moves - moves, &shared) {
+                    Some(n) => moves += n,
+                    None => break 'outer,
                 }
                 if moves >= max_moves {
                     break 'outer;
@@ -992,7 +985,7 @@ impl Drop for Pool {
         // Give every run back before the arena set unmaps (see mem's soundness notes).
         let arenas = self.arenas.get_mut();
         for class in self.classes.iter_mut() {
-            for z in class.get_mut().zspages.drain(..).flatten() {
+            for z in class.get_mut().zspages.iter_mut().filter_map(Option::take) {
                 arenas.free_run(z.run);
             }
         }
