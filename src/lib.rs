@@ -1,1 +1,4 @@
 //! uzram: a compressed RAM block device engine.
+
+pub mod corpus;
+pub mod pagedump;

@@ -1,0 +1,682 @@
+//! Dump the private anonymous memory of a running process as a file of 4 KiB pages.
+//!
+//! These are the pages that get swapped, so they are what benchmarks and ratio tests should
+//! compress. [`dump_process`] selects the mappings with [`MapsEntry::is_dumpable`] (private,
+//! writable, anonymous: heaps, `mmap` arenas, thread stacks, `[anon:name]`), reads them through
+//! `/proc/PID/mem`, and by default keeps only the pages `/proc/PID/pagemap` reports as resident or
+//! swapped, so reserved but never touched address space does not flood the dump with zeros.
+//! The main thread's `[stack]` is left out because it holds the process's environment strings.
+//!
+//! ```
+//! use uzram::pagedump::{dump_process, DumpOptions};
+//!
+//! let opts = DumpOptions { max_bytes: Some(1 << 20), ..DumpOptions::default() };
+//! let mut pages = Vec::new();
+//! let stats = dump_process(std::process::id(), &mut pages, &opts)?;
+//! assert_eq!(pages.len() as u64, stats.pages_written * 4096);
+//! # Ok::<(), uzram::pagedump::DumpError>(())
+//! ```
+//!
+//! Reading another process's memory needs ptrace access to it: root, or the same user with
+//! `kernel.yama.ptrace_scope = 0`. The dump assumes 4 KiB base pages (x86_64, most arm64).
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Size of one dumped page, and the base page size this module assumes.
+pub const PAGE_SIZE: usize = 4096;
+
+/// pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
+const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAPPED: u64 = 1 << 62;
+const PM_ENTRY_LEN: usize = 8;
+
+/// Pages looked up in pagemap and read from mem per call; a run that fails is retried page by page.
+const BATCH_PAGES: usize = 64;
+// One bit per page of a batch in a u64 mask.
+const _: () = assert!(BATCH_PAGES <= u64::BITS as usize);
+
+/// What to dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DumpOptions {
+    /// Stop after this many bytes, rounded down to whole pages; `None` dumps everything.
+    pub max_bytes: Option<u64>,
+    /// Keep only pages that pagemap reports as resident or swapped out. When pagemap cannot be
+    /// read, every readable page is dumped instead.
+    pub resident_only: bool,
+}
+
+impl Default for DumpOptions {
+    fn default() -> Self {
+        Self {
+            max_bytes: None,
+            resident_only: true,
+        }
+    }
+}
+
+/// What a dump wrote and skipped, in pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DumpStats {
+    /// Mappings selected by [`MapsEntry::is_dumpable`].
+    pub mappings: u64,
+    /// Pages written to the output.
+    pub pages_written: u64,
+    /// Written pages whose bytes are all zero.
+    pub zero_pages: u64,
+    /// Pages skipped because pagemap says they were never touched.
+    pub untouched_pages: u64,
+    /// Pages skipped because `/proc/PID/mem` refused them (guard pages, mappings gone meanwhile).
+    pub unreadable_pages: u64,
+    /// Whether pagemap told untouched pages apart throughout; if not, pages it could not judge
+    /// were dumped whether touched or not.
+    pub pagemap_used: bool,
+    /// Whether `max_bytes` stopped the dump before every selected page was written.
+    pub truncated: bool,
+}
+
+/// Why a dump failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DumpError {
+    #[error("no process with pid {pid}")]
+    NoSuchProcess { pid: u32 },
+    #[error(
+        "permission denied opening {}: reading another process's memory needs ptrace access, \
+         run as root",
+        path.display()
+    )]
+    PermissionDenied { pid: u32, path: PathBuf },
+    #[error("cannot read {}", path.display())]
+    ReadProc {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot parse line {line} of {}", path.display())]
+    ParseMaps {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: MapsParseError,
+    },
+    #[error("cannot write the page dump")]
+    Write {
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write the page dump to {}", path.display())]
+    WriteFile {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Why a line of `/proc/PID/maps` did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MapsParseError {
+    #[error("the {field} field is missing")]
+    MissingField { field: &'static str },
+    #[error("the {field} field {value:?} is malformed")]
+    BadField { field: &'static str, value: String },
+}
+
+/// Permissions of a mapping, the `rwxp` column of maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Perms {
+    pub read: bool,
+    pub write: bool,
+    pub exec: bool,
+    /// `p` (copy on write) rather than `s` (shared).
+    pub private: bool,
+}
+
+/// One line of `/proc/PID/maps`:
+/// `7f1c2a000000-7f1c2a021000 rw-p 00000000 00:00 0    [heap]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapsEntry {
+    pub start: u64,
+    pub end: u64,
+    pub perms: Perms,
+    pub offset: u64,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub inode: u64,
+    /// File path, `[heap]`, `[stack]`, `[anon:name]`, ... or empty for plain anonymous memory.
+    pub pathname: String,
+}
+
+impl MapsEntry {
+    /// Whether the mapping holds swappable process data: private, readable and writable, not
+    /// backed by a file, and plain anonymous, `[heap]` or a named anonymous region.
+    /// The main `[stack]` (environment strings) and kernel areas (`[vvar]`, `[vdso]`,
+    /// `[vsyscall]`) are excluded, as are private file mappings (`.data`, `.bss` of libraries).
+    pub fn is_dumpable(&self) -> bool {
+        let anonymous_name = self.pathname.is_empty()
+            || self.pathname == "[heap]"
+            || (self.pathname.starts_with("[anon:") && self.pathname.ends_with(']'));
+        self.perms.read
+            && self.perms.write
+            && self.perms.private
+            && self.inode == 0
+            && anonymous_name
+    }
+
+    /// Length of the mapping in bytes.
+    pub fn len_bytes(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+}
+
+/// Parses one line of `/proc/PID/maps`. The pathname may contain spaces and is kept as is.
+pub fn parse_maps_line(line: &str) -> Result<MapsEntry, MapsParseError> {
+    let mut rest = line.trim_end_matches('\n');
+    let mut field = |name: &'static str| {
+        let trimmed = rest.trim_start_matches([' ', '\t']);
+        let end = trimmed.find([' ', '\t']).unwrap_or(trimmed.len());
+        let (value, tail) = trimmed.split_at(end);
+        rest = tail;
+        if value.is_empty() {
+            Err(MapsParseError::MissingField { field: name })
+        } else {
+            Ok(value)
+        }
+    };
+    let range = field("address")?;
+    let perms = field("perms")?;
+    let offset = field("offset")?;
+    let dev = field("dev")?;
+    let inode = field("inode")?;
+    let pathname = rest.trim_start_matches([' ', '\t']).to_owned();
+
+    let bad = |field: &'static str, value: &str| MapsParseError::BadField {
+        field,
+        value: value.to_owned(),
+    };
+    let hex = |field: &'static str, value: &str| {
+        u64::from_str_radix(value, 16).map_err(|_| bad(field, value))
+    };
+
+    let (start, end) = range.split_once('-').ok_or_else(|| bad("address", range))?;
+    let (start, end) = (hex("address", start)?, hex("address", end)?);
+    if end < start {
+        return Err(bad("address", range));
+    }
+    let perms = parse_perms(perms).ok_or_else(|| bad("perms", perms))?;
+    let offset = hex("offset", offset)?;
+    let (major, minor) = dev.split_once(':').ok_or_else(|| bad("dev", dev))?;
+    let dev_major = u32::from_str_radix(major, 16).map_err(|_| bad("dev", dev))?;
+    let dev_minor = u32::from_str_radix(minor, 16).map_err(|_| bad("dev", dev))?;
+    let inode = inode.parse().map_err(|_| bad("inode", inode))?;
+    Ok(MapsEntry {
+        start,
+        end,
+        perms,
+        offset,
+        dev_major,
+        dev_minor,
+        inode,
+        pathname,
+    })
+}
+
+fn parse_perms(s: &str) -> Option<Perms> {
+    let &[r, w, x, p] = s.as_bytes() else {
+        return None;
+    };
+    let flag = |c: u8, set: u8| match c {
+        c if c == set => Some(true),
+        b'-' => Some(false),
+        _ => None,
+    };
+    let private = match p {
+        b'p' => true,
+        b's' => false,
+        _ => return None,
+    };
+    Some(Perms {
+        read: flag(r, b'r')?,
+        write: flag(w, b'w')?,
+        exec: flag(x, b'x')?,
+        private,
+    })
+}
+
+/// Writes the dumpable pages of process `pid` to `out`, in address order, as raw 4 KiB pages.
+///
+/// The process keeps running: stop it (SIGSTOP) first for a consistent picture. Pages that
+/// cannot be read are skipped, so a mapping that disappears during the dump only shortens it.
+pub fn dump_process(
+    pid: u32,
+    out: &mut impl Write,
+    opts: &DumpOptions,
+) -> Result<DumpStats, DumpError> {
+    let maps_path = proc_path(pid, "maps");
+    let maps = fs::read_to_string(&maps_path).map_err(|e| open_error(pid, &maps_path, e))?;
+    let mut entries = Vec::new();
+    for (i, line) in maps.lines().enumerate() {
+        let entry = parse_maps_line(line).map_err(|source| DumpError::ParseMaps {
+            path: maps_path.clone(),
+            line: i + 1,
+            source,
+        })?;
+        if entry.is_dumpable() {
+            entries.push(entry);
+        }
+    }
+
+    let mem_path = proc_path(pid, "mem");
+    let mem = File::open(&mem_path).map_err(|e| open_error(pid, &mem_path, e))?;
+    // Present and swapped bits are readable without privileges (only PFNs are hidden), but
+    // fall back to dumping every readable page if pagemap is unavailable.
+    let pagemap = if opts.resident_only {
+        File::open(proc_path(pid, "pagemap")).ok()
+    } else {
+        None
+    };
+
+    let mut dumper = Dumper {
+        mem,
+        pagemap,
+        out,
+        pages_left: opts.max_bytes.map(|b| b / PAGE_SIZE as u64),
+        buf: vec![0; BATCH_PAGES * PAGE_SIZE],
+        pm_buf: vec![0; BATCH_PAGES * PM_ENTRY_LEN],
+        stats: DumpStats {
+            mappings: entries.len() as u64,
+            ..DumpStats::default()
+        },
+    };
+    dumper.stats.pagemap_used = dumper.pagemap.is_some();
+    for entry in &entries {
+        if dumper.stats.truncated {
+            break;
+        }
+        dumper.dump_mapping(entry)?;
+    }
+    dumper
+        .out
+        .flush()
+        .map_err(|source| DumpError::Write { source })?;
+    Ok(dumper.stats)
+}
+
+struct Dumper<'a, W: Write> {
+    mem: File,
+    pagemap: Option<File>,
+    out: &'a mut W,
+    /// Remaining page budget from `max_bytes`.
+    pages_left: Option<u64>,
+    buf: Vec<u8>,
+    pm_buf: Vec<u8>,
+    stats: DumpStats,
+}
+
+impl<W: Write> Dumper<'_, W> {
+    fn dump_mapping(&mut self, entry: &MapsEntry) -> Result<(), DumpError> {
+        let pages = entry.len_bytes() / PAGE_SIZE as u64;
+        let mut done = 0;
+        while done < pages && !self.stats.truncated {
+            let n = (pages - done).min(BATCH_PAGES as u64) as usize;
+            let addr = entry.start + done * PAGE_SIZE as u64;
+            let wanted = self.wanted_pages(addr, n);
+            let mut i = 0;
+            while i < n && !self.stats.truncated {
+                if wanted & (1 << i) == 0 {
+                    self.stats.untouched_pages += 1;
+                    i += 1;
+                    continue;
+                }
+                let run = (i..n).take_while(|&j| wanted & (1 << j) != 0).count();
+                self.copy_run(addr + (i * PAGE_SIZE) as u64, run)?;
+                i += run;
+            }
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Bit i set: page i of the `n` pages at `addr` should be dumped.
+    fn wanted_pages(&mut self, addr: u64, n: usize) -> u64 {
+        // 1 <= n <= BATCH_PAGES
+        let all = u64::MAX >> (u64::BITS as usize - n);
+        let Some(pagemap) = &self.pagemap else {
+            return all;
+        };
+        let entries = &mut self.pm_buf[..n * PM_ENTRY_LEN];
+        let offset = addr / PAGE_SIZE as u64 * PM_ENTRY_LEN as u64;
+        if pagemap.read_exact_at(entries, offset).is_err() {
+            self.stats.pagemap_used = false;
+            return all;
+        }
+        entries
+            .chunks_exact(PM_ENTRY_LEN)
+            .enumerate()
+            .fold(0, |mask, (i, e)| {
+                let e = u64::from_ne_bytes(e.try_into().expect("chunks of PM_ENTRY_LEN"));
+                if e & (PM_PRESENT | PM_SWAPPED) != 0 {
+                    mask | 1 << i
+                } else {
+                    mask
+                }
+            })
+    }
+
+    /// Copies `run` consecutive pages at `addr`, in one read if possible, else page by page.
+    fn copy_run(&mut self, addr: u64, mut run: usize) -> Result<(), DumpError> {
+        if let Some(left) = self.pages_left {
+            if (run as u64) > left {
+                self.stats.truncated = true;
+                run = left as usize;
+            }
+        }
+        let len = run * PAGE_SIZE;
+        if self.mem.read_exact_at(&mut self.buf[..len], addr).is_ok() {
+            for page in 0..run {
+                self.write_page(page)?;
+            }
+            return Ok(());
+        }
+        for page in 0..run {
+            let offset = addr + (page * PAGE_SIZE) as u64;
+            match self
+                .mem
+                .read_exact_at(&mut self.buf[page * PAGE_SIZE..][..PAGE_SIZE], offset)
+            {
+                Ok(()) => self.write_page(page)?,
+                Err(_) => self.stats.unreadable_pages += 1,
+            }
+        }
+        Ok(())
+    }
+
+    fn write_page(&mut self, index: usize) -> Result<(), DumpError> {
+        let page = &self.buf[index * PAGE_SIZE..(index + 1) * PAGE_SIZE];
+        self.out
+            .write_all(page)
+            .map_err(|source| DumpError::Write { source })?;
+        self.stats.pages_written += 1;
+        if page.iter().all(|&b| b == 0) {
+            self.stats.zero_pages += 1;
+        }
+        if let Some(left) = &mut self.pages_left {
+            *left -= 1;
+        }
+        Ok(())
+    }
+}
+
+fn proc_path(pid: u32, file: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{file}"))
+}
+
+fn open_error(pid: u32, path: &Path, source: io::Error) -> DumpError {
+    match source.kind() {
+        io::ErrorKind::NotFound => DumpError::NoSuchProcess { pid },
+        io::ErrorKind::PermissionDenied => DumpError::PermissionDenied {
+            pid,
+            path: path.to_owned(),
+        },
+        _ => DumpError::ReadProc {
+            path: path.to_owned(),
+            source,
+        },
+    }
+}
+
+/// Write a process's private anonymous memory (heap and anonymous mappings, not the stack) to a
+/// file of 4 KiB pages, for benchmarks and ratio tests
+#[derive(Debug, Clone, clap::Args)]
+pub struct DumpPagesArgs {
+    /// Process to dump (needs ptrace access: run as root)
+    #[arg(long)]
+    pub pid: u32,
+    /// File to write the pages to; created or truncated
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// Stop after this many MiB
+    #[arg(long, value_name = "N")]
+    pub max_mib: Option<u64>,
+    /// Also dump pages that were never touched (by default pagemap filters them out)
+    #[arg(long)]
+    pub all_pages: bool,
+}
+
+/// Runs `uzram dump-pages` and prints a one-line summary to stderr. On failure the partial
+/// output file is removed, so a truncated dump is never mistaken for a complete one.
+pub fn run(args: &DumpPagesArgs) -> Result<(), DumpError> {
+    let opts = DumpOptions {
+        max_bytes: args.max_mib.map(|mib| mib.saturating_mul(1 << 20)),
+        resident_only: !args.all_pages,
+    };
+    let file = File::create(&args.output).map_err(|source| DumpError::WriteFile {
+        path: args.output.clone(),
+        source,
+    })?;
+    let mut out = BufWriter::new(file);
+    let stats = match dump_process(args.pid, &mut out, &opts) {
+        Ok(stats) => stats,
+        Err(e) => {
+            drop(out);
+            let _ = fs::remove_file(&args.output);
+            return Err(match e {
+                DumpError::Write { source } => DumpError::WriteFile {
+                    path: args.output.clone(),
+                    source,
+                },
+                e => e,
+            });
+        }
+    };
+    eprintln!(
+        "pid {}: wrote {} pages ({} MiB, {} zero) from {} mappings to {}; skipped {} untouched, \
+         {} unreadable{}{}",
+        args.pid,
+        stats.pages_written,
+        (stats.pages_written * PAGE_SIZE as u64) >> 20,
+        stats.zero_pages,
+        stats.mappings,
+        args.output.display(),
+        stats.untouched_pages,
+        stats.unreadable_pages,
+        if stats.pagemap_used {
+            ""
+        } else {
+            "; pagemap unavailable, untouched pages included"
+        },
+        if stats.truncated {
+            "; stopped at --max-mib"
+        } else {
+            ""
+        },
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(line: &str) -> MapsEntry {
+        parse_maps_line(line).unwrap()
+    }
+
+    #[test]
+    fn heap_line_parses_and_is_dumpable() {
+        let e = entry(
+            "55713f8ca000-55713f8eb000 rw-p 00000000 00:00 0                          [heap]",
+        );
+        assert_eq!(e.start, 0x5571_3f8c_a000);
+        assert_eq!(e.end, 0x5571_3f8e_b000);
+        assert_eq!(
+            e.perms,
+            Perms {
+                read: true,
+                write: true,
+                exec: false,
+                private: true
+            }
+        );
+        assert_eq!((e.offset, e.dev_major, e.dev_minor, e.inode), (0, 0, 0, 0));
+        assert_eq!(e.pathname, "[heap]");
+        assert_eq!(e.len_bytes(), 0x21000);
+        assert!(e.is_dumpable());
+    }
+
+    #[test]
+    fn plain_anonymous_mapping_is_dumpable() {
+        let e = entry("7ffae68b4000-7ffae68d6000 rw-p 00000000 00:00 0 ");
+        assert_eq!(e.pathname, "");
+        assert!(e.is_dumpable());
+        assert!(entry("7ffae68b4000-7ffae68d6000 rw-p 00000000 00:00 0").is_dumpable());
+    }
+
+    #[test]
+    fn named_anonymous_mapping_is_dumpable() {
+        let e = entry("7f0000000000-7f0000100000 rw-p 00000000 00:00 0    [anon:libc_malloc]");
+        assert_eq!(e.pathname, "[anon:libc_malloc]");
+        assert!(e.is_dumpable());
+    }
+
+    #[test]
+    fn stacks_and_kernel_areas_are_excluded() {
+        for line in [
+            "7ffd1c2e5000-7ffd1c306000 rw-p 00000000 00:00 0                          [stack]",
+            "7f5a3c000000-7f5a3c021000 rw-p 00000000 00:00 0                          [stack:1234]",
+            "7ffae6b26000-7ffae6b2a000 r--p 00000000 00:00 0                          [vvar]",
+            "7ffae6b2a000-7ffae6b2c000 r-xp 00000000 00:00 0                          [vdso]",
+            "ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]",
+            "7f0000000000-7f0000001000 rw-s 00000000 00:01 1025   [anon_shmem:shared]",
+        ] {
+            assert!(!entry(line).is_dumpable(), "{line}");
+        }
+    }
+
+    #[test]
+    fn file_backed_mappings_are_excluded() {
+        // A library's .data is private and writable but backed by a file (inode != 0).
+        let data = entry("7ffae6b0c000-7ffae6b0e000 rw-p 001d3000 fe:00 326279   /usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(
+            (data.offset, data.dev_major, data.dev_minor, data.inode),
+            (0x1d3000, 0xfe, 0, 326279)
+        );
+        assert!(!data.is_dumpable());
+        let deleted =
+            entry("7f0000000000-7f0000001000 rw-p 00000000 00:05 77  /dev/zero (deleted)");
+        assert_eq!(deleted.pathname, "/dev/zero (deleted)");
+        assert!(!deleted.is_dumpable());
+    }
+
+    #[test]
+    fn non_writable_or_shared_or_guard_mappings_are_excluded() {
+        for line in [
+            "7f0000000000-7f0000001000 r--p 00000000 00:00 0 ",
+            "7f0000000000-7f0000001000 ---p 00000000 00:00 0 ",
+            "7f0000000000-7f0000001000 rw-s 00000000 00:00 0 ",
+            "7f0000000000-7f0000001000 -w-p 00000000 00:00 0 ",
+        ] {
+            assert!(!entry(line).is_dumpable(), "{line}");
+        }
+    }
+
+    #[test]
+    fn pathname_with_spaces_is_kept_whole() {
+        let e = entry("00400000-00452000 r-xp 00000000 08:02 173521      /opt/my app/bin x");
+        assert_eq!(e.pathname, "/opt/my app/bin x");
+    }
+
+    #[test]
+    fn malformed_lines_name_the_field() {
+        assert_eq!(
+            parse_maps_line(""),
+            Err(MapsParseError::MissingField { field: "address" })
+        );
+        assert_eq!(
+            parse_maps_line("00400000-00452000 r-xp 00000000 08:02"),
+            Err(MapsParseError::MissingField { field: "inode" })
+        );
+        assert_eq!(
+            parse_maps_line("00400000 r-xp 00000000 08:02 1"),
+            Err(MapsParseError::BadField {
+                field: "address",
+                value: "00400000".into()
+            })
+        );
+        assert_eq!(
+            parse_maps_line("00500000-00400000 r-xp 00000000 08:02 1"),
+            Err(MapsParseError::BadField {
+                field: "address",
+                value: "00500000-00400000".into()
+            })
+        );
+        assert_eq!(
+            parse_maps_line("00400000-00452000 rwxq 00000000 08:02 1"),
+            Err(MapsParseError::BadField {
+                field: "perms",
+                value: "rwxq".into()
+            })
+        );
+        assert_eq!(
+            parse_maps_line("00400000-00452000 rw-p 00000000 0802 1"),
+            Err(MapsParseError::BadField {
+                field: "dev",
+                value: "0802".into()
+            })
+        );
+        assert_eq!(
+            parse_maps_line("00400000-00452000 rw-p 00000000 08:02 x1"),
+            Err(MapsParseError::BadField {
+                field: "inode",
+                value: "x1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn errors_read_as_sentences_without_repeating_the_source() {
+        let e = DumpError::ParseMaps {
+            path: "/proc/1/maps".into(),
+            line: 3,
+            source: MapsParseError::MissingField { field: "perms" },
+        };
+        assert_eq!(e.to_string(), "cannot parse line 3 of /proc/1/maps");
+        let e = DumpError::PermissionDenied {
+            pid: 7,
+            path: "/proc/7/mem".into(),
+        };
+        assert!(e.to_string().contains("run as root"), "{e}");
+    }
+
+    #[test]
+    fn own_process_dump_respects_max_bytes() {
+        // Reading /proc/self/mem needs no privilege.
+        let opts = DumpOptions {
+            max_bytes: Some(10 * PAGE_SIZE as u64 + 100),
+            resident_only: true,
+        };
+        let mut out = Vec::new();
+        let stats = dump_process(std::process::id(), &mut out, &opts).unwrap();
+        assert_eq!(stats.pages_written, 10);
+        assert!(stats.truncated);
+        assert_eq!(out.len(), 10 * PAGE_SIZE);
+        assert!(stats.mappings > 0);
+    }
+
+    #[test]
+    fn own_process_dump_finds_a_heap_pattern() {
+        // Built at run time so the only copies are in writable anonymous memory.
+        let marker: Vec<u8> = b"UZRAM-SELF-DUMP-MARKER-"
+            .iter()
+            .map(|b| b ^ 0x20)
+            .collect();
+        let mut out = Vec::new();
+        let stats = dump_process(std::process::id(), &mut out, &DumpOptions::default()).unwrap();
+        assert_eq!(out.len() as u64, stats.pages_written * PAGE_SIZE as u64);
+        assert!(out.windows(marker.len()).any(|w| w == marker.as_slice()));
+    }
+}
