@@ -1,0 +1,96 @@
+//! The engine's errors. One enum; the ublk frontend maps each to one errno in one place.
+
+use uzram_codecs::{CodecError, ConfigError, ParamsError, UnknownAlgorithm};
+
+use crate::device::PageIndex;
+
+/// An error of the device engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// I/O that reaches past the end of the device.
+    #[error("i/o of {len_bytes} bytes at byte {offset} reaches beyond the device size {disksize}")]
+    OutOfRange {
+        /// Byte offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len_bytes: u64,
+        /// The device size.
+        disksize: u64,
+    },
+    /// I/O not aligned to 512-byte sectors.
+    #[error("i/o of {len_bytes} bytes at byte {offset} is not aligned to 512-byte sectors")]
+    Misaligned {
+        /// Byte offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len_bytes: u64,
+    },
+    /// Storing the page would pass the device's memory limit; nothing was changed.
+    #[error("memory limit of {limit_bytes} bytes reached")]
+    MemLimit {
+        /// The limit (`mem_limit`).
+        limit_bytes: u64,
+    },
+    /// The system refused memory; nothing was changed.
+    #[error("out of memory")]
+    OutOfMemory(#[source] uzram_allocator::Error),
+    /// A stored page failed to decompress.
+    #[error("page {index} is corrupt")]
+    Corrupt {
+        /// The page.
+        index: PageIndex,
+        /// What the codec said.
+        #[source]
+        source: CodecError,
+    },
+    /// A page failed to compress (a codec bug; nothing was changed).
+    #[error("page {index} failed to compress")]
+    Compress {
+        /// The page.
+        index: PageIndex,
+        /// What the codec said.
+        #[source]
+        source: CodecError,
+    },
+    /// The pool lost track of a page's object (an engine bug).
+    #[error("page {index} has no object in the pool")]
+    Lost {
+        /// The page.
+        index: PageIndex,
+        /// What the pool said.
+        #[source]
+        source: uzram_allocator::Error,
+    },
+    /// A size that is not a number with an optional K/M/G/T/P/E suffix, or is 0.
+    #[error("invalid size {text:?}: expected bytes with an optional K, M, G, T, P or E suffix")]
+    InvalidSize {
+        /// What was given.
+        text: String,
+    },
+    /// A disksize too large for this machine's memory to index.
+    #[error(
+        "disksize {disksize} needs a {table_bytes}-byte slot table, more than can be allocated"
+    )]
+    TableTooLarge {
+        /// The disksize asked for.
+        disksize: u64,
+        /// The slot table it needs.
+        table_bytes: u64,
+    },
+    /// An unknown algorithm name.
+    #[error(transparent)]
+    UnknownAlgorithm(#[from] UnknownAlgorithm),
+    /// Bad `algorithm_params`.
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    /// A codec configuration the codec refuses (level, dictionary).
+    #[error(transparent)]
+    CodecConfig(#[from] ConfigError),
+    /// A setting that only an uninitialised device takes (zram's rule).
+    #[error("{what} cannot change once the device is initialised: reset it first")]
+    Busy {
+        /// The setting.
+        what: &'static str,
+    },
+}

@@ -1,0 +1,1 @@
+//! The `device_ops` fuzz harness (device operations checked against a model).
