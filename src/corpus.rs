@@ -79,15 +79,20 @@ impl Corpus {
         } else {
             raw
         };
+        Self::from_bytes(data, path)
+    }
+
+    /// Pages already in memory (a live dump, say); `origin` names them in errors.
+    pub fn from_bytes(data: Vec<u8>, origin: &Path) -> Result<Self, CorpusError> {
         if data.len() % PAGE_SIZE != 0 {
             return Err(CorpusError::BadLength {
-                path: path.to_owned(),
+                path: origin.to_owned(),
                 len_bytes: data.len() as u64,
             });
         }
         if data.is_empty() {
             return Err(CorpusError::Empty {
-                path: path.to_owned(),
+                path: origin.to_owned(),
             });
         }
         Ok(Self { data })

@@ -24,6 +24,7 @@
 //! # Ok::<(), uzram::Error>(())
 //! ```
 
+pub mod bench;
 pub mod corpus;
 pub mod device;
 mod error;

@@ -17,6 +17,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Measure the engine against the raw codec on realistic pages: write and read rates at 1 and
+    /// N threads, and the memory it takes (mm_stat). Without --corpus or --pid it uses the
+    /// checked-in sample, so it runs on any machine.
+    Bench(uzram::bench::BenchArgs),
     /// Write a process's private anonymous memory to a file of 4 KiB pages (needs root or ptrace
     /// access), for benchmarks and ratio tests on realistic pages.
     DumpPages(uzram::pagedump::DumpPagesArgs),
@@ -34,13 +38,22 @@ fn report(e: &dyn std::error::Error) -> String {
 }
 
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
-        Command::DumpPages(args) => uzram::pagedump::run(&args),
+    let result: Result<(), Box<dyn std::error::Error>> = match Cli::parse().command {
+        Command::Bench(args) => uzram::bench::run(&args)
+            .map(|r| {
+                if args.json {
+                    println!("{}", r.to_json());
+                } else {
+                    print!("{}", r.to_table());
+                }
+            })
+            .map_err(Into::into),
+        Command::DumpPages(args) => uzram::pagedump::run(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{}", report(&e));
+            eprintln!("{}", report(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -49,7 +49,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 ARENA_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_POPULATE,
                 -1,
                 0,
             )

@@ -6,7 +6,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crossbeam::utils::CachePadded;
 use parking_lot::Mutex;
 
 use crate::class::{ClassSpec, ClassTable, MAX_OBJECT};
@@ -203,13 +202,13 @@ impl ClassState {
         ClassState {
             spec,
             index,
-            // Segments of at most 64 zspage records, 16 back-pointer rows, 512 handles: small
-            // enough that a class's slack stays a few KiB, large enough to be rare allocations.
-            zspages: Table::new(1, 1, 64),
+            // Small fixed segments: a class's slack stays under a KiB or so (many classes hold
+            // few objects), and growing never copies.
+            zspages: Table::new(1, 4),
             free_zspage_ids: Vec::new(),
-            backptr: Table::new(spec.objs_per_zspage, 1, 16),
+            backptr: Table::new(spec.objs_per_zspage, 2),
             groups: Default::default(),
-            handles: Table::new(1, 16, 512),
+            handles: Table::new(1, 32),
             free_handle: 0,
             obj_used: 0,
             object_bytes: 0,
@@ -654,7 +653,9 @@ impl ClassState {
 /// A pool of compressed objects: see the crate docs.
 pub struct Pool {
     table: ClassTable,
-    classes: Box<[CachePadded<Mutex<ClassState>>]>,
+    /// Not cache-padded: a `ClassState` spans several cache lines, so neighbouring classes' locks
+    /// never share one.
+    classes: Box<[Mutex<ClassState>]>,
     arenas: Mutex<ArenaSet>,
     pages_used: AtomicU64,
     max_pages_used: AtomicU64,
@@ -679,7 +680,7 @@ impl Pool {
             .classes()
             .iter()
             .enumerate()
-            .map(|(i, &spec)| CachePadded::new(Mutex::new(ClassState::new(i, spec))))
+            .map(|(i, &spec)| Mutex::new(ClassState::new(i, spec)))
             .collect();
         let pool = Pool {
             table,
@@ -721,7 +722,7 @@ impl Pool {
     fn class(&self, h: Handle) -> Result<&Mutex<ClassState>, Error> {
         self.classes
             .get(h.class())
-            .map(|c| &**c)
+            .map(|c| c)
             .ok_or(Error::InvalidHandle { raw: h.to_raw() })
     }
 
@@ -903,7 +904,7 @@ impl Pool {
         let mut objects = 0;
         let mut object_bytes = 0;
         let mut metadata = std::mem::size_of::<Pool>()
-            + self.classes.len() * std::mem::size_of::<CachePadded<Mutex<ClassState>>>();
+            + self.classes.len() * std::mem::size_of::<Mutex<ClassState>>();
         for class in self.classes.iter() {
             let c = class.lock();
             objects += c.obj_used as u64;

@@ -1,62 +1,37 @@
-//! A growable table stored in segments that are never reallocated (no copy, no doubling slack).
-//!
-//! Segments grow geometrically from `min_rows` rows up to `max_rows`, then stay at `max_rows`, so a
-//! small table costs little (many size classes hold few objects) and a large one wastes at most one
-//! segment. Entries are grouped in rows of `row` entries (one zspage's back-pointers, say) and a row
-//! never straddles two segments.
+//! A growable table stored in fixed-size segments that are never reallocated: growing copies
+//! nothing and leaves no doubling slack, so metadata costs what it stores plus at most one partly
+//! used segment (many size classes hold few objects, so small segments matter). Entries are grouped
+//! in rows of `row` entries (one zspage's back-pointers, say); a row never straddles two segments.
 
-/// Rows of `row` entries, in segments.
+/// Rows of `row` entries, in segments of `seg_rows` rows.
 pub(crate) struct Table<T> {
     row: usize,
-    min_rows: usize,
-    max_rows: usize,
+    seg_rows: usize,
     segments: Vec<Box<[T]>>,
     /// Rows in use.
     rows: usize,
-    /// Rows the segments hold.
-    capacity: usize,
 }
 
 impl<T: Default> Table<T> {
-    /// An empty table of rows of `row` entries, segments from `min_rows` to `max_rows` rows.
-    pub(crate) fn new(row: usize, min_rows: usize, max_rows: usize) -> Table<T> {
-        assert!(row > 0 && min_rows > 0 && min_rows <= max_rows);
+    /// An empty table of rows of `row` entries, allocated `seg_rows` rows at a time.
+    pub(crate) fn new(row: usize, seg_rows: usize) -> Table<T> {
+        assert!(row > 0 && seg_rows > 0);
         Table {
             row,
-            min_rows,
-            max_rows,
+            seg_rows,
             segments: Vec::new(),
             rows: 0,
-            capacity: 0,
         }
-    }
-
-    /// Segment and row within it of row `i`.
-    fn locate(&self, mut i: usize) -> (usize, usize) {
-        let mut seg = 0;
-        let mut size = self.min_rows;
-        while i >= size {
-            i -= size;
-            seg += 1;
-            size = (size * 2).min(self.max_rows);
-            if size == self.max_rows {
-                // Constant segments from here on.
-                return (seg + i / size, i % size);
-            }
-        }
-        (seg, i)
     }
 
     /// Appends a row of default entries; returns its index.
     pub(crate) fn push_row(&mut self) -> usize {
-        if self.rows == self.capacity {
-            let size = match self.segments.last() {
-                None => self.min_rows,
-                Some(last) => (last.len() / self.row * 2).min(self.max_rows),
-            };
-            self.segments
-                .push((0..size * self.row).map(|_| T::default()).collect());
-            self.capacity += size;
+        if self.rows == self.segments.len() * self.seg_rows {
+            self.segments.push(
+                (0..self.seg_rows * self.row)
+                    .map(|_| T::default())
+                    .collect(),
+            );
         }
         self.rows += 1;
         self.rows - 1
@@ -67,8 +42,8 @@ impl<T: Default> Table<T> {
         if i >= self.rows {
             return None;
         }
-        let (seg, r) = self.locate(i);
-        Some(&self.segments[seg][r * self.row..(r + 1) * self.row])
+        let r = i % self.seg_rows;
+        Some(&self.segments[i / self.seg_rows][r * self.row..(r + 1) * self.row])
     }
 
     /// Row `i`, mutable.
@@ -76,8 +51,8 @@ impl<T: Default> Table<T> {
         if i >= self.rows {
             return None;
         }
-        let (seg, r) = self.locate(i);
-        Some(&mut self.segments[seg][r * self.row..(r + 1) * self.row])
+        let r = i % self.seg_rows;
+        Some(&mut self.segments[i / self.seg_rows][r * self.row..(r + 1) * self.row])
     }
 
     /// Entry `i` of a table of one-entry rows.
@@ -108,7 +83,7 @@ impl<T: Default> Table<T> {
 
     /// Bytes held, including the segment list.
     pub(crate) fn bytes(&self) -> usize {
-        self.capacity * self.row * std::mem::size_of::<T>()
+        self.segments.len() * self.seg_rows * self.row * std::mem::size_of::<T>()
             + self.segments.capacity() * std::mem::size_of::<Box<[T]>>()
     }
 }
@@ -132,7 +107,7 @@ mod tests {
 
     #[test]
     fn rows_keep_their_entries_across_segments() {
-        let mut t: Table<u32> = Table::new(3, 2, 8);
+        let mut t: Table<u32> = Table::new(3, 4);
         for i in 0..100 {
             assert_eq!(t.push_row(), i);
             t.row_mut(i).unwrap().copy_from_slice(&[i as u32, 1, 2]);
@@ -142,36 +117,21 @@ mod tests {
         }
         assert_eq!(t.row(100), None);
         assert_eq!(t.iter().count(), 300);
-        assert_eq!(
-            t.iter().step_by(3).copied().collect::<Vec<_>>(),
-            (0..100).collect::<Vec<u32>>()
-        );
+        assert!(t.iter().step_by(3).copied().eq(0..100));
     }
 
     #[test]
-    fn segments_grow_then_stay_bounded() {
-        let mut t: Table<u64> = Table::new(1, 4, 64);
-        for _ in 0..1000 {
+    fn slack_is_at_most_one_segment() {
+        let mut t: Table<u64> = Table::new(1, 64);
+        t.push_row();
+        assert_eq!(t.segments.len(), 1);
+        for _ in 1..1000 {
             t.push_row();
         }
-        // 4 + 8 + 16 + 32 = 60 rows, then 64-row segments: at most one segment of slack.
-        assert!(
-            t.capacity >= 1000 && t.capacity < 1000 + 64,
-            "capacity {}",
-            t.capacity
-        );
-        let mut small: Table<u64> = Table::new(1, 4, 64);
-        small.push_row();
-        assert_eq!(small.capacity, 4);
-    }
-
-    #[test]
-    fn locate_matches_push_order() {
-        let mut t: Table<usize> = Table::new(1, 1, 16);
-        for i in 0..500 {
-            t.push_row();
-            t[i] = i;
+        assert_eq!(t.segments.len(), 1000usize.div_ceil(64));
+        for i in 0..1000 {
+            t[i] = i as u64;
         }
-        assert!(t.iter().copied().eq(0..500));
+        assert!(t.iter().copied().eq(0..1000));
     }
 }

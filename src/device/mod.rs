@@ -7,7 +7,7 @@
 pub mod slot;
 mod stats;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use uzram_allocator::{Handle, Pool, PoolConfig};
@@ -15,7 +15,7 @@ use uzram_codecs::{Algorithm, AlgorithmParams, Codec, CodecParams, Stream, MAX_C
 
 use self::slot::Slot;
 pub use self::slot::{SlotFlags, SlotState};
-use self::stats::Counters;
+use self::stats::{Counters, Field, Totals};
 pub use self::stats::{DeviceStats, IoStat, MmStat};
 use crate::Error;
 
@@ -122,6 +122,8 @@ impl DeviceSetup {
 /// buffers, reused for every page. Make one per I/O thread with [`Device::context`].
 pub struct IoContext {
     device: u64,
+    /// The counter shard this context updates.
+    shard: usize,
     streams: Vec<Stream>,
     buf: Box<[u8]>,
     page: Box<[u8; PAGE_SIZE]>,
@@ -149,6 +151,7 @@ pub struct Device {
     huge_threshold: usize,
     epoch: Instant,
     counters: Counters,
+    next_shard: AtomicUsize,
 }
 
 impl std::fmt::Debug for Device {
@@ -212,7 +215,13 @@ impl Device {
             codecs: vec![codec],
             huge_threshold,
             epoch: Instant::now(),
-            counters: Counters::default(),
+            next_shard: AtomicUsize::new(0),
+            counters: Counters::new(
+                std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .next_power_of_two()
+                    * 2,
+            ),
         })
     }
 
@@ -255,6 +264,7 @@ impl Device {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(IoContext {
             device: self.id,
+            shard: self.next_shard.fetch_add(1, Ordering::Relaxed),
             streams,
             buf: vec![0; MAX_COMPRESSED_LEN].into_boxed_slice(),
             page: Box::new([0; PAGE_SIZE]),
@@ -298,7 +308,7 @@ impl Device {
         let result = self.read_inner(ctx, offset, buf);
         if result.is_err() {
             buf.fill(0);
-            self.counters.failed_reads.fetch_add(1, Ordering::Relaxed);
+            self.counters.bump(ctx.shard, Field::FailedReads);
         }
         result
     }
@@ -327,7 +337,7 @@ impl Device {
     pub fn write(&self, ctx: &mut IoContext, offset: u64, buf: &[u8]) -> Result<(), Error> {
         let result = self.write_inner(ctx, offset, buf);
         if result.is_err() {
-            self.counters.failed_writes.fetch_add(1, Ordering::Relaxed);
+            self.counters.bump(ctx.shard, Field::FailedWrites);
         }
         result
     }
@@ -343,14 +353,14 @@ impl Device {
                 // Compress and allocate before taking the slot lock.
                 let new = self.encode(&mut ctx.streams, &mut ctx.buf, index, page)?;
                 let mut g = self.slot(index).lock();
-                self.replace(&mut g, new);
+                self.replace(ctx.shard, &mut g, new);
             } else {
                 // Read-modify-write under the slot lock, so no other write slips in between.
                 let mut g = self.slot(index).lock();
                 self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, &mut ctx.page)?;
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
                 let new = self.encode(&mut ctx.streams, &mut ctx.buf, index, &ctx.page)?;
-                self.replace(&mut g, new);
+                self.replace(ctx.shard, &mut g, new);
             }
         }
         Ok(())
@@ -392,10 +402,12 @@ impl Device {
     }
 
     fn free_page(&self, index: PageIndex) {
+        // Discards come without a context: spread them over the shards by page.
+        let shard = index.0 as usize;
         let mut g = self.slot(index).lock();
         if !g.get().is_empty() {
-            self.replace(&mut g, SlotState::default());
-            self.counters.notify_free.fetch_add(1, Ordering::Relaxed);
+            self.replace(shard, &mut g, SlotState::default());
+            self.counters.bump(shard, Field::NotifyFree);
         }
     }
 
@@ -484,16 +496,16 @@ impl Device {
     }
 
     /// Puts `new` in the locked slot, frees what it held, and keeps the counters.
-    fn replace(&self, g: &mut slot::SlotGuard<'_>, new: SlotState) {
+    fn replace(&self, shard: usize, g: &mut slot::SlotGuard<'_>, new: SlotState) {
         let old = g.set(new);
-        self.counters.add(&new);
-        self.counters.remove(&old);
+        self.counters.add(shard, &new);
+        self.counters.remove(shard, &old);
         if old.flags.contains(SlotFlags::STORED) {
             if let Some(h) = Handle::from_raw(old.word) {
                 // A handle the slot held is live; failing here would be a pool bug, and the
                 // page is already replaced, so count it rather than fail the write.
                 if self.pool.free(h).is_err() {
-                    self.counters.free_errors.fetch_add(1, Ordering::Relaxed);
+                    self.counters.bump(shard, Field::FreeErrors);
                 }
             }
         }
@@ -517,28 +529,29 @@ impl Device {
     /// Everything counted, at once.
     pub fn stats(&self) -> DeviceStats {
         let pool = self.pool.stats();
+        let c = self.counters.totals();
+        let page = PAGE_SIZE as u64;
         DeviceStats {
             mm: MmStat {
-                orig_data_size: self.counters.pages_stored.load(Ordering::Relaxed)
-                    * PAGE_SIZE as u64,
-                compr_data_size: self.counters.compr_data_size.load(Ordering::Relaxed),
-                mem_used_total: pool.pages_used * PAGE_SIZE as u64,
-                mem_limit: pool.limit_pages * PAGE_SIZE as u64,
-                mem_used_max: pool.max_pages_used * PAGE_SIZE as u64,
-                same_pages: self.counters.same_pages.load(Ordering::Relaxed),
+                orig_data_size: c.pages_stored * page,
+                compr_data_size: c.compr_data_size,
+                mem_used_total: pool.pages_used * page,
+                mem_limit: pool.limit_pages * page,
+                mem_used_max: pool.max_pages_used * page,
+                same_pages: c.same_pages,
                 pages_compacted: pool.pages_compacted,
-                huge_pages: self.counters.huge_pages.load(Ordering::Relaxed),
-                huge_pages_since: self.counters.huge_pages_since.load(Ordering::Relaxed),
+                huge_pages: c.huge_pages,
+                huge_pages_since: c.huge_pages_since,
             },
             io: IoStat {
-                failed_reads: self.counters.failed_reads.load(Ordering::Relaxed),
-                failed_writes: self.counters.failed_writes.load(Ordering::Relaxed),
-                notify_free: self.counters.notify_free.load(Ordering::Relaxed),
+                failed_reads: c.failed_reads,
+                failed_writes: c.failed_writes,
+                notify_free: c.notify_free,
             },
             table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64
                 + pool.metadata_bytes,
-            pool_mapped_bytes: pool.pages_mapped * PAGE_SIZE as u64,
-            stored_pages: self.counters.stored_pages.load(Ordering::Relaxed),
+            pool_mapped_bytes: pool.pages_mapped * page,
+            stored_pages: c.stored_pages,
         }
     }
 
@@ -561,7 +574,7 @@ impl Device {
     /// live with the recorded size, and the counters add up. Needs a quiescent device.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.pool.check_invariants()?;
-        let expect = Counters::default();
+        let mut expect = Totals::default();
         for (i, slot) in self.slots.iter().enumerate() {
             let s = slot.peek();
             expect.add(&s);
@@ -582,29 +595,24 @@ impl Device {
                 return Err(format!("page {i}: HUGE without STORED"));
             }
         }
-        let c = &self.counters;
+        let c = self.counters.totals();
         let pairs = [
-            ("pages_stored", &expect.pages_stored, &c.pages_stored),
-            ("stored_pages", &expect.stored_pages, &c.stored_pages),
-            (
-                "compr_data_size",
-                &expect.compr_data_size,
-                &c.compr_data_size,
-            ),
-            ("same_pages", &expect.same_pages, &c.same_pages),
-            ("huge_pages", &expect.huge_pages, &c.huge_pages),
+            ("pages_stored", expect.pages_stored, c.pages_stored),
+            ("stored_pages", expect.stored_pages, c.stored_pages),
+            ("compr_data_size", expect.compr_data_size, c.compr_data_size),
+            ("same_pages", expect.same_pages, c.same_pages),
+            ("huge_pages", expect.huge_pages, c.huge_pages),
         ];
         for (name, want, got) in pairs {
-            let (want, got) = (want.load(Ordering::Relaxed), got.load(Ordering::Relaxed));
             if want != got {
                 return Err(format!("{name}: counter {got}, slots add up to {want}"));
             }
         }
         let objects = self.pool.stats().objects;
-        if objects != c.stored_pages.load(Ordering::Relaxed) {
+        if objects != c.stored_pages {
             return Err(format!(
                 "pool holds {objects} objects for {} stored pages",
-                c.stored_pages.load(Ordering::Relaxed)
+                c.stored_pages
             ));
         }
         Ok(())
@@ -756,7 +764,11 @@ mod tests {
         want[..1024].fill(0);
         assert_page(&out, &want);
         d.check_invariants().unwrap();
-        assert_eq!(d.stats().mm.orig_data_size, 3 * 4096, "pages 0, 2 and 3 hold data");
+        assert_eq!(
+            d.stats().mm.orig_data_size,
+            3 * 4096,
+            "pages 0, 2 and 3 hold data"
+        );
     }
 
     #[test]

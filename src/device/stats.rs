@@ -3,62 +3,152 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crossbeam::utils::CachePadded;
+
 use super::slot::{SlotFlags, SlotState};
 
-/// Running counters, updated as slots change.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
+/// Counter values summed over the shards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
     /// Pages holding data (same-filled included): zram's `pages_stored`.
-    pub pages_stored: AtomicU64,
+    pub pages_stored: u64,
     /// Pages with an object in the pool.
-    pub stored_pages: AtomicU64,
-    pub compr_data_size: AtomicU64,
-    pub same_pages: AtomicU64,
-    pub huge_pages: AtomicU64,
-    pub huge_pages_since: AtomicU64,
-    pub failed_reads: AtomicU64,
-    pub failed_writes: AtomicU64,
-    pub notify_free: AtomicU64,
+    pub stored_pages: u64,
+    pub compr_data_size: u64,
+    pub same_pages: u64,
+    pub huge_pages: u64,
+    pub huge_pages_since: u64,
+    pub failed_reads: u64,
+    pub failed_writes: u64,
+    pub notify_free: u64,
     /// Pool frees that failed (would be a pool bug); kept visible rather than hidden.
-    pub free_errors: AtomicU64,
+    pub free_errors: u64,
 }
 
-impl Counters {
-    fn apply(&self, s: &SlotState, add: bool) {
-        let op = |c: &AtomicU64, n: u64| {
-            if add {
-                c.fetch_add(n, Ordering::Relaxed);
+impl Totals {
+    fn apply(&mut self, s: &SlotState, add: bool) {
+        let op = |c: &mut u64, n: u64| {
+            *c = if add {
+                c.wrapping_add(n)
             } else {
-                c.fetch_sub(n, Ordering::Relaxed);
-            }
+                c.wrapping_sub(n)
+            };
         };
         if s.is_empty() {
             return;
         }
-        op(&self.pages_stored, 1);
+        op(&mut self.pages_stored, 1);
         if s.flags.contains(SlotFlags::SAME) {
-            op(&self.same_pages, 1);
+            op(&mut self.same_pages, 1);
         }
         if s.flags.contains(SlotFlags::STORED) {
-            op(&self.stored_pages, 1);
-            op(&self.compr_data_size, u64::from(s.size));
+            op(&mut self.stored_pages, 1);
+            op(&mut self.compr_data_size, u64::from(s.size));
         }
         if s.flags.contains(SlotFlags::HUGE) {
-            op(&self.huge_pages, 1);
+            op(&mut self.huge_pages, 1);
             if add {
-                self.huge_pages_since.fetch_add(1, Ordering::Relaxed);
+                self.huge_pages_since += 1;
+            }
+        }
+    }
+
+    /// Counts a slot state (for recounting a table from scratch).
+    pub fn add(&mut self, s: &SlotState) {
+        self.apply(s, true);
+    }
+}
+
+/// One shard: the same fields as [`Totals`], atomically updated.
+#[derive(Debug, Default)]
+struct Shard([AtomicU64; FIELDS]);
+
+const FIELDS: usize = 10;
+
+/// A counter of [`Counters`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Field {
+    FailedReads = 6,
+    FailedWrites = 7,
+    NotifyFree = 8,
+    FreeErrors = 9,
+}
+
+/// Running counters, sharded so that I/O threads do not fight over one cache line: each I/O
+/// context updates its own shard (values wrap; the sum over shards is right).
+#[derive(Debug)]
+pub(crate) struct Counters {
+    shards: Box<[CachePadded<Shard>]>,
+}
+
+impl Counters {
+    /// Counters with `shards` shards (at least 1).
+    pub fn new(shards: usize) -> Counters {
+        Counters {
+            shards: (0..shards.max(1))
+                .map(|_| CachePadded::new(Shard::default()))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, shard: usize) -> &Shard {
+        &self.shards[shard % self.shards.len()]
+    }
+
+    fn apply(&self, shard: usize, s: &SlotState, add: bool) {
+        let mut delta = Totals::default();
+        delta.apply(s, add);
+        let sh = self.shard(shard);
+        let values = [
+            delta.pages_stored,
+            delta.stored_pages,
+            delta.compr_data_size,
+            delta.same_pages,
+            delta.huge_pages,
+            delta.huge_pages_since,
+        ];
+        for (counter, v) in sh.0.iter().zip(values) {
+            if v != 0 {
+                counter.fetch_add(v, Ordering::Relaxed);
             }
         }
     }
 
     /// Counts a slot state that came into the table.
-    pub fn add(&self, s: &SlotState) {
-        self.apply(s, true);
+    pub fn add(&self, shard: usize, s: &SlotState) {
+        self.apply(shard, s, true);
     }
 
     /// Uncounts a slot state that left the table.
-    pub fn remove(&self, s: &SlotState) {
-        self.apply(s, false);
+    pub fn remove(&self, shard: usize, s: &SlotState) {
+        self.apply(shard, s, false);
+    }
+
+    /// Adds one to `field`.
+    pub fn bump(&self, shard: usize, field: Field) {
+        self.shard(shard).0[field as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The sums over all shards.
+    pub fn totals(&self) -> Totals {
+        let mut v = [0u64; FIELDS];
+        for sh in self.shards.iter() {
+            for (sum, c) in v.iter_mut().zip(sh.0.iter()) {
+                *sum = sum.wrapping_add(c.load(Ordering::Relaxed));
+            }
+        }
+        Totals {
+            pages_stored: v[0],
+            stored_pages: v[1],
+            compr_data_size: v[2],
+            same_pages: v[3],
+            huge_pages: v[4],
+            huge_pages_since: v[5],
+            failed_reads: v[6],
+            failed_writes: v[7],
+            notify_free: v[8],
+            free_errors: v[9],
+        }
     }
 }
 

@@ -1,0 +1,525 @@
+//! `uzram bench`: the engine against the raw codec on the same realistic pages.
+//!
+//! One run measures, over every page of a corpus (same-filled pages included):
+//! - the raw codec (lz4_flex / zstd called directly, one thread) compressing and decompressing
+//!   each page;
+//! - the engine writing every page into a fresh device (slot lock, same-fill check, codec,
+//!   allocator) and reading every page back, at 1 thread and at N threads (each thread a
+//!   contiguous share of the pages, with its own I/O context);
+//! - `mm_stat` after the first write pass.
+//!
+//! Each figure is the median of `--runs` rounds; the rounds interleave the measurements, so a
+//! noisy neighbour slows all of them alike. Reads are verified against the corpus outside the
+//! timed part.
+
+use std::path::PathBuf;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use uzram_codecs::backends::{lz4_flex, zstd};
+use uzram_codecs::{Algorithm, Codec, MAX_COMPRESSED_LEN};
+
+use crate::corpus::{bench_corpus_path, Corpus};
+use crate::device::{DeviceStats, PAGE_SIZE};
+use crate::pagedump::{dump_process, DumpOptions};
+use crate::{Device, DeviceSetup, Error};
+
+/// Arguments of `uzram bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// File of 4 KiB pages, raw or zstd-compressed (default: $UZRAM_CORPUS, else the checked-in
+    /// sample testdata/sample.pages.zst)
+    #[arg(long, value_name = "FILE", conflicts_with = "pid")]
+    pub corpus: Option<PathBuf>,
+    /// Dump this live process's anonymous memory and use it as the corpus (needs root)
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+    /// Compression algorithm, by zram's name
+    #[arg(long, default_value = "lz4")]
+    pub algorithm: String,
+    /// zram's algorithm_params for it, e.g. "level=3"
+    #[arg(long, value_name = "PARAMS")]
+    pub algorithm_params: Option<String>,
+    /// Threads for the multi-thread figures (default: the CPUs available)
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Rounds; each figure is the median
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Print one JSON object (one line) instead of the table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What a bench run measured.
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    /// Where the pages came from.
+    pub source: String,
+    /// Algorithm and level.
+    pub algorithm: Algorithm,
+    /// Compression level in effect.
+    pub level: i32,
+    /// Pages in the corpus.
+    pub pages: u64,
+    /// Threads of the multi-thread figures.
+    pub threads: usize,
+    /// Rounds measured.
+    pub runs: usize,
+    /// The device's figures after the first write pass.
+    pub stats: DeviceStats,
+    /// Raw codec, pages per second.
+    pub raw_compress_pages_per_s: f64,
+    /// Raw codec, pages per second.
+    pub raw_decompress_pages_per_s: f64,
+    /// Raw codec compressing, pages per second, by thread count (each thread its share).
+    pub raw_compress: Vec<(usize, f64)>,
+    /// Raw codec decompressing, pages per second, by thread count.
+    pub raw_decompress: Vec<(usize, f64)>,
+    /// Engine writes into an empty device (the pool growing), pages per second, by thread count.
+    pub fill_pages_per_s: Vec<(usize, f64)>,
+    /// Engine writes over written pages (steady state), pages per second, by thread count.
+    pub write_pages_per_s: Vec<(usize, f64)>,
+    /// Engine reads, pages per second, by thread count.
+    pub read_pages_per_s: Vec<(usize, f64)>,
+}
+
+/// Why a bench could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// The corpus could not be loaded.
+    #[error(transparent)]
+    Corpus(#[from] crate::corpus::CorpusError),
+    /// The live process could not be dumped.
+    #[error(transparent)]
+    Dump(#[from] crate::pagedump::DumpError),
+    /// The device refused the configuration or an operation.
+    #[error(transparent)]
+    Device(#[from] Error),
+    /// Pages read back differ from what was written: an engine bug, reported, never ignored.
+    #[error("page {index} read back wrong after the {phase} pass")]
+    Mismatch {
+        /// The page.
+        index: usize,
+        /// Which pass.
+        phase: &'static str,
+    },
+    /// The raw zstd context could not be made.
+    #[error("cannot set up the raw zstd context")]
+    RawCodec(#[source] std::io::Error),
+    /// `--runs 0` or `--threads 0`.
+    #[error("--{what} must be at least 1")]
+    Zero {
+        /// The option.
+        what: &'static str,
+    },
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn rate(pages: usize, d: Duration) -> f64 {
+    pages as f64 / d.as_secs_f64().max(1e-9)
+}
+
+/// The raw codec, called directly: lz4_flex's block API, or a zstd bulk context.
+enum Raw {
+    Lz4,
+    Zstd(
+        Box<zstd::bulk::Compressor<'static>>,
+        Box<zstd::bulk::Decompressor<'static>>,
+    ),
+}
+
+impl Raw {
+    fn new(codec: &Codec) -> Result<Raw, BenchError> {
+        let io = BenchError::RawCodec;
+        Ok(match codec.algorithm() {
+            Algorithm::Lz4 => Raw::Lz4,
+            _ => {
+                let dict = codec.params().dict.as_deref().unwrap_or(&[]);
+                Raw::Zstd(
+                    Box::new(
+                        zstd::bulk::Compressor::with_dictionary(codec.level(), dict).map_err(io)?,
+                    ),
+                    Box::new(zstd::bulk::Decompressor::with_dictionary(dict).map_err(io)?),
+                )
+            }
+        })
+    }
+
+    fn compress(&mut self, page: &[u8], dst: &mut [u8]) -> usize {
+        match self {
+            Raw::Lz4 => lz4_flex::block::compress_into(page, dst).expect("bound-sized buffer"),
+            Raw::Zstd(c, _) => c.compress_to_buffer(page, dst).expect("bound-sized buffer"),
+        }
+    }
+
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> usize {
+        match self {
+            Raw::Lz4 => lz4_flex::block::decompress_into(src, dst).expect("own output"),
+            Raw::Zstd(_, d) => d.decompress_to_buffer(src, dst).expect("own output"),
+        }
+    }
+}
+
+/// Runs the bench.
+pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
+    if args.runs == 0 {
+        return Err(BenchError::Zero { what: "runs" });
+    }
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if threads == 0 {
+        return Err(BenchError::Zero { what: "threads" });
+    }
+    let (source, corpus) = match (args.pid, &args.corpus) {
+        (Some(pid), _) => {
+            let mut bytes = Vec::new();
+            dump_process(pid, &mut bytes, &DumpOptions::default())?;
+            let origin = PathBuf::from(format!("/proc/{pid}/mem"));
+            (
+                origin.display().to_string(),
+                Corpus::from_bytes(bytes, &origin)?,
+            )
+        }
+        (None, path) => {
+            let path = path.clone().unwrap_or_else(bench_corpus_path);
+            (path.display().to_string(), Corpus::open(&path)?)
+        }
+    };
+    let mut setup = DeviceSetup::new();
+    setup.set_comp_algorithm(&args.algorithm)?;
+    if let Some(p) = &args.algorithm_params {
+        setup.set_algorithm_params(p)?;
+    }
+    let config = setup.config().clone();
+    let pages: Vec<&[u8; PAGE_SIZE]> = corpus.pages().collect();
+    let n = pages.len();
+    let disksize = (n * PAGE_SIZE) as u64;
+    let codec = Codec::new(config.algorithm, config.params.clone()).map_err(Error::from)?;
+
+    let mut thread_counts = vec![1];
+    if threads > 1 {
+        thread_counts.push(threads);
+    }
+    // Per thread count: raw compress, raw decompress, engine write, engine read.
+    let mut times: Vec<[Vec<Duration>; 4]> = vec![Default::default(); thread_counts.len()];
+    let mut first_stats = None;
+    // One device per thread count, kept across rounds: round 0 fills it (the pool grows: arenas
+    // mapped and zeroed), later rounds overwrite every page (the steady state of swap, where
+    // freed objects make room for new ones).
+    let devices = thread_counts
+        .iter()
+        .map(|_| Device::new(config.clone(), disksize))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut fills = Vec::new();
+    for round in 0..args.runs {
+        for (k, &nthreads) in thread_counts.iter().enumerate() {
+            let (c, d) = raw_pass(&codec, &pages, nthreads)?;
+            times[k][0].push(c);
+            times[k][1].push(d);
+            let (w, r) = engine_pass(&devices[k], &pages, nthreads)?;
+            if round == 0 {
+                fills.push(w);
+                if k == 0 {
+                    first_stats = Some(devices[0].stats());
+                }
+            }
+            if round > 0 || args.runs == 1 {
+                times[k][2].push(w);
+            }
+            times[k][3].push(r);
+        }
+    }
+    let by_threads = |phase: usize| -> Vec<(usize, f64)> {
+        thread_counts
+            .iter()
+            .zip(&times)
+            .map(|(&t, v)| (t, rate(n, median(v[phase].clone()))))
+            .collect()
+    };
+    let fill_pages_per_s = thread_counts
+        .iter()
+        .zip(&fills)
+        .map(|(&t, &d)| (t, rate(n, d)))
+        .collect();
+    let raw_compress = by_threads(0);
+    let raw_decompress = by_threads(1);
+    Ok(BenchReport {
+        source,
+        algorithm: config.algorithm,
+        level: codec.level(),
+        pages: n as u64,
+        threads,
+        runs: args.runs,
+        stats: first_stats.expect("at least one run"),
+        raw_compress_pages_per_s: raw_compress[0].1,
+        raw_decompress_pages_per_s: raw_decompress[0].1,
+        raw_compress,
+        raw_decompress,
+        fill_pages_per_s,
+        write_pages_per_s: by_threads(2),
+        read_pages_per_s: by_threads(3),
+    })
+}
+
+/// The raw codec over every page, `nthreads` threads each compressing then decompressing its
+/// share into its own buffers; returns the two wall times (the slowest thread's).
+fn raw_pass(
+    codec: &Codec,
+    pages: &[&[u8; PAGE_SIZE]],
+    nthreads: usize,
+) -> Result<(Duration, Duration), BenchError> {
+    let share = pages.len().div_ceil(nthreads);
+    let barrier = Barrier::new(nthreads);
+    let results: Vec<Result<(Duration, Duration), BenchError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..nthreads)
+            .map(|t| {
+                let barrier = &barrier;
+                let mine = &pages[(t * share).min(pages.len())..((t + 1) * share).min(pages.len())];
+                s.spawn(move || {
+                    let mut raw = Raw::new(codec)?;
+                    // Touched before timing, so page faults do not count against the codec.
+                    let mut compressed = vec![1u8; mine.len() * MAX_COMPRESSED_LEN];
+                    let mut lens = vec![0usize; mine.len()];
+                    let mut out = vec![0u8; PAGE_SIZE];
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    for (i, (page, dst)) in mine
+                        .iter()
+                        .zip(compressed.chunks_exact_mut(MAX_COMPRESSED_LEN))
+                        .enumerate()
+                    {
+                        lens[i] = raw.compress(&page[..], dst);
+                    }
+                    let c = t0.elapsed();
+                    barrier.wait();
+                    let t1 = Instant::now();
+                    for (src, len) in compressed.chunks_exact(MAX_COMPRESSED_LEN).zip(&lens) {
+                        raw.decompress(&src[..*len], &mut out);
+                    }
+                    Ok((c, t1.elapsed()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .collect()
+    });
+    let (mut c, mut d) = (Duration::ZERO, Duration::ZERO);
+    for r in results {
+        let (tc, td) = r?;
+        c = c.max(tc);
+        d = d.max(td);
+    }
+    Ok((c, d))
+}
+
+/// Writes every page into `device`, then reads every page back, with `nthreads` threads each
+/// owning a contiguous share; returns the two wall times (the slowest thread's). Reads land in one
+/// hot page, as the raw decompressor's do; the check against the corpus is a separate, untimed
+/// pass.
+fn engine_pass(
+    device: &Device,
+    pages: &[&[u8; PAGE_SIZE]],
+    nthreads: usize,
+) -> Result<(Duration, Duration), BenchError> {
+    type ThreadResult = Result<(Duration, Duration, Option<usize>), Error>;
+    let share = pages.len().div_ceil(nthreads);
+    let barrier = Barrier::new(nthreads);
+    let results: Vec<ThreadResult> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..nthreads)
+            .map(|t| {
+                let barrier = &barrier;
+                let lo = (t * share).min(pages.len());
+                let hi = ((t + 1) * share).min(pages.len());
+                s.spawn(move || {
+                    let mut ctx = device.context()?;
+                    let mut page = vec![0u8; PAGE_SIZE];
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    for (i, src) in pages.iter().enumerate().take(hi).skip(lo) {
+                        device.write(&mut ctx, (i * PAGE_SIZE) as u64, &src[..])?;
+                    }
+                    let w = t0.elapsed();
+                    barrier.wait();
+                    let t1 = Instant::now();
+                    for i in lo..hi {
+                        device.read(&mut ctx, (i * PAGE_SIZE) as u64, &mut page)?;
+                    }
+                    let r = t1.elapsed();
+                    let mut bad = None;
+                    for (i, want) in pages.iter().enumerate().take(hi).skip(lo) {
+                        device.read(&mut ctx, (i * PAGE_SIZE) as u64, &mut page)?;
+                        if page[..] != want[..] {
+                            bad = bad.or(Some(i));
+                        }
+                    }
+                    Ok((w, r, bad))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .collect()
+    });
+    let (mut write, mut read) = (Duration::ZERO, Duration::ZERO);
+    for result in results {
+        let (w, r, bad) = result?;
+        write = write.max(w);
+        read = read.max(r);
+        if let Some(index) = bad {
+            return Err(BenchError::Mismatch {
+                index,
+                phase: "read",
+            });
+        }
+    }
+    Ok((write, read))
+}
+
+impl BenchReport {
+    /// `(mem_used_total + table_bytes) / compr_data_size`: what storing the compressed bytes
+    /// really costs, every byte of metadata included.
+    pub fn memory_overhead(&self) -> f64 {
+        let m = &self.stats.mm;
+        (m.mem_used_total + self.stats.table_bytes) as f64 / m.compr_data_size.max(1) as f64
+    }
+
+    /// The report as one JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        let by_threads = |v: &[(usize, f64)]| {
+            v.iter()
+                .map(|(t, r)| (t.to_string(), serde_json::json!(r.round())))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        let m = &self.stats.mm;
+        serde_json::json!({
+            "source": self.source,
+            "algorithm": self.algorithm.name(),
+            "level": self.level,
+            "pages": self.pages,
+            "threads": self.threads,
+            "runs": self.runs,
+            "orig_data_size": m.orig_data_size,
+            "compr_data_size": m.compr_data_size,
+            "mem_used_total": m.mem_used_total,
+            "mem_used_max": m.mem_used_max,
+            "table_bytes": self.stats.table_bytes,
+            "pool_mapped_bytes": self.stats.pool_mapped_bytes,
+            "same_pages": m.same_pages,
+            "huge_pages": m.huge_pages,
+            "memory_overhead": self.memory_overhead(),
+            "raw_compress_pages_per_s": self.raw_compress_pages_per_s.round(),
+            "raw_decompress_pages_per_s": self.raw_decompress_pages_per_s.round(),
+            "raw_compress_pages_per_s_by_threads": by_threads(&self.raw_compress),
+            "raw_decompress_pages_per_s_by_threads": by_threads(&self.raw_decompress),
+            "fill_pages_per_s": by_threads(&self.fill_pages_per_s),
+            "write_pages_per_s": by_threads(&self.write_pages_per_s),
+            "read_pages_per_s": by_threads(&self.read_pages_per_s),
+        })
+    }
+
+    /// The report as a short table for people.
+    pub fn to_table(&self) -> String {
+        use std::fmt::Write;
+        let m = &self.stats.mm;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "uzram bench: {} pages ({}) from {}, {} level {}, median of {} runs",
+            self.pages,
+            crate::format_size(self.pages * PAGE_SIZE as u64),
+            self.source,
+            self.algorithm,
+            self.level,
+            self.runs
+        );
+        let _ = write!(s, "\n{:<16}", "");
+        for (t, _) in &self.raw_compress {
+            let _ = write!(
+                s,
+                " {:>20}",
+                format!("{t} thread{}", if *t > 1 { "s" } else { "" })
+            );
+        }
+        let _ = writeln!(s, " {:>9}", "scaling");
+        let _ = write!(s, "{:<16}", "");
+        for _ in &self.raw_compress {
+            let _ = write!(s, " {:>11} {:>8}", "pages/s", "vs raw");
+        }
+        let _ = writeln!(s);
+        let row = |s: &mut String, label: &str, v: &[(usize, f64)], raw: &[(usize, f64)]| {
+            let _ = write!(s, "{label:<16}");
+            for ((_, r), (_, base)) in v.iter().zip(raw) {
+                let _ = write!(s, " {r:>11.0} {:>8.2}", r / base);
+            }
+            match v {
+                [(_, one), .., (_, many)] if v.len() > 1 => {
+                    let _ = writeln!(s, " {:>8.2}x", many / one);
+                }
+                _ => {
+                    let _ = writeln!(s);
+                }
+            }
+        };
+        row(
+            &mut s,
+            "raw compress",
+            &self.raw_compress,
+            &self.raw_compress,
+        );
+        row(
+            &mut s,
+            "engine fill",
+            &self.fill_pages_per_s,
+            &self.raw_compress,
+        );
+        row(
+            &mut s,
+            "engine write",
+            &self.write_pages_per_s,
+            &self.raw_compress,
+        );
+        row(
+            &mut s,
+            "raw decompress",
+            &self.raw_decompress,
+            &self.raw_decompress,
+        );
+        row(
+            &mut s,
+            "engine read",
+            &self.read_pages_per_s,
+            &self.raw_decompress,
+        );
+        let _ = writeln!(
+            s,
+            "(fill: writes into the empty device, the pool growing; write: overwrites, steady state)"
+        );
+        let _ = writeln!(s, "\nmm_stat after the first write pass:\n{m}");
+        let _ = writeln!(
+            s,
+            "ratio orig/compr {:.2}; same pages {}; huge pages {}",
+            m.orig_data_size as f64 / m.compr_data_size.max(1) as f64,
+            m.same_pages,
+            m.huge_pages
+        );
+        let _ = writeln!(
+            s,
+            "memory: pool {} + metadata {} = {:.4} x compr_data_size ({:.4} x orig)",
+            crate::format_size(m.mem_used_total),
+            crate::format_size(self.stats.table_bytes),
+            self.memory_overhead(),
+            (m.mem_used_total + self.stats.table_bytes) as f64 / m.orig_data_size.max(1) as f64
+        );
+        s
+    }
+}
