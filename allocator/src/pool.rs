@@ -167,12 +167,11 @@ struct Zspage {
     inuse: u16,
     /// First free slot, or FREE_END.
     free_head: u16,
-    group: u8,
-    /// Position in `groups[group]`.
+    /// Position in `groups[group_of(inuse)]` (the group is implied by `inuse`).
     group_pos: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<Option<Zspage>>() <= 32);
+const _: () = assert!(std::mem::size_of::<Option<Zspage>>() <= 24);
 
 struct ClassState {
     spec: ClassSpec,
@@ -232,14 +231,14 @@ impl ClassState {
             .inuse;
         let g = self.group_of(usize::from(inuse));
         let z = self.zspages[zid as usize].as_mut().expect("live zspage");
-        z.group = g as u8;
         z.group_pos = self.groups[g].len() as u32;
         self.groups[g].push(zid);
     }
 
-    fn group_remove(&mut self, zid: u32) {
+    /// Takes `zid` out of group `g`, the group its `inuse` implied when it was inserted.
+    fn group_remove(&mut self, zid: u32, g: usize) {
         let z = self.zspages[zid as usize].as_ref().expect("live zspage");
-        let (g, pos) = (usize::from(z.group), z.group_pos as usize);
+        let pos = z.group_pos as usize;
         let removed = self.groups[g].swap_remove(pos);
         debug_assert_eq!(removed, zid);
         if let Some(&moved) = self.groups[g].get(pos) {
@@ -250,10 +249,12 @@ impl ClassState {
         }
     }
 
-    fn regroup(&mut self, zid: u32) {
+    /// Moves `zid` to the group its `inuse` implies, from the one `old_inuse` implied.
+    fn regroup(&mut self, zid: u32, old_inuse: u16) {
         let z = self.zspages[zid as usize].as_ref().expect("live zspage");
-        if self.group_of(usize::from(z.inuse)) != usize::from(z.group) {
-            self.group_remove(zid);
+        let old = self.group_of(usize::from(old_inuse));
+        if self.group_of(usize::from(z.inuse)) != old {
+            self.group_remove(zid, old);
             self.group_insert(zid);
         }
     }
@@ -336,7 +337,6 @@ impl ClassState {
             run,
             inuse: 0,
             free_head: 0,
-            group: 0,
             group_pos: 0,
         });
         self.live_zspages += 1;
@@ -345,7 +345,8 @@ impl ClassState {
     }
 
     fn free_zspage(&mut self, zid: u32, shared: &Shared<'_>) -> u64 {
-        self.group_remove(zid);
+        // An empty zspage sits in the group of 0 objects in use.
+        self.group_remove(zid, self.group_of(0));
         let z = self.zspages[zid as usize].take().expect("live zspage");
         debug_assert_eq!(z.inuse, 0);
         self.free_zspage_ids.push(zid);
@@ -365,8 +366,9 @@ impl ClassState {
         let w = &mut self.backptr.row_mut(zid as usize).expect("row")[slot];
         z.free_head = (*w & !FREE_TAG) as u16;
         *w = local;
+        let old = z.inuse;
         z.inuse += 1;
-        self.regroup(zid);
+        self.regroup(zid, old);
         slot
     }
 
@@ -375,9 +377,10 @@ impl ClassState {
         let z = self.zspages[zid as usize].as_mut().expect("live zspage");
         self.backptr.row_mut(zid as usize).expect("row")[slot] = FREE_TAG | u32::from(z.free_head);
         z.free_head = slot as u16;
+        let old = z.inuse;
         z.inuse -= 1;
         let empty = z.inuse == 0;
-        self.regroup(zid);
+        self.regroup(zid, old);
         empty
     }
 
@@ -604,15 +607,11 @@ impl ClassState {
                     }
                 }
             }
-            let group = usize::from(z.group);
-            if self.group_of(usize::from(z.inuse)) != group
-                || self.groups[group].get(z.group_pos as usize) != Some(&(zid as u32))
-            {
+            let group = self.group_of(usize::from(z.inuse));
+            if self.groups[group].get(z.group_pos as usize) != Some(&(zid as u32)) {
                 return Err(ctx(format!(
-                    "zspage {zid}: in group {} at {}, expected group {}",
-                    z.group,
-                    z.group_pos,
-                    self.group_of(usize::from(z.inuse))
+                    "zspage {zid}: not at {} of group {group}",
+                    z.group_pos
                 )));
             }
         }
