@@ -721,7 +721,6 @@ impl Pool {
     fn class(&self, h: Handle) -> Result<&Mutex<ClassState>, Error> {
         self.classes
             .get(h.class())
-            .map(|c| c)
             .ok_or(Error::InvalidHandle { raw: h.to_raw() })
     }
 
