@@ -122,7 +122,7 @@ impl DeviceSetup {
 /// buffers, reused for every page. Make one per I/O thread with [`Device::context`].
 pub struct IoContext {
     device: u64,
-    /// The counter shard this context updates.
+    /// The counter shard this context's event counters (failed I/O) go to.
     shard: usize,
     streams: Vec<Stream>,
     buf: Box<[u8]>,
@@ -217,10 +217,9 @@ impl Device {
             epoch: Instant::now(),
             next_shard: AtomicUsize::new(0),
             counters: Counters::new(
-                std::thread::available_parallelism()
-                    .map_or(1, |n| n.get())
+                (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4)
                     .next_power_of_two()
-                    * 2,
+                    .max(16),
             ),
         })
     }
@@ -353,14 +352,14 @@ impl Device {
                 // Compress and allocate before taking the slot lock.
                 let new = self.encode(&mut ctx.streams, &mut ctx.buf, index, page)?;
                 let mut g = self.slot(index).lock();
-                self.replace(ctx.shard, &mut g, new);
+                self.replace(index, &mut g, new);
             } else {
                 // Read-modify-write under the slot lock, so no other write slips in between.
                 let mut g = self.slot(index).lock();
                 self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, &mut ctx.page)?;
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
                 let new = self.encode(&mut ctx.streams, &mut ctx.buf, index, &ctx.page)?;
-                self.replace(ctx.shard, &mut g, new);
+                self.replace(index, &mut g, new);
             }
         }
         Ok(())
@@ -402,12 +401,10 @@ impl Device {
     }
 
     fn free_page(&self, index: PageIndex) {
-        // Discards come without a context: spread them over the shards by page.
-        let shard = index.0 as usize;
         let mut g = self.slot(index).lock();
         if !g.get().is_empty() {
-            self.replace(shard, &mut g, SlotState::default());
-            self.counters.bump(shard, Field::NotifyFree);
+            self.replace(index, &mut g, SlotState::default());
+            self.counters.bump(gauge_shard(index), Field::NotifyFree);
         }
     }
 
@@ -496,10 +493,12 @@ impl Device {
     }
 
     /// Puts `new` in the locked slot, frees what it held, and keeps the counters.
-    fn replace(&self, shard: usize, g: &mut slot::SlotGuard<'_>, new: SlotState) {
+    fn replace(&self, index: PageIndex, g: &mut slot::SlotGuard<'_>, new: SlotState) {
+        let shard = gauge_shard(index);
         let old = g.set(new);
-        self.counters.add(shard, &new);
+        // Out before in: a shard's gauges never exceed what its pages hold.
         self.counters.remove(shard, &old);
+        self.counters.add(shard, &new);
         if old.flags.contains(SlotFlags::STORED) {
             if let Some(h) = Handle::from_raw(old.word) {
                 // A handle the slot held is live; failing here would be a pool bug, and the
@@ -617,6 +616,14 @@ impl Device {
         }
         Ok(())
     }
+}
+
+/// The counter shard a page's gauges (pages stored, bytes, same and huge pages) live in. Always
+/// the same for a page, and a page's old state is counted out before its new one is counted in, so
+/// every shard stays between zero and what its pages hold, and so does a snapshot's sum. Groups of 64 pages share a
+/// shard, so threads working on different parts of the device rarely share a cache line.
+fn gauge_shard(index: PageIndex) -> usize {
+    (index.0 >> 6) as usize
 }
 
 /// Splits `[offset, offset + len)` into per-page pieces: (page, offset in page, length).

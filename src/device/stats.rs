@@ -74,8 +74,9 @@ pub(crate) enum Field {
     FreeErrors = 9,
 }
 
-/// Running counters, sharded so that I/O threads do not fight over one cache line: each I/O
-/// context updates its own shard (values wrap; the sum over shards is right).
+/// Running counters, sharded so that I/O threads do not fight over one cache line. A page's
+/// gauges always go to the same shard (see `gauge_shard`), so no shard sums below zero; event
+/// counters go to the shard of the I/O context that saw the event.
 #[derive(Debug)]
 pub(crate) struct Counters {
     shards: Box<[CachePadded<Shard>]>,
