@@ -268,121 +268,127 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
     })
 }
 
-/// The raw codec over every page, `nthreads` threads each compressing then decompressing its
-/// share into its own buffers; returns the two wall times (the slowest thread's).
+/// The start line of a thread's two timed phases: every thread waits at it exactly twice, even one
+/// that fails early, so the others never hang.
+struct Phases<'a> {
+    barrier: &'a Barrier,
+    waited: std::cell::Cell<u32>,
+}
+
+impl Phases<'_> {
+    fn wait(&self) {
+        self.waited.set(self.waited.get() + 1);
+        self.barrier.wait();
+    }
+}
+
+/// Runs `work` on `nthreads` threads, each given a contiguous share of `n` items; the threads
+/// start each of their two timed phases together. Returns the slowest thread's two times.
+fn threaded_pass<F>(n: usize, nthreads: usize, work: F) -> Result<(Duration, Duration), BenchError>
+where
+    F: Fn(std::ops::Range<usize>, &Phases<'_>) -> Result<(Duration, Duration), BenchError> + Sync,
+{
+    let share = n.div_ceil(nthreads);
+    let barrier = Barrier::new(nthreads);
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..nthreads)
+            .map(|t| {
+                let (work, barrier) = (&work, &barrier);
+                s.spawn(move || {
+                    let phases = Phases {
+                        barrier,
+                        waited: std::cell::Cell::new(0),
+                    };
+                    let result = work((t * share).min(n)..((t + 1) * share).min(n), &phases);
+                    for _ in phases.waited.get()..2 {
+                        barrier.wait();
+                    }
+                    result
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .collect()
+    });
+    let (mut a, mut b) = (Duration::ZERO, Duration::ZERO);
+    for r in results {
+        let (ta, tb) = r?;
+        a = a.max(ta);
+        b = b.max(tb);
+    }
+    Ok((a, b))
+}
+
+/// The raw codec over every page, each thread compressing then decompressing its share into its
+/// own buffers; returns the compress and decompress wall times.
 fn raw_pass(
     codec: &Codec,
     pages: &[&[u8; PAGE_SIZE]],
     nthreads: usize,
 ) -> Result<(Duration, Duration), BenchError> {
-    let share = pages.len().div_ceil(nthreads);
-    let barrier = Barrier::new(nthreads);
-    let results: Vec<Result<(Duration, Duration), BenchError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..nthreads)
-            .map(|t| {
-                let barrier = &barrier;
-                let mine = &pages[(t * share).min(pages.len())..((t + 1) * share).min(pages.len())];
-                s.spawn(move || {
-                    let mut raw = Raw::new(codec)?;
-                    // Touched before timing, so page faults do not count against the codec.
-                    let mut compressed = vec![1u8; mine.len() * MAX_COMPRESSED_LEN];
-                    let mut lens = vec![0usize; mine.len()];
-                    let mut out = vec![0u8; PAGE_SIZE];
-                    barrier.wait();
-                    let t0 = Instant::now();
-                    for (i, (page, dst)) in mine
-                        .iter()
-                        .zip(compressed.chunks_exact_mut(MAX_COMPRESSED_LEN))
-                        .enumerate()
-                    {
-                        lens[i] = raw.compress(&page[..], dst);
-                    }
-                    let c = t0.elapsed();
-                    barrier.wait();
-                    let t1 = Instant::now();
-                    for (src, len) in compressed.chunks_exact(MAX_COMPRESSED_LEN).zip(&lens) {
-                        raw.decompress(&src[..*len], &mut out);
-                    }
-                    Ok((c, t1.elapsed()))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("bench thread"))
-            .collect()
-    });
-    let (mut c, mut d) = (Duration::ZERO, Duration::ZERO);
-    for r in results {
-        let (tc, td) = r?;
-        c = c.max(tc);
-        d = d.max(td);
-    }
-    Ok((c, d))
+    threaded_pass(pages.len(), nthreads, |range, barrier| {
+        let mine = &pages[range];
+        let mut raw = Raw::new(codec)?;
+        // Touched before timing, so page faults do not count against the codec.
+        let mut compressed = vec![1u8; mine.len() * MAX_COMPRESSED_LEN];
+        let mut lens = vec![0usize; mine.len()];
+        let mut out = vec![0u8; PAGE_SIZE];
+        barrier.wait();
+        let t0 = Instant::now();
+        for ((page, dst), len) in mine
+            .iter()
+            .zip(compressed.chunks_exact_mut(MAX_COMPRESSED_LEN))
+            .zip(&mut lens)
+        {
+            *len = raw.compress(&page[..], dst);
+        }
+        let c = t0.elapsed();
+        barrier.wait();
+        let t1 = Instant::now();
+        for (src, len) in compressed.chunks_exact(MAX_COMPRESSED_LEN).zip(&lens) {
+            raw.decompress(&src[..*len], &mut out);
+        }
+        Ok((c, t1.elapsed()))
+    })
 }
 
-/// Writes every page into `device`, then reads every page back, with `nthreads` threads each
-/// owning a contiguous share; returns the two wall times (the slowest thread's). Reads land in one
-/// hot page, as the raw decompressor's do; the check against the corpus is a separate, untimed
-/// pass.
+/// Writes every page into `device`, then reads every page back, each thread its share; returns
+/// the write and read wall times. Reads land in one hot page, as the raw decompressor's do; the
+/// check against the corpus is a separate, untimed pass.
 fn engine_pass(
     device: &Device,
     pages: &[&[u8; PAGE_SIZE]],
     nthreads: usize,
 ) -> Result<(Duration, Duration), BenchError> {
-    type ThreadResult = Result<(Duration, Duration, Option<usize>), Error>;
-    let share = pages.len().div_ceil(nthreads);
-    let barrier = Barrier::new(nthreads);
-    let results: Vec<ThreadResult> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..nthreads)
-            .map(|t| {
-                let barrier = &barrier;
-                let lo = (t * share).min(pages.len());
-                let hi = ((t + 1) * share).min(pages.len());
-                s.spawn(move || {
-                    let mut ctx = device.context()?;
-                    let mut page = vec![0u8; PAGE_SIZE];
-                    barrier.wait();
-                    let t0 = Instant::now();
-                    for (i, src) in pages.iter().enumerate().take(hi).skip(lo) {
-                        device.write(&mut ctx, (i * PAGE_SIZE) as u64, &src[..])?;
-                    }
-                    let w = t0.elapsed();
-                    barrier.wait();
-                    let t1 = Instant::now();
-                    for i in lo..hi {
-                        device.read(&mut ctx, (i * PAGE_SIZE) as u64, &mut page)?;
-                    }
-                    let r = t1.elapsed();
-                    let mut bad = None;
-                    for (i, want) in pages.iter().enumerate().take(hi).skip(lo) {
-                        device.read(&mut ctx, (i * PAGE_SIZE) as u64, &mut page)?;
-                        if page[..] != want[..] {
-                            bad = bad.or(Some(i));
-                        }
-                    }
-                    Ok((w, r, bad))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("bench thread"))
-            .collect()
-    });
-    let (mut write, mut read) = (Duration::ZERO, Duration::ZERO);
-    for result in results {
-        let (w, r, bad) = result?;
-        write = write.max(w);
-        read = read.max(r);
-        if let Some(index) = bad {
-            return Err(BenchError::Mismatch {
-                index,
-                phase: "read",
-            });
+    threaded_pass(pages.len(), nthreads, |range, barrier| {
+        let mut ctx = device.context()?;
+        let mut page = vec![0u8; PAGE_SIZE];
+        let offset = |i: usize| (i * PAGE_SIZE) as u64;
+        barrier.wait();
+        let t0 = Instant::now();
+        for i in range.clone() {
+            device.write(&mut ctx, offset(i), &pages[i][..])?;
         }
-    }
-    Ok((write, read))
+        let w = t0.elapsed();
+        barrier.wait();
+        let t1 = Instant::now();
+        for i in range.clone() {
+            device.read(&mut ctx, offset(i), &mut page)?;
+        }
+        let r = t1.elapsed();
+        for i in range {
+            device.read(&mut ctx, offset(i), &mut page)?;
+            if page[..] != pages[i][..] {
+                return Err(BenchError::Mismatch {
+                    index: i,
+                    phase: "read",
+                });
+            }
+        }
+        Ok((w, r))
+    })
 }
 
 impl BenchReport {
