@@ -278,15 +278,24 @@ impl ClassState {
 
     fn new_zspage(&mut self, shared: &Shared<'_>) -> Result<u32, Error> {
         let pages = self.spec.pages_per_zspage as u64;
+        // Reserve the pages only if they fit: a compare-and-swap, so neither a reader nor a
+        // racing allocation in another class ever sees the pool past its limit.
         let limit = shared.limit_pages.load(Ordering::Relaxed);
-        let before = shared.pages_used.fetch_add(pages, Ordering::Relaxed);
-        if limit != 0 && before + pages > limit {
-            shared.pages_used.fetch_sub(pages, Ordering::Relaxed);
-            return Err(Error::LimitExceeded {
-                limit_bytes: limit * PAGE_SIZE as u64,
-                used_bytes: before * PAGE_SIZE as u64,
-            });
-        }
+        let reserve =
+            shared
+                .pages_used
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                    (limit == 0 || used + pages <= limit).then_some(used + pages)
+                });
+        let before = match reserve {
+            Ok(before) => before,
+            Err(used) => {
+                return Err(Error::LimitExceeded {
+                    limit_bytes: limit * PAGE_SIZE as u64,
+                    used_bytes: used * PAGE_SIZE as u64,
+                })
+            }
+        };
         shared
             .max_pages_used
             .fetch_max(before + pages, Ordering::Relaxed);
