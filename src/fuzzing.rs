@@ -684,9 +684,12 @@ impl Harness {
         };
         let pieces = r.pieces();
         for (i, (index, page)) in plan.into_iter().take(applied).enumerate() {
-            if page.is_none() && self.pages.contains_key(&index) {
+            if page.is_none() {
+                // zram counts every whole page zeroed, held data or not.
                 self.io.notify_free += 1;
-                self.tally.freed_pages += 1;
+                if self.pages.contains_key(&index) {
+                    self.tally.freed_pages += 1;
+                }
             }
             if pieces[i].2 < PAGE_SIZE {
                 self.tally.partial_pages += 1;
@@ -726,9 +729,12 @@ impl Harness {
         }
         got.unwrap_or_else(|e| panic!("step {}: discard {r:?}: {e}", self.step));
         for (index, _, n) in r.pieces() {
-            if n == PAGE_SIZE && self.pages.remove(&index).is_some() {
+            if n == PAGE_SIZE {
+                // zram counts every whole page discarded, held data or not.
                 self.io.notify_free += 1;
-                self.tally.freed_pages += 1;
+                if self.pages.remove(&index).is_some() {
+                    self.tally.freed_pages += 1;
+                }
             }
         }
         self.check_pages(r);

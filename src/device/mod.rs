@@ -367,7 +367,7 @@ impl Device {
 
     /// Discards `len_bytes` at byte `offset`: whole pages in the range are freed and read back
     /// as zeros; partial pages at the ends are left as they are (a discard is a hint), as zram
-    /// does. Counts each freed page in `notify_free`.
+    /// does. Counts each whole page in `notify_free`, as zram does.
     pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), Error> {
         self.check_range(offset, len_bytes)?;
         for (index, _, len) in segments(offset, len_bytes as usize) {
@@ -404,8 +404,9 @@ impl Device {
         let mut g = self.slot(index).lock();
         if !g.get().is_empty() {
             self.replace(index, &mut g, SlotState::default());
-            self.counters.bump(gauge_shard(index), Field::NotifyFree);
         }
+        // zram counts every whole page of a discard or write-zeroes, held data or not.
+        self.counters.bump(gauge_shard(index), Field::NotifyFree);
     }
 
     /// Fills `out` with page `index`, whose slot `g` holds locked, and marks it accessed.
