@@ -32,6 +32,8 @@ mod error;
 pub mod fuzzing;
 pub mod pagedump;
 mod size;
+#[cfg(feature = "ublk")]
+pub mod ublk;
 
 pub use device::{
     Device, DeviceConfig, DeviceSetup, DeviceStats, IoContext, IoStat, MmStat, PageIndex,

@@ -24,6 +24,10 @@ enum Command {
     /// Write a process's private anonymous memory to a file of 4 KiB pages (needs root or ptrace
     /// access), for benchmarks and ratio tests on realistic pages.
     DumpPages(uzram::pagedump::DumpPagesArgs),
+    /// Create /dev/ublkbN backed by the engine and serve it in the foreground until SIGTERM or
+    /// SIGINT (prints the device path once it serves I/O)
+    #[cfg(feature = "ublk")]
+    Serve(uzram::ublk::ServeArgs),
 }
 
 /// An error with its chain of sources, one line.
@@ -49,6 +53,8 @@ fn main() -> ExitCode {
             })
             .map_err(Into::into),
         Command::DumpPages(args) => uzram::pagedump::run(&args).map_err(Into::into),
+        #[cfg(feature = "ublk")]
+        Command::Serve(args) => uzram::ublk::serve(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,369 @@
+//! The ublk frontend: serves a [`Device`] as `/dev/ublkbN` through the kernel's ublk driver. The
+//! only module that talks to libublk (behind the `ublk` cargo feature).
+//!
+//! Each queue thread drives the engine directly with its own [`crate::IoContext`]; no hand-off to
+//! other threads on the I/O path. Before any I/O is served the process pins its memory
+//! (`mlockall`), marks every I/O thread `PR_SET_IO_FLUSHER` and sets `oom_score_adj` to -1000: a
+//! server that backs swap must never wait for the memory it is asked to free (see ARCHITECTURE.md).
+
+use std::io::Write;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::{BufDesc, BufDescList, UblkDev, UblkIOCtx, UblkQueue};
+use libublk::{sys, UblkFlags, UblkIORes};
+
+use crate::{Device, DeviceSetup, Error, IoContext};
+
+/// `prctl(PR_SET_IO_FLUSHER)`; libc has no constant for it.
+const PR_SET_IO_FLUSHER: libc::c_int = 57;
+/// `prctl(PR_GET_IO_FLUSHER)`.
+const PR_GET_IO_FLUSHER: libc::c_int = 58;
+
+/// Largest I/O the device takes: 512 KiB. Buffers are mlocked: queues x depth x this.
+pub const MAX_IO_BYTES: u32 = 512 << 10;
+/// Default queue depth.
+pub const DEFAULT_DEPTH: u16 = 64;
+
+/// Arguments of `uzram serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Device size, as zram's disksize takes it (4G, 512M, bytes)
+    #[arg(long)]
+    pub size: String,
+    /// Compression algorithm, by zram's name
+    #[arg(long, default_value = "lz4")]
+    pub algorithm: String,
+    /// zram's algorithm_params, e.g. "level=3"
+    #[arg(long, value_name = "PARAMS")]
+    pub algorithm_params: Option<String>,
+    /// zram's mem_limit (0 = none)
+    #[arg(long, value_name = "SIZE")]
+    pub mem_limit: Option<String>,
+    /// Queues (one thread each); default one per CPU
+    #[arg(long)]
+    pub queues: Option<u16>,
+    /// Queue depth
+    #[arg(long, default_value_t = DEFAULT_DEPTH)]
+    pub depth: u16,
+    /// Device id N for /dev/ublkbN (default: the first free one)
+    #[arg(long)]
+    pub id: Option<i32>,
+}
+
+/// Why serving failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// No ublk driver in this kernel.
+    #[error("kernel has no ublk driver (/dev/ublk-control is missing): load ublk_drv, or run on Linux >= 6.0 built with CONFIG_BLK_DEV_UBLK")]
+    NoDriver,
+    /// The engine refused the configuration.
+    #[error(transparent)]
+    Device(#[from] Error),
+    /// A system call that makes the server safe for swap failed.
+    #[error("cannot {what}")]
+    Setup {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// libublk failed.
+    #[error("ublk: {0}")]
+    Ublk(String),
+}
+
+/// The one place engine errors become errnos for the kernel.
+pub fn errno(e: &Error) -> i32 {
+    match e {
+        Error::OutOfRange { .. } | Error::Misaligned { .. } => libc::EINVAL,
+        Error::MemLimit { .. } => libc::ENOSPC,
+        Error::OutOfMemory(_) | Error::TableTooLarge { .. } => libc::ENOMEM,
+        Error::Corrupt { .. } | Error::Compress { .. } | Error::Lost { .. } => libc::EIO,
+        _ => libc::EIO,
+    }
+}
+
+fn io_flusher() -> Result<(), ServeError> {
+    // SAFETY: prctl with integer arguments only; the result is checked.
+    let r = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
+    // SAFETY: as above.
+    if r != 0 || unsafe { libc::prctl(PR_GET_IO_FLUSHER, 0, 0, 0, 0) } != 1 {
+        return Err(ServeError::Setup {
+            what: "mark the I/O thread PR_SET_IO_FLUSHER",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+fn pin_memory() -> Result<(), ServeError> {
+    // SAFETY: mlockall takes flags only; the result is checked.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
+        return Err(ServeError::Setup {
+            what: "lock the daemon's memory (mlockall); raise RLIMIT_MEMLOCK or run as root",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    std::fs::write("/proc/self/oom_score_adj", "-1000").map_err(|source| ServeError::Setup {
+        what: "set oom_score_adj to -1000",
+        source,
+    })
+}
+
+/// The device's block parameters, set explicitly: 4 KiB blocks, no volatile cache,
+/// non-rotational, discard and write-zeroes in one segment at 4 KiB granularity.
+fn set_params(dev: &mut UblkDev, disksize: u64) {
+    let max_sectors = dev.dev_info.max_io_buf_bytes >> 9;
+    dev.tgt.dev_size = disksize;
+    dev.tgt.params = sys::ublk_params {
+        types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
+        basic: sys::ublk_param_basic {
+            attrs: 0,
+            logical_bs_shift: 12,
+            physical_bs_shift: 12,
+            io_opt_shift: 12,
+            io_min_shift: 12,
+            max_sectors,
+            dev_sectors: disksize >> 9,
+            ..Default::default()
+        },
+        discard: sys::ublk_param_discard {
+            discard_alignment: 0,
+            discard_granularity: 4096,
+            max_discard_sectors: u32::MAX >> 9,
+            max_write_zeroes_sectors: u32::MAX >> 9,
+            max_discard_segments: 1,
+            reserved0: 0,
+        },
+        ..Default::default()
+    };
+}
+
+/// Serves one request; returns the bytes done or a negative errno.
+fn handle(device: &Device, ctx: &mut IoContext, iod: &sys::ublksrv_io_desc, buf: &mut [u8]) -> i32 {
+    let op = iod.op_flags & 0xff;
+    // FLUSH carries no meaningful sector: answer it before any range check.
+    if op == sys::UBLK_IO_OP_FLUSH {
+        return 0;
+    }
+    let offset = iod.start_sector << 9;
+    let len = u64::from(iod.nr_sectors) << 9;
+    let result = match op {
+        sys::UBLK_IO_OP_READ | sys::UBLK_IO_OP_WRITE => match buf.get_mut(..len as usize) {
+            Some(data) if op == sys::UBLK_IO_OP_READ => device.read(ctx, offset, data),
+            Some(data) => device.write(ctx, offset, data),
+            None => return -libc::EINVAL,
+        },
+        sys::UBLK_IO_OP_DISCARD => device.discard(offset, len),
+        sys::UBLK_IO_OP_WRITE_ZEROES => device.write_zeroes(ctx, offset, len),
+        _ => return -libc::EOPNOTSUPP,
+    };
+    match result {
+        Ok(()) => len as i32,
+        Err(e) => -errno(&e),
+    }
+}
+
+fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
+    if let Err(e) = io_flusher() {
+        eprintln!("uzram: queue {qid}: {e}");
+        return;
+    }
+    let mut ctx = match device.context() {
+        Ok(ctx) => ctx,
+        Err(e) => return eprintln!("uzram: queue {qid}: {e}"),
+    };
+    let bufs = Rc::new(dev.alloc_queue_io_bufs());
+    let queue = match UblkQueue::new(qid, dev)
+        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
+    {
+        Ok(q) => q,
+        Err(e) => return eprintln!("uzram: queue {qid}: {e}"),
+    };
+    let handler = move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
+        let iod = q.get_iod(tag);
+        let io_buf = &bufs[usize::from(tag)];
+        // SAFETY: the buffer of `tag` belongs to this queue thread from the fetch completion
+        // until the commit below: the kernel copied a write's data in before completing the
+        // fetch, and copies a read's data out only after the commit; no other reference to it
+        // is live here.
+        let buf = unsafe { std::slice::from_raw_parts_mut(io_buf.as_mut_ptr(), io_buf.len()) };
+        let res = handle(device, &mut ctx, iod, buf);
+        if let Err(e) = q.complete_io_cmd_unified(
+            tag,
+            BufDesc::Slice(io_buf.as_slice()),
+            Ok(UblkIORes::Result(res)),
+        ) {
+            eprintln!("uzram: queue {qid}: completing tag {tag}: {e}");
+        }
+    };
+    queue.wait_and_handle_io(handler);
+}
+
+/// Creates the device, prints `/dev/ublkbN` once it serves I/O, and serves until the device is
+/// stopped (SIGTERM/SIGINT delete it).
+pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
+    if !Path::new("/dev/ublk-control").exists() {
+        return Err(ServeError::NoDriver);
+    }
+    let mut setup = DeviceSetup::new();
+    setup.set_comp_algorithm(&args.algorithm)?;
+    if let Some(p) = &args.algorithm_params {
+        setup.set_algorithm_params(p)?;
+    }
+    if let Some(l) = &args.mem_limit {
+        setup.set_mem_limit(Some(crate::parse_size(l)?));
+    }
+    let device = Arc::new(setup.init(crate::parse_size(&args.size)?)?);
+    pin_memory()?;
+    io_flusher()?;
+    let queues = args.queues.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(16) as u16
+    });
+    let ctrl = UblkCtrlBuilder::default()
+        .name("uzram")
+        .id(args.id.unwrap_or(-1))
+        .nr_queues(queues)
+        .depth(args.depth)
+        .io_buf_bytes(MAX_IO_BYTES)
+        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+        .build()
+        .map_err(|e| ServeError::Ublk(format!("cannot add the device: {e}")))?;
+    let id = ctrl.dev_info().dev_id;
+    stop_on_signals(id as i32)?;
+    let disksize = device.disksize();
+    let q_device = Arc::clone(&device);
+    ctrl.run_target(
+        move |dev: &mut UblkDev| {
+            set_params(dev, disksize);
+            Ok(())
+        },
+        move |qid, dev: &UblkDev| queue_thread(qid, dev, &q_device),
+        move |ctrl: &UblkCtrl| {
+            println!("{}", ctrl.get_bdev_path());
+            let _ = std::io::stdout().flush();
+        },
+    )
+    .map_err(|e| ServeError::Ublk(format!("serving /dev/ublkb{id}: {e}")))?;
+    let _ = UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev());
+    Ok(())
+}
+
+/// A thread that waits for SIGTERM or SIGINT and stops the device, so `run_target` returns.
+fn stop_on_signals(id: i32) -> Result<(), ServeError> {
+    // SAFETY: sigset manipulation on a local set, then blocking those signals for this thread and
+    // the threads it spawns; results are checked.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(ServeError::Setup {
+                what: "block SIGTERM/SIGINT",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        set
+    };
+    std::thread::spawn(move || {
+        let mut sig = 0;
+        // SAFETY: waits on the set blocked above; `sig` is a valid out-pointer.
+        unsafe { libc::sigwait(&set, &mut sig) };
+        if let Ok(ctrl) = UblkCtrl::new_simple(id) {
+            let _ = ctrl.kill_dev();
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PageIndex;
+
+    #[test]
+    fn every_engine_error_has_one_errno() {
+        let range = Error::OutOfRange {
+            offset: 0,
+            len_bytes: 1,
+            disksize: 0,
+        };
+        assert_eq!(errno(&range), libc::EINVAL);
+        assert_eq!(
+            errno(&Error::Misaligned {
+                offset: 1,
+                len_bytes: 1
+            }),
+            libc::EINVAL
+        );
+        assert_eq!(errno(&Error::MemLimit { limit_bytes: 1 }), libc::ENOSPC);
+        let lost = Error::Lost {
+            index: PageIndex(0),
+            source: uzram_allocator::Error::InvalidHandle { raw: 0 },
+        };
+        assert_eq!(errno(&lost), libc::EIO);
+    }
+
+    #[test]
+    fn flush_is_answered_before_any_range_check() {
+        let device = DeviceSetup::new().init(1 << 20).unwrap();
+        let mut ctx = device.context().unwrap();
+        let mut buf = vec![0u8; 4096];
+        let iod = |op: u32, start_sector: u64, nr_sectors: u32| sys::ublksrv_io_desc {
+            op_flags: op,
+            nr_sectors,
+            start_sector,
+            ..Default::default()
+        };
+        // mkswap sends a FLUSH with a meaningless start sector.
+        assert_eq!(
+            handle(
+                &device,
+                &mut ctx,
+                &iod(sys::UBLK_IO_OP_FLUSH, u64::MAX >> 9, 0),
+                &mut buf
+            ),
+            0
+        );
+        assert_eq!(
+            handle(
+                &device,
+                &mut ctx,
+                &iod(sys::UBLK_IO_OP_READ, 1 << 20, 8),
+                &mut buf
+            ),
+            -libc::EINVAL
+        );
+        assert_eq!(
+            handle(
+                &device,
+                &mut ctx,
+                &iod(sys::UBLK_IO_OP_WRITE, 0, 8),
+                &mut buf
+            ),
+            4096
+        );
+        assert_eq!(
+            handle(&device, &mut ctx, &iod(99, 0, 8), &mut buf),
+            -libc::EOPNOTSUPP
+        );
+        // A request longer than the buffer is refused, not a panic.
+        assert_eq!(
+            handle(
+                &device,
+                &mut ctx,
+                &iod(sys::UBLK_IO_OP_READ, 0, 16),
+                &mut buf
+            ),
+            -libc::EINVAL
+        );
+    }
+}
