@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// Queue depth
     #[arg(long, default_value_t = DEFAULT_DEPTH)]
     pub depth: u16,
+    /// Pool memory to map (and lock) up front and keep mapped, so that swap-out does not have to
+    /// ask the kernel for memory while it is short of it
+    #[arg(long, value_name = "SIZE", default_value = "64M")]
+    pub reserve: String,
     /// Device id N for /dev/ublkbN (default: the first free one)
     #[arg(long)]
     pub id: Option<i32>,
@@ -212,6 +216,8 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         return Err(ServeError::NoDriver);
     }
     let mut setup = DeviceSetup::new();
+    let reserve = crate::parse_size(&args.reserve)?;
+    setup.set_pool_reserve(reserve);
     setup.set_comp_algorithm(&args.algorithm)?;
     if let Some(p) = &args.algorithm_params {
         setup.set_algorithm_params(p)?;
@@ -247,6 +253,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         },
         move |qid, dev: &UblkDev| queue_thread(qid, dev, &q_device),
         move |ctrl: &UblkCtrl| {
+            disable_writeback_throttling(ctrl.dev_info().dev_id);
             println!("{}", ctrl.get_bdev_path());
             let _ = std::io::stdout().flush();
         },
@@ -254,6 +261,17 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     .map_err(|e| ServeError::Ublk(format!("serving /dev/ublkb{id}: {e}")))?;
     let _ = UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev());
     Ok(())
+}
+
+/// Turns off writeback throttling (wbt) on the device. zram, being bio-based, has none; on a
+/// request-based ublk disk wbt holds reclaim's swap writes to a trickle (seen in the VM: khugepaged
+/// blocked in `wbt_wait` from `swap_writepage` past the 30 s hung-task limit), and a swap device
+/// must take reclaim's writes as fast as it can.
+fn disable_writeback_throttling(id: u32) {
+    let path = format!("/sys/block/ublkb{id}/queue/wbt_lat_usec");
+    if let Err(e) = std::fs::write(&path, "0") {
+        eprintln!("uzram: warning: cannot turn off writeback throttling ({path}): {e}");
+    }
 }
 
 /// A thread that waits for SIGTERM or SIGINT and stops the device, so `run_target` returns.

@@ -225,6 +225,26 @@ impl ArenaSet {
         }
     }
 
+    /// Maps empty arenas until `count` are mapped, so that later growth takes memory already
+    /// held instead of asking the kernel on the I/O path (where, under memory pressure, a swap
+    /// device's daemon must not wait for reclaim). Returns the errno of a failed `mmap`.
+    pub fn premap(&mut self, count: usize) -> Result<(), i32> {
+        while self.mapped < count {
+            let mapping = Mapping::new()?;
+            self.mapped += 1;
+            let arena = Arena {
+                mapping,
+                used: [0; BITMAP_WORDS],
+                used_pages: 0,
+            };
+            match self.free_ids.pop() {
+                Some(id) => self.arenas[id as usize] = Some(arena),
+                None => self.arenas.push(Some(arena)),
+            }
+        }
+        Ok(())
+    }
+
     /// Pages in mapped arenas (what the pool really costs in RAM).
     pub fn mapped_pages(&self) -> usize {
         self.mapped * ARENA_PAGES

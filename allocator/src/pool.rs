@@ -62,7 +62,8 @@ pub struct PoolConfig {
     pub limit_bytes: Option<u64>,
     /// Compact a class by itself, a bounded step at a time, when frees leave it fragmented.
     pub auto_compact: bool,
-    /// Empty arenas kept mapped instead of returned to the OS.
+    /// Empty arenas kept mapped instead of returned to the OS; this many are mapped when the
+    /// pool is created, so the first growth needs nothing from the kernel.
     pub reserve_arenas: usize,
 }
 
@@ -703,6 +704,13 @@ impl Pool {
             defrag_running: AtomicBool::new(false),
         };
         pool.set_limit(config.limit_bytes);
+        pool.arenas
+            .lock()
+            .premap(config.reserve_arenas)
+            .map_err(|errno| Error::OutOfMemory {
+                bytes: (config.reserve_arenas * ARENA_PAGES * PAGE_SIZE) as u64,
+                errno,
+            })?;
         Ok(pool)
     }
 

@@ -106,6 +106,12 @@ impl DeviceSetup {
         self.config.mem_limit = bytes.filter(|&b| b > 0);
     }
 
+    /// Pool memory (bytes, rounded up to 2 MiB arenas) mapped at init and kept mapped.
+    pub fn set_pool_reserve(&mut self, bytes: u64) {
+        let arena = (uzram_allocator::ARENA_PAGES * PAGE_SIZE) as u64;
+        self.config.pool.reserve_arenas = bytes.div_ceil(arena).max(1) as usize;
+    }
+
     /// The configuration so far.
     pub fn config(&self) -> &DeviceConfig {
         &self.config
