@@ -226,6 +226,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         setup.set_mem_limit(Some(crate::parse_size(l)?));
     }
     let device = Arc::new(setup.init(crate::parse_size(&args.size)?)?);
+    let signals = block_stop_signals()?;
     pin_memory()?;
     io_flusher()?;
     let queues = args.queues.unwrap_or_else(|| {
@@ -243,7 +244,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         .build()
         .map_err(|e| ServeError::Ublk(format!("cannot add the device: {e}")))?;
     let id = ctrl.dev_info().dev_id;
-    stop_on_signals(id as i32)?;
+    stop_on_signals(signals, id as i32);
     let disksize = device.disksize();
     let q_device = Arc::clone(&device);
     ctrl.run_target(
@@ -274,11 +275,13 @@ fn disable_writeback_throttling(id: u32) {
     }
 }
 
-/// A thread that waits for SIGTERM or SIGINT and stops the device, so `run_target` returns.
-fn stop_on_signals(id: i32) -> Result<(), ServeError> {
-    // SAFETY: sigset manipulation on a local set, then blocking those signals for this thread and
-    // the threads it spawns; results are checked.
-    let set = unsafe {
+/// Blocks SIGTERM and SIGINT in this thread and every thread it creates from now on, so that a
+/// signal that arrives before the device serves stays pending for [`stop_on_signals`] instead of
+/// killing the process with a device left behind.
+fn block_stop_signals() -> Result<libc::sigset_t, ServeError> {
+    // SAFETY: sigset manipulation on a local set, then blocking those signals for this thread;
+    // results are checked.
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
@@ -289,19 +292,22 @@ fn stop_on_signals(id: i32) -> Result<(), ServeError> {
                 source: std::io::Error::last_os_error(),
             });
         }
-        set
-    };
+        Ok(set)
+    }
+}
+
+/// A thread that waits for SIGTERM or SIGINT (blocked by [`block_stop_signals`]) and stops the
+/// device, so `run_target` returns.
+fn stop_on_signals(set: libc::sigset_t, id: i32) {
     std::thread::spawn(move || {
         let mut sig = 0;
-        // SAFETY: waits on the set blocked above; `sig` is a valid out-pointer.
+        // SAFETY: waits on a set of signals blocked in every thread; `sig` is a valid out-pointer.
         unsafe { libc::sigwait(&set, &mut sig) };
         if let Ok(ctrl) = UblkCtrl::new_simple(id) {
             let _ = ctrl.kill_dev();
         }
     });
-    Ok(())
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,185 @@
+# Helpers for the device checks (POSIX sh: busybox ash in the guest, dash on a host).
+# Sourced by check.sh (and by the guest shell's profile). Environment, set by guest/init or run:
+#   UZRAM_VM_MODE  guest|host    UZRAM_VM_ROOT  where the host's root is (/host in the guest, "" on a host)
+#   UZRAM_VM_DIR   tests/vm      UZRAM_VM_TOOL  the static vmtool binary
+#   UZRAM_VM_BREAK 1: corrupt data on purpose (the fio checks must then fail)
+
+UZ_N=0
+UZ_FAIL=0
+UZ_SKIP=0
+UZ_TMP=${UZ_TMP:-/tmp/uzram-vm}
+TOOL=${UZRAM_VM_TOOL:-vmtool}
+
+# ---- results: one line per check, exactly "PASS: name detail" / "FAIL: ..." / "SKIP: ..." ----
+pass() { _n=$1; shift; echo "PASS: $_n $*"; UZ_N=$((UZ_N + 1)); }
+fail() { _n=$1; shift; echo "FAIL: $_n $*"; UZ_N=$((UZ_N + 1)); UZ_FAIL=$((UZ_FAIL + 1)); }
+skip() { _n=$1; shift; echo "SKIP: $_n $*"; UZ_SKIP=$((UZ_SKIP + 1)); }
+
+# fail NAME with a reason, and show the end of the check's log for the console record
+fail_log() { # NAME LOG REASON...
+    _n=$1 _l=$2; shift 2
+    echo "---- $_l: lines that look like errors, then its last lines"
+    grep -iE 'fail|error|err=|mismatch|bad |expected|received|killed|oom|invalid|not zero' "$_l" |
+        grep -v 'multiple writers may overwrite' | head -n 12 | sed 's/^/  ! /'
+    tail -n 15 "$_l" | sed 's/^/  > /'
+    fail "$_n" "$*"
+}
+
+vm_result() {
+    _v=PASS
+    [ "$UZ_FAIL" = 0 ] && [ "$UZ_N" -gt 0 ] || _v=FAIL
+    echo "UZRAM-VM-RESULT: $_v n=$UZ_N fail=$UZ_FAIL skip=$UZ_SKIP"
+    [ "$_v" = PASS ]
+}
+
+# progress for the console log (not a result line)
+note() { echo "VM: $*"; }
+
+# ---- time ----------------------------------------------------------------------------------------
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+elapsed() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# ---- sizes ---------------------------------------------------------------------------------------
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+meminfo_kb() { awk -v k="$1:" '$1 == k { print $2 }' /proc/meminfo; }
+vmstat_val() { awk -v k="$1" '$1 == k { print $2 }' /proc/vmstat; }
+
+# ---- the host's programs in the guest ------------------------------------------------------------
+# Busybox lacks what the checks need (fio, util-linux swapon -p/--discard, e2fsprogs): run the
+# host's dynamic binaries from the read-only 9p share through the host's own loader.
+hostbin_setup() {
+    _r=$UZRAM_VM_ROOT _d=/tmp/hostbin
+    mkdir -p "$_d"
+    _ld=$_r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+    _lp=$_r/lib/x86_64-linux-gnu:$_r/usr/lib/x86_64-linux-gnu:$_r/usr/lib/x86_64-linux-gnu/ceph
+    for _t in fio mke2fs e2fsck mkswap swapon swapoff blkdiscard; do
+        _p=
+        for _c in "$_r/usr/sbin/$_t" "$_r/usr/bin/$_t" "$_r/sbin/$_t" "$_r/bin/$_t"; do
+            [ -f "$_c" ] && { _p=$_c; break; }
+        done
+        if [ -z "$_p" ]; then
+            note "the host has no $_t"
+            continue
+        fi
+        printf '#!/bin/sh\nexport MKE2FS_CONFIG=%s/etc/mke2fs.conf\nexec %s --library-path %s %s "$@"\n' \
+            "$_r" "$_ld" "$_lp" "$_p" >"$_d/$_t"
+        chmod +x "$_d/$_t"
+        # a function: Debian's busybox sh runs its own applets (mke2fs, swapon, ...) before $PATH
+        eval "$_t() { $_d/$_t \"\$@\"; }"
+    done
+    case :$PATH: in *:$_d:*) ;; *) PATH=$_d:$PATH ;; esac
+    export PATH
+}
+
+vm_setup() {
+    mkdir -p "$UZ_TMP"
+    [ "$UZRAM_VM_MODE" = guest ] && hostbin_setup
+    for _t in fio mke2fs e2fsck mkswap swapon swapoff blkdiscard "$TOOL"; do
+        command -v "$_t" >/dev/null 2>&1 || note "missing program: $_t"
+    done
+    return 0
+}
+
+# ---- devices: what a check needs to know beyond the block device itself ------------------------
+# dev_mm_stat DEV: zram's nine mm_stat fields (orig_data_size compr_data_size mem_used_total
+# mem_limit mem_used_max same_pages pages_compacted huge_pages huge_pages_since).
+# uzram prints the same fields byte for byte; its branch arrives with the daemon.
+dev_mm_stat() {
+    case $1 in
+    /dev/zram*) cat "/sys/block/${1#/dev/}/mm_stat" ;;
+    *) echo "0 0 0 0 0 0 0 0 0"; return 1 ;;
+    esac
+}
+dev_stat_field() { dev_mm_stat "$1" | awk -v f="$2" '{ print $f }'; } # DEV FIELD(1-based)
+dev_mem_used() { dev_stat_field "$1" 3; }
+dev_compact() {
+    case $1 in
+    /dev/zram*) echo 1 >"/sys/block/${1#/dev/}/compact" ;;
+    *) return 1 ;;
+    esac
+}
+dev_summary() { # one line: stored, compressed, memory used
+    dev_mm_stat "$1" | awk '{ printf "orig %.1f MiB compr %.1f MiB mem_used %.1f MiB same %d huge %d",
+        $1 / 1048576, $2 / 1048576, $3 / 1048576, $6, $8 }'
+}
+
+# ---- kernel zram ---------------------------------------------------------------------------------
+ZRAM=/sys/block/zram0
+ZRAM_OURS=0
+
+# zram_begin: make /dev/zram0 available. On a host, only a free zram0 (initstate 0) is used.
+zram_begin() {
+    if [ ! -d $ZRAM ]; then
+        modprobe zram num_devices=1 2>/dev/null || true
+        [ -d $ZRAM ] || { fail zram-setup "no /dev/zram0 (zram module missing)"; return 1; }
+    fi
+    if [ "$(cat $ZRAM/initstate)" != 0 ]; then
+        fail zram-setup "/dev/zram0 is in use (initstate 1, disksize $(cat $ZRAM/disksize)): not touching it"
+        return 1
+    fi
+    ZRAM_OURS=1
+    return 0
+}
+
+zram_has_algo() { grep -qw "$1" $ZRAM/comp_algorithm; }
+
+zram_setup() { # ALGO SIZE
+    [ "$ZRAM_OURS" = 1 ] || return 1
+    zram_reset
+    if ! echo "$1" >$ZRAM/comp_algorithm 2>/dev/null; then
+        fail zram-setup "comp_algorithm $1 refused (have: $(cat $ZRAM/comp_algorithm))"
+        return 1
+    fi
+    if ! echo "$2" >$ZRAM/disksize; then
+        fail zram-setup "disksize $2 refused"
+        return 1
+    fi
+    note "zram0: $(cat $ZRAM/comp_algorithm), disksize $2"
+}
+
+zram_reset() {
+    [ "$ZRAM_OURS" = 1 ] || return 0
+    type check_cleanup >/dev/null 2>&1 && check_cleanup
+    [ "$(cat $ZRAM/initstate)" = 0 ] && return 0
+    grep -q '^/dev/zram0 ' /proc/swaps && swapoff /dev/zram0
+    echo 1 >$ZRAM/reset || note "zram0 reset failed"
+}
+
+# ---- uzram's ublk device ---------------------------------------------------------------------------
+# The daemon (`uzram serve`, foreground) built static by tests/vm/run into cache/uzram.
+UZRAM_BIN=${UZRAM_VM_DIR}/cache/uzram
+UZRAM_PID=
+UZRAM_DEV=
+
+# uzram_begin: the ublk driver and the binary are there.
+uzram_begin() {
+    [ -e /dev/ublk-control ] || { skip uzram "no /dev/ublk-control: this kernel has no ublk_drv"; return 1; }
+    [ -x "$UZRAM_BIN" ] || { fail uzram-setup "no uzram binary at $UZRAM_BIN"; return 1; }
+}
+
+uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
+    uzram_reset
+    : >/tmp/uzram-serve.out
+    "$UZRAM_BIN" serve --size "$2" --algorithm "$1" >/tmp/uzram-serve.out 2>/tmp/uzram-serve.err &
+    UZRAM_PID=$!
+    _i=0
+    while [ ! -s /tmp/uzram-serve.out ] && [ $_i -lt 120 ] && kill -0 $UZRAM_PID 2>/dev/null; do
+        sleep 1
+        _i=$((_i + 1))
+    done
+    UZRAM_DEV=$(cat /tmp/uzram-serve.out)
+    if [ ! -b "$UZRAM_DEV" ]; then
+        fail uzram-setup "uzram serve --size $2 --algorithm $1 gave no device in ${_i}s: $(cat /tmp/uzram-serve.err)"
+        return 1
+    fi
+}
+
+uzram_reset() { # SIGTERM: the daemon deletes its device and exits 0
+    [ -n "$UZRAM_PID" ] || return 0
+    kill -TERM $UZRAM_PID 2>/dev/null
+    wait $UZRAM_PID
+    _rc=$?
+    [ $_rc -eq 0 ] || fail uzram-stop "uzram serve exited $_rc on SIGTERM"
+    [ -b "$UZRAM_DEV" ] && fail uzram-stop "$UZRAM_DEV still there after SIGTERM"
+    UZRAM_PID=
+}
