@@ -34,12 +34,9 @@ pub struct BenchArgs {
     /// Dump this live process's anonymous memory and use it as the corpus (needs root)
     #[arg(long, value_name = "PID")]
     pub pid: Option<u32>,
-    /// Compression algorithm, by zram's name
-    #[arg(long, default_value = "lz4")]
-    pub algorithm: String,
-    /// zram's algorithm_params for it, e.g. "level=3"
-    #[arg(long, value_name = "PARAMS")]
-    pub algorithm_params: Option<String>,
+    /// The algorithm and its parameters
+    #[command(flatten)]
+    pub codec: crate::cli::CodecArgs,
     /// Threads for the multi-thread figures (default: the CPUs available)
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -193,10 +190,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         }
     };
     let mut setup = DeviceSetup::new();
-    setup.set_comp_algorithm(&args.algorithm)?;
-    if let Some(p) = &args.algorithm_params {
-        setup.set_algorithm_params(p)?;
-    }
+    args.codec.apply(&mut setup)?;
     let config = setup.config().clone();
     let pages: Vec<&[u8; PAGE_SIZE]> = corpus.pages().collect();
     let n = pages.len();

@@ -25,6 +25,7 @@
 //! ```
 
 pub mod bench;
+pub mod cli;
 pub mod corpus;
 pub mod device;
 mod error;

@@ -33,12 +33,9 @@ pub struct ServeArgs {
     /// Device size, as zram's disksize takes it (4G, 512M, bytes)
     #[arg(long)]
     pub size: String,
-    /// Compression algorithm, by zram's name
-    #[arg(long, default_value = "lz4")]
-    pub algorithm: String,
-    /// zram's algorithm_params, e.g. "level=3"
-    #[arg(long, value_name = "PARAMS")]
-    pub algorithm_params: Option<String>,
+    /// The algorithm and its parameters
+    #[command(flatten)]
+    pub codec: crate::cli::CodecArgs,
     /// zram's mem_limit (0 = none)
     #[arg(long, value_name = "SIZE")]
     pub mem_limit: Option<String>,
@@ -218,10 +215,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     let mut setup = DeviceSetup::new();
     let reserve = crate::parse_size(&args.reserve)?;
     setup.set_pool_reserve(reserve);
-    setup.set_comp_algorithm(&args.algorithm)?;
-    if let Some(p) = &args.algorithm_params {
-        setup.set_algorithm_params(p)?;
-    }
+    args.codec.apply(&mut setup)?;
     if let Some(l) = &args.mem_limit {
         setup.set_mem_limit(Some(crate::parse_size(l)?));
     }
