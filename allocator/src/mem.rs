@@ -5,9 +5,10 @@
 //! The uzram daemon runs under `mlockall(MCL_CURRENT | MCL_FUTURE)`, so every mapping it makes is
 //! populated and locked at once, and `MADV_DONTNEED` fails on locked ranges. The pool therefore never
 //! gives back part of a mapping: it maps memory in arenas of [`ARENA_PAGES`] pages and returns an
-//! arena with `munmap` only when no run is allocated in it. Compaction moves runs out of sparse arenas
-//! ([`ArenaSet::alloc_run`] with [`Placement::AwayFrom`]) so that they empty. One empty arena is kept as a reserve
-//! so that a pool oscillating around an arena boundary does not map and unmap on every zspage.
+//! arena with `munmap` only when no run is allocated in it. Compaction moves runs out of sparse
+//! arenas ([`ArenaSet::alloc_run`] with [`Placement::AwayFrom`]) so that they empty. A few empty
+//! arenas are kept as a reserve ([`ArenaSet::premap`] maps them up front), so that a pool
+//! oscillating around an arena boundary does not map and unmap on every zspage.
 //! The number of mappings is bounded by pool size / arena size (8192 for 16 GiB), far below
 //! `vm.max_map_count`.
 //!
