@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -145,9 +146,75 @@ fn set_params(dev: &mut UblkDev, disksize: u64) {
     };
 }
 
+/// Requests started and finished, by op (read, write, flush, discard, other): what the progress
+/// log (`UZRAM_PROGRESS_SECS`) prints.
+static STARTED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static FINISHED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+
+fn op_slot(op: u32) -> usize {
+    match op {
+        sys::UBLK_IO_OP_READ => 0,
+        sys::UBLK_IO_OP_WRITE => 1,
+        sys::UBLK_IO_OP_FLUSH => 2,
+        sys::UBLK_IO_OP_DISCARD | sys::UBLK_IO_OP_WRITE_ZEROES => 3,
+        _ => 4,
+    }
+}
+
+/// With `UZRAM_PROGRESS_SECS=N`, a thread that writes the request counters to the kernel log
+/// every N seconds: a diagnostic for stalls, readable even when user space is stuck on memory
+/// (the daemon is mlocked, and /dev/kmsg lands in the console).
+fn progress_log(device: Arc<Device>) {
+    let Some(secs) = std::env::var("UZRAM_PROGRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+    else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let Ok(mut kmsg) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") else {
+            return;
+        };
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            let count = |c: &[AtomicU64; 5]| {
+                c.iter()
+                    .map(|a| a.load(Ordering::Relaxed).to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            };
+            let mm = device.stats().mm;
+            // /dev/kmsg makes one record of each write(2), so format first and write once;
+            // "<3>" (error level) so that it reaches the console.
+            let line = format!(
+                "<3>uzram: requests read/write/flush/discard/other started {} finished {}, stored {} B, pool {} B\n",
+                count(&STARTED),
+                count(&FINISHED),
+                mm.orig_data_size,
+                mm.mem_used_total
+            );
+            let _ = kmsg.write_all(line.as_bytes());
+        }
+    });
+}
+
 /// Serves one request; returns the bytes done or a negative errno.
 fn handle(device: &Device, ctx: &mut IoContext, iod: &sys::ublksrv_io_desc, buf: &mut [u8]) -> i32 {
     let op = iod.op_flags & 0xff;
+    STARTED[op_slot(op)].fetch_add(1, Ordering::Relaxed);
+    let res = serve_one(device, ctx, iod, buf, op);
+    FINISHED[op_slot(op)].fetch_add(1, Ordering::Relaxed);
+    res
+}
+
+fn serve_one(
+    device: &Device,
+    ctx: &mut IoContext,
+    iod: &sys::ublksrv_io_desc,
+    buf: &mut [u8],
+    op: u32,
+) -> i32 {
     // FLUSH carries no meaningful sector: answer it before any range check.
     if op == sys::UBLK_IO_OP_FLUSH {
         return 0;
@@ -222,6 +289,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     let device = Arc::new(setup.init(crate::parse_size(&args.size)?)?);
     let signals = block_stop_signals()?;
     pin_memory()?;
+    progress_log(Arc::clone(&device));
     io_flusher()?;
     let queues = args.queues.unwrap_or_else(|| {
         std::thread::available_parallelism()
