@@ -26,9 +26,12 @@ pub enum Error {
         /// Length of the request.
         len_bytes: u64,
     },
-    /// Storing the page would pass the device's memory limit; nothing was changed.
-    #[error("memory limit of {limit_bytes} bytes reached")]
+    /// Storing the page would pass the device's memory limit; that page and the ones after it in
+    /// the request were not changed.
+    #[error("memory limit of {limit_bytes} bytes reached storing page {index}")]
     MemLimit {
+        /// The page that did not fit.
+        index: PageIndex,
         /// The limit (`mem_limit`).
         limit_bytes: u64,
     },

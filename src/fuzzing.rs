@@ -635,20 +635,27 @@ impl Harness {
                 );
                 plan.len()
             }
-            Err(Error::MemLimit { limit_bytes }) => {
+            Err(Error::MemLimit {
+                index: failed,
+                limit_bytes,
+            }) => {
                 self.io.failed_writes += 1;
                 assert!(
                     limit_bytes != 0 && limit_bytes == limit,
                     "step {step}: {what} {r:?}: MemLimit of {limit_bytes} with limit {limit}"
                 );
-                // The first page that does not hold its planned state: the engine stopped at or
-                // before it, and pages from there on must hold their old state (checked after).
-                let mut applied = plan.len();
-                for (i, (index, want)) in plan.iter().enumerate() {
-                    if !self.holds(*index, want.as_ref()) {
-                        applied = i;
-                        break;
-                    }
+                // The engine names the page that did not fit: the pages before it were written,
+                // it and the pages after it keep their old state (checked after). (Content alone
+                // cannot tell: a page rewritten with the bytes it held looks written either way.)
+                let applied = plan
+                    .iter()
+                    .position(|(index, _)| *index == failed)
+                    .unwrap_or_else(|| panic!("step {step}: {what} {r:?}: MemLimit names page {failed}, not in the request"));
+                for (index, want) in &plan[..applied] {
+                    assert!(
+                        self.holds(*index, want.as_ref()),
+                        "step {step}: {what} {r:?}: page {index} before the failed {failed} was not written"
+                    );
                 }
                 if first_must_fail {
                     let (index, _) = plan[0];

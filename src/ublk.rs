@@ -309,7 +309,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     stop_on_signals(signals, id as i32);
     let disksize = device.disksize();
     let q_device = Arc::clone(&device);
-    ctrl.run_target(
+    let served = ctrl.run_target(
         move |dev: &mut UblkDev| {
             set_params(dev, disksize);
             Ok(())
@@ -320,10 +320,12 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
             println!("{}", ctrl.get_bdev_path());
             let _ = std::io::stdout().flush();
         },
-    )
-    .map_err(|e| ServeError::Ublk(format!("serving /dev/ublkb{id}: {e}")))?;
+    );
+    // Delete the device whether serving ended by a signal or failed: never leave one behind.
     let _ = UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev());
-    Ok(())
+    served
+        .map(|_| ())
+        .map_err(|e| ServeError::Ublk(format!("serving /dev/ublkb{id}: {e}")))
 }
 
 /// Turns off writeback throttling (wbt) on the device. zram, being bio-based, has none; on a
@@ -390,7 +392,13 @@ mod tests {
             }),
             libc::EINVAL
         );
-        assert_eq!(errno(&Error::MemLimit { limit_bytes: 1 }), libc::ENOSPC);
+        assert_eq!(
+            errno(&Error::MemLimit {
+                index: PageIndex(0),
+                limit_bytes: 1
+            }),
+            libc::ENOSPC
+        );
         let lost = Error::Lost {
             index: PageIndex(0),
             source: uzram_allocator::Error::InvalidHandle { raw: 0 },

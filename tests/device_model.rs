@@ -185,7 +185,7 @@ impl Model {
 
 fn assert_mem_limit(r: Result<(), Error>, limit_pages: u64) {
     assert!(
-        matches!(r, Err(Error::MemLimit { limit_bytes }) if limit_bytes == limit_pages * PAGE),
+        matches!(r, Err(Error::MemLimit { limit_bytes, .. }) if limit_bytes == limit_pages * PAGE),
         "want MemLimit of {limit_pages} pages, got {r:?}"
     );
 }

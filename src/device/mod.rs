@@ -486,7 +486,7 @@ impl Device {
         };
         let handle = self.pool.store(bytes).map_err(|e| match e {
             uzram_allocator::Error::LimitExceeded { limit_bytes, .. } => {
-                Error::MemLimit { limit_bytes }
+                Error::MemLimit { index, limit_bytes }
             }
             e => Error::OutOfMemory(e),
         })?;
@@ -847,7 +847,7 @@ mod tests {
         }
         let err = d.write(&mut ctx, 64 * 4096, &noise_page(64)).unwrap_err();
         assert!(
-            matches!(err, Error::MemLimit { limit_bytes } if limit_bytes == 64 * 4096),
+            matches!(err, Error::MemLimit { index, limit_bytes } if limit_bytes == 64 * 4096 && index == PageIndex(64)),
             "{err}"
         );
         // Overwriting a page past the limit fails too, and the old page survives.
