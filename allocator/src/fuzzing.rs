@@ -4,7 +4,9 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 
-use crate::{Error, Handle, Pool, PoolConfig, MAX_OBJECT, PAGE_SIZE};
+use std::time::Duration;
+
+use crate::{Error, Growth, Handle, Pool, PoolConfig, ARENA_PAGES, MAX_OBJECT, PAGE_SIZE};
 
 /// One pool operation. Indexes pick a live object modulo the number of live objects.
 #[derive(Debug, Clone, Arbitrary)]
@@ -45,7 +47,12 @@ pub enum PoolOp {
         /// The handle's word.
         raw: u64,
     },
+    /// What the maintenance thread does in reserve mode: [`Pool::maintain`].
+    Maintain,
 }
+
+/// Arenas the reserve-mode runs keep mapped.
+const RESERVE: usize = 2;
 
 /// The pattern an object of `len` bytes holds for `seed`: compressible-looking runs, distinct per seed.
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -55,10 +62,20 @@ pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 /// Runs `ops` on a fresh pool and checks every result against the model. Panics on a mismatch.
-pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize) {
+/// With `reserve`, the pool runs in [`Growth::Reserve`] mode with no waiting: stores fail with
+/// [`Error::ReserveExhausted`] until a [`PoolOp::Maintain`] refills it.
+pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool) {
     let config = PoolConfig {
         max_pages_per_zspage,
         auto_compact: true,
+        reserve_arenas: if reserve { RESERVE } else { 1 },
+        growth: if reserve {
+            Growth::Reserve {
+                wait: Duration::ZERO,
+            }
+        } else {
+            Growth::OnDemand
+        },
         ..PoolConfig::default()
     };
     let pool = Pool::new(config).expect("valid config");
@@ -88,6 +105,15 @@ pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize) {
                             after.pages_used + spec.pages_per_zspage as u64 > after.limit_pages,
                             "limit refused a store that fits"
                         );
+                    }
+                    Err(Error::ReserveExhausted { .. }) if reserve => {
+                        let after = pool.stats();
+                        assert_eq!(before.objects, after.objects, "failed store left an object");
+                        assert_eq!(
+                            before.pages_used, after.pages_used,
+                            "failed store kept pages"
+                        );
+                        assert_eq!(after.pages_reserved, 0, "refused with an empty arena left");
                     }
                     Err(e) => panic!("store of {} bytes failed: {e}", data.len()),
                 }
@@ -125,6 +151,23 @@ pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize) {
             }
             PoolOp::SetLimit { pages } => {
                 pool.set_limit(pages.map(|p| u64::from(p) * PAGE_SIZE as u64));
+            }
+            PoolOp::Maintain => {
+                let done = pool.maintain().expect("maintain");
+                let s = pool.stats();
+                if reserve {
+                    let reserved = s.pages_reserved as usize / ARENA_PAGES;
+                    assert!(
+                        (RESERVE..=2 * RESERVE).contains(&reserved),
+                        "{reserved} empty arenas after maintenance ({done:?})"
+                    );
+                } else {
+                    assert_eq!(
+                        done,
+                        Default::default(),
+                        "on-demand pools need no maintenance"
+                    );
+                }
             }
             PoolOp::Bogus { raw } => {
                 if let Some(h) = Handle::from_raw(raw) {
@@ -179,11 +222,14 @@ pub fn pool_ops(data: &[u8]) {
     let Ok(chain) = u.int_in_range(1..=crate::MAX_PAGES_PER_ZSPAGE) else {
         return;
     };
+    let Ok(reserve) = u.arbitrary::<bool>() else {
+        return;
+    };
     let Ok(ops) = u
         .arbitrary_iter::<PoolOp>()
         .and_then(|it| it.take(4096).collect::<Result<Vec<_>, _>>())
     else {
         return;
     };
-    run_ops(&ops, chain);
+    run_ops(&ops, chain, reserve);
 }

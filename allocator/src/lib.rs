@@ -42,8 +42,8 @@ mod table;
 pub use class::{ClassSpec, CLASS_STEP, MAX_OBJECT, MIN_OBJECT};
 pub use mem::{ARENA_PAGES, PAGE_SIZE};
 pub use pool::{
-    ClassStats, CompactStats, Handle, Pool, PoolConfig, PoolStats, FULLNESS_GROUPS,
-    MAX_PAGES_PER_ZSPAGE,
+    ClassStats, CompactStats, Growth, Handle, Maintenance, Pool, PoolConfig, PoolStats,
+    FULLNESS_GROUPS, MAX_PAGES_PER_ZSPAGE,
 };
 
 /// Errors of the pool.
@@ -73,6 +73,15 @@ pub enum Error {
         bytes: u64,
         /// The errno of `mmap`.
         errno: i32,
+    },
+    /// [`Growth::Reserve`] mode: no pre-mapped arena had room, and the maintenance thread did not
+    /// map one in time; nothing was allocated.
+    #[error(
+        "no pre-mapped pool memory left after waiting {waited_ms} ms for the maintenance thread"
+    )]
+    ReserveExhausted {
+        /// How long the allocation waited.
+        waited_ms: u64,
     },
     /// The handle does not name a live object of this pool.
     #[error("handle {raw:#x} does not name a live object")]

@@ -36,13 +36,31 @@ pub const ARENA_PAGES: usize = 512;
 const ARENA_BYTES: usize = ARENA_PAGES * PAGE_SIZE;
 const BITMAP_WORDS: usize = ARENA_PAGES / 64;
 
-/// One anonymous private mapping of `ARENA_BYTES`.
-struct Mapping {
+/// How a new arena's pages are made resident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefault {
+    /// `MAP_POPULATE`: fastest, but the kernel holds the process's `mmap_lock` (read) while it
+    /// allocates the pages, so a thread that waits for reclaim in there blocks every `mmap`,
+    /// `munmap` and `mprotect` of the process meanwhile.
+    Populate,
+    /// Map, then write one byte per page: each page fault takes only the new mapping's own lock
+    /// (per-VMA locking, Linux >= 6.4), so a refill thread stuck in reclaim blocks nobody else.
+    Touch,
+}
+
+/// One anonymous private mapping of `ARENA_BYTES`: an arena's memory, mapped but not yet in an
+/// [`ArenaSet`] (see [`ArenaSet::insert`]).
+pub struct Mapping {
     ptr: NonNull<u8>,
 }
 
 impl Mapping {
-    fn new() -> Result<Mapping, i32> {
+    /// Maps an arena and makes its pages resident. Returns the errno of a failed `mmap`.
+    pub fn new(prefault: Prefault) -> Result<Mapping, i32> {
+        let populate = match prefault {
+            Prefault::Populate => libc::MAP_POPULATE,
+            Prefault::Touch => 0,
+        };
         // SAFETY: an anonymous private mapping with no address hint has no preconditions; the result
         // is checked against MAP_FAILED before use.
         let ptr = unsafe {
@@ -50,7 +68,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 ARENA_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_POPULATE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | populate,
                 -1,
                 0,
             )
@@ -60,9 +78,17 @@ impl Mapping {
                 .raw_os_error()
                 .unwrap_or(libc::ENOMEM));
         }
-        NonNull::new(ptr.cast::<u8>())
+        let mapping = NonNull::new(ptr.cast::<u8>())
             .map(|ptr| Mapping { ptr })
-            .ok_or(libc::ENOMEM)
+            .ok_or(libc::ENOMEM)?;
+        if prefault == Prefault::Touch {
+            for page in 0..ARENA_PAGES {
+                // SAFETY: the offset is inside the fresh mapping of ARENA_BYTES, which nothing else
+                // references yet; a volatile write so the fault is not optimised away.
+                unsafe { mapping.ptr.as_ptr().add(page * PAGE_SIZE).write_volatile(0) };
+            }
+        }
+        Ok(mapping)
     }
 }
 
@@ -215,33 +241,76 @@ pub struct ArenaSet {
     released: u64,
     /// Empty arenas to keep mapped rather than unmap.
     reserve: usize,
+    /// Arenas with no page in use.
+    empty: usize,
+    /// Whether [`ArenaSet::alloc_run`] may map and [`ArenaSet::free_run`] may unmap. Off in reserve
+    /// mode, where only [`ArenaSet::insert`] and [`ArenaSet::take_empty`] change the mappings.
+    on_demand: bool,
 }
 
 impl ArenaSet {
-    /// A set that keeps up to `reserve` empty arenas mapped.
-    pub fn new(reserve: usize) -> ArenaSet {
+    /// A set that keeps up to `reserve` empty arenas mapped. With `on_demand` false the set never
+    /// maps or unmaps by itself: growth fails with [`MapError::NoRoom`] when no arena has room, and
+    /// empty arenas stay until [`ArenaSet::take_empty`] takes them.
+    pub fn new(reserve: usize, on_demand: bool) -> ArenaSet {
         ArenaSet {
             reserve,
+            on_demand,
             ..ArenaSet::default()
         }
+    }
+
+    /// Adds an empty arena mapped outside the set's lock.
+    pub fn insert(&mut self, mapping: Mapping) -> u32 {
+        let arena = Arena {
+            mapping,
+            used: [0; BITMAP_WORDS],
+            used_pages: 0,
+        };
+        self.mapped += 1;
+        self.empty += 1;
+        match self.free_ids.pop() {
+            Some(id) => {
+                self.arenas[id as usize] = Some(arena);
+                id
+            }
+            None => {
+                self.arenas.push(Some(arena));
+                (self.arenas.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Arenas with no page in use.
+    pub fn empty_arenas(&self) -> usize {
+        self.empty
+    }
+
+    /// Removes one empty arena if more than `keep` are empty, so the caller can unmap it (drop
+    /// it) outside the set's lock.
+    pub fn take_empty(&mut self, keep: usize) -> Option<Mapping> {
+        if self.empty <= keep {
+            return None;
+        }
+        // The highest ids first: arenas are reused lowest id first, so the set stays dense.
+        let id = (0..self.arenas.len())
+            .rev()
+            .find(|&id| self.arenas[id].as_ref().is_some_and(|a| a.used_pages == 0))?;
+        // Invariant 2: the arena's bitmap is empty, no PageRun points into it.
+        let arena = self.arenas[id].take().expect("found above");
+        self.free_ids.push(id as u32);
+        self.mapped -= 1;
+        self.empty -= 1;
+        self.released += 1;
+        Some(arena.mapping)
     }
 
     /// Maps empty arenas until `count` are mapped, so that later growth takes memory already
     /// held instead of asking the kernel on the I/O path (where, under memory pressure, a swap
     /// device's daemon must not wait for reclaim). Returns the errno of a failed `mmap`.
-    pub fn premap(&mut self, count: usize) -> Result<(), i32> {
+    pub fn premap(&mut self, count: usize, prefault: Prefault) -> Result<(), i32> {
         while self.mapped < count {
-            let mapping = Mapping::new()?;
-            self.mapped += 1;
-            let arena = Arena {
-                mapping,
-                used: [0; BITMAP_WORDS],
-                used_pages: 0,
-            };
-            match self.free_ids.pop() {
-                Some(id) => self.arenas[id as usize] = Some(arena),
-                None => self.arenas.push(Some(arena)),
-            }
+            self.insert(Mapping::new(prefault)?);
         }
         Ok(())
     }
@@ -279,7 +348,7 @@ impl ArenaSet {
     pub fn alloc_run(&mut self, n: usize, place: Placement) -> Result<PageRun, MapError> {
         assert!((1..=ARENA_PAGES).contains(&n), "run of {n} pages");
         let (excluded, may_map) = match place {
-            Placement::Any => (None, true),
+            Placement::Any => (None, self.on_demand),
             Placement::AwayFrom(victim) => (Some(victim), false),
         };
         let mut found = None;
@@ -309,29 +378,16 @@ impl ArenaSet {
         let (id, first) = match found {
             Some(f) => f,
             None if may_map => {
-                let mapping = Mapping::new().map_err(MapError::Map)?;
-                let arena = Arena {
-                    mapping,
-                    used: [0; BITMAP_WORDS],
-                    used_pages: 0,
-                };
-                self.mapped += 1;
-                let id = match self.free_ids.pop() {
-                    Some(id) => {
-                        self.arenas[id as usize] = Some(arena);
-                        id as usize
-                    }
-                    None => {
-                        self.arenas.push(Some(arena));
-                        self.arenas.len() - 1
-                    }
-                };
-                (id, 0)
+                let mapping = Mapping::new(Prefault::Populate).map_err(MapError::Map)?;
+                (self.insert(mapping) as usize, 0)
             }
             None => return Err(MapError::NoRoom),
         };
         self.cursor = id;
         let arena = self.arenas[id].as_mut().expect("chosen arena is mapped");
+        if arena.used_pages == 0 {
+            self.empty -= 1;
+        }
         arena.set_range(first, n, true);
         arena.used_pages += n;
         self.used_pages += n;
@@ -358,17 +414,13 @@ impl ArenaSet {
         arena.used_pages -= run.pages();
         self.used_pages -= run.pages();
         if arena.used_pages == 0 {
-            let empty = self
-                .arenas
-                .iter()
-                .flatten()
-                .filter(|a| a.used_pages == 0)
-                .count();
-            if empty > self.reserve {
+            self.empty += 1;
+            if self.on_demand && self.empty > self.reserve {
                 // Invariant 2: the bitmap is empty, no PageRun points into this arena.
                 self.arenas[id] = None;
                 self.free_ids.push(id as u32);
                 self.mapped -= 1;
+                self.empty -= 1;
                 self.released += 1;
                 return ARENA_PAGES;
             }
@@ -397,9 +449,11 @@ impl ArenaSet {
     pub fn check(&self) -> Result<(), String> {
         let mut used = 0;
         let mut mapped = 0;
+        let mut empty = 0;
         for (id, a) in self.arenas.iter().enumerate() {
             let Some(a) = a else { continue };
             mapped += 1;
+            empty += usize::from(a.used_pages == 0);
             let bits: usize = a.used.iter().map(|w| w.count_ones() as usize).sum();
             if bits != a.used_pages {
                 return Err(format!(
@@ -409,10 +463,10 @@ impl ArenaSet {
             }
             used += bits;
         }
-        if used != self.used_pages || mapped != self.mapped {
+        if used != self.used_pages || mapped != self.mapped || empty != self.empty {
             return Err(format!(
-                "arena set counters: used {} (bitmaps {used}), mapped {} (arenas {mapped})",
-                self.used_pages, self.mapped
+                "arena set counters: used {} (bitmaps {used}), mapped {} (arenas {mapped}), empty {} (arenas {empty})",
+                self.used_pages, self.mapped, self.empty
             ));
         }
         Ok(())
@@ -441,7 +495,7 @@ mod tests {
 
     #[test]
     fn runs_do_not_overlap_and_hold_their_bytes() {
-        let mut set = ArenaSet::new(0);
+        let mut set = ArenaSet::new(0, true);
         let mut runs: Vec<PageRun> = (0..40)
             .map(|i| set.alloc_run(1 + i % 8, Placement::Any).unwrap())
             .collect();
@@ -466,7 +520,7 @@ mod tests {
 
     #[test]
     fn reserve_keeps_one_empty_arena() {
-        let mut set = ArenaSet::new(1);
+        let mut set = ArenaSet::new(1, true);
         let r = set.alloc_run(4, Placement::Any).unwrap();
         assert_eq!(set.free_run(r), 0);
         assert_eq!(set.mapped_arenas(), 1);
@@ -474,7 +528,7 @@ mod tests {
 
     #[test]
     fn exclude_and_no_map_report_no_room() {
-        let mut set = ArenaSet::new(0);
+        let mut set = ArenaSet::new(0, true);
         let r = set.alloc_run(8, Placement::Any).unwrap();
         assert_eq!(
             set.alloc_run(8, Placement::AwayFrom(r.arena()))
@@ -489,7 +543,7 @@ mod tests {
 
     #[test]
     fn allocation_prefers_the_fullest_arena() {
-        let mut set = ArenaSet::new(2);
+        let mut set = ArenaSet::new(2, true);
         let a: Vec<PageRun> = (0..ARENA_PAGES)
             .map(|_| set.alloc_run(1, Placement::Any).unwrap())
             .collect();

@@ -2,14 +2,18 @@
 //! fullness groups, compaction and the memory limit.
 //!
 //! Lock order: a class lock, then the arena lock. Never two class locks at once; never a class lock
-//! taken while the arena lock is held.
+//! taken while the arena lock is held. The reserve signal's lock ([`Growth::Reserve`]) comes after
+//! a class lock and before the arena lock; the maintenance side holds it alone.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::class::{ClassSpec, ClassTable, MAX_OBJECT};
-use crate::mem::{ArenaSet, MapError, PageRun, Placement, ARENA_PAGES, PAGE_SIZE};
+use crate::mem::{
+    ArenaSet, MapError, Mapping, PageRun, Placement, Prefault, ARENA_PAGES, PAGE_SIZE,
+};
 use crate::table::Table;
 use crate::Error;
 
@@ -65,6 +69,26 @@ pub struct PoolConfig {
     /// Empty arenas kept mapped instead of returned to the OS; this many are mapped when the
     /// pool is created, so the first growth needs nothing from the kernel.
     pub reserve_arenas: usize,
+    /// How the pool gets memory from the OS.
+    pub growth: Growth,
+}
+
+/// How a [`Pool`] gets memory from the OS and gives it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Growth {
+    /// An allocation that finds no room maps a new arena itself (`MAP_POPULATE`); a free that
+    /// empties an arena beyond the reserve unmaps it. The right choice for a library user.
+    OnDemand,
+    /// Allocations and frees never map or unmap: they draw on empty arenas mapped ahead of time by
+    /// a maintenance thread that calls [`Pool::maintain`] (woken through
+    /// [`Pool::wait_for_maintenance`] when fewer than half of `reserve_arenas` are left). An
+    /// allocation that finds no room waits up to `wait` for a refill, then fails with
+    /// [`Error::ReserveExhausted`]. For a swap device's I/O threads, which must never wait for
+    /// reclaim (the memory they would wait for is what their own writes free).
+    Reserve {
+        /// Longest an allocation waits for the maintenance thread.
+        wait: Duration,
+    },
 }
 
 impl Default for PoolConfig {
@@ -74,6 +98,7 @@ impl Default for PoolConfig {
             limit_bytes: None,
             auto_compact: true,
             reserve_arenas: 1,
+            growth: Growth::OnDemand,
         }
     }
 }
@@ -87,6 +112,8 @@ pub struct PoolStats {
     pub max_pages_used: u64,
     /// Pages in mapped arenas: the pool's real cost in RAM (>= `pages_used`).
     pub pages_mapped: u64,
+    /// Pages of `pages_mapped` in arenas with nothing in them: the reserve.
+    pub pages_reserved: u64,
     /// Zspage pages freed by compaction (zram's `pages_compacted`).
     pub pages_compacted: u64,
     /// Arena pages returned to the OS by compaction moving zspages out of sparse arenas.
@@ -131,6 +158,37 @@ pub struct CompactStats {
     pub pages_released: u64,
 }
 
+/// What one [`Pool::maintain`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Maintenance {
+    /// Arenas mapped into the reserve.
+    pub arenas_mapped: usize,
+    /// Empty arenas beyond twice the reserve, unmapped.
+    pub arenas_unmapped: usize,
+}
+
+/// The handshake between allocations and the maintenance thread in [`Growth::Reserve`] mode.
+#[derive(Default)]
+struct ReserveSignal {
+    state: Mutex<ReserveState>,
+    /// The maintenance thread waits here for `needed`.
+    need: Condvar,
+    /// Allocations wait here for `refills` to move.
+    refilled: Condvar,
+}
+
+#[derive(Default)]
+struct ReserveState {
+    needed: bool,
+    refills: u64,
+}
+
+impl ReserveSignal {
+    fn ask(&self) {
+        self.state.lock().needed = true;
+        self.need.notify_one();
+    }
+}
 /// Partial groups `< 10 %` .. `< 100 %`, then full.
 pub const FULLNESS_GROUPS: usize = 11;
 const FULL_GROUP: usize = FULLNESS_GROUPS - 1;
@@ -191,6 +249,9 @@ struct ClassState {
 
 struct Shared<'a> {
     arenas: &'a Mutex<ArenaSet>,
+    /// `Some` in [`Growth::Reserve`] mode: whom to ask for more arenas, and below how many empty
+    /// ones to ask.
+    reserve: Option<(&'a ReserveSignal, usize)>,
     pages_used: &'a AtomicU64,
     max_pages_used: &'a AtomicU64,
     limit_pages: &'a AtomicU64,
@@ -309,22 +370,27 @@ impl ClassState {
                 id as u32
             }
         };
-        let run = shared
-            .arenas
-            .lock()
-            .alloc_run(self.spec.pages_per_zspage, Placement::Any);
+        let (run, empty_left) = {
+            let mut arenas = shared.arenas.lock();
+            let run = arenas.alloc_run(self.spec.pages_per_zspage, Placement::Any);
+            (run, arenas.empty_arenas())
+        };
+        if let Some((signal, low)) = shared.reserve {
+            if empty_left < low || run.is_err() {
+                signal.ask();
+            }
+        }
         let run = match run {
             Ok(run) => run,
             Err(e) => {
                 shared.pages_used.fetch_sub(pages, Ordering::Relaxed);
                 self.free_zspage_ids.push(zid);
-                let errno = match e {
-                    MapError::Map(errno) => errno,
-                    MapError::NoRoom => libc::ENOMEM,
-                };
-                return Err(Error::OutOfMemory {
-                    bytes: (ARENA_PAGES * PAGE_SIZE) as u64,
-                    errno,
+                return Err(match e {
+                    MapError::Map(errno) => Error::OutOfMemory {
+                        bytes: (ARENA_PAGES * PAGE_SIZE) as u64,
+                        errno,
+                    },
+                    MapError::NoRoom => Error::ReserveExhausted { waited_ms: 0 },
                 });
             }
         };
@@ -673,6 +739,9 @@ pub struct Pool {
     pages_released: AtomicU64,
     auto_compact: AtomicBool,
     defrag_running: AtomicBool,
+    growth: Growth,
+    reserve_arenas: usize,
+    signal: ReserveSignal,
 }
 
 impl Pool {
@@ -691,10 +760,16 @@ impl Pool {
             .enumerate()
             .map(|(i, &spec)| Mutex::new(ClassState::new(i, spec)))
             .collect();
+        let on_demand = config.growth == Growth::OnDemand;
+        let reserve_arenas = if on_demand {
+            config.reserve_arenas
+        } else {
+            config.reserve_arenas.max(1)
+        };
         let pool = Pool {
             table,
             classes,
-            arenas: Mutex::new(ArenaSet::new(config.reserve_arenas)),
+            arenas: Mutex::new(ArenaSet::new(reserve_arenas, on_demand)),
             pages_used: AtomicU64::new(0),
             max_pages_used: AtomicU64::new(0),
             limit_pages: AtomicU64::new(0),
@@ -702,13 +777,21 @@ impl Pool {
             pages_released: AtomicU64::new(0),
             auto_compact: AtomicBool::new(config.auto_compact),
             defrag_running: AtomicBool::new(false),
+            growth: config.growth,
+            reserve_arenas,
+            signal: ReserveSignal::default(),
         };
         pool.set_limit(config.limit_bytes);
+        let prefault = if on_demand {
+            Prefault::Populate
+        } else {
+            Prefault::Touch
+        };
         pool.arenas
             .lock()
-            .premap(config.reserve_arenas)
+            .premap(reserve_arenas, prefault)
             .map_err(|errno| Error::OutOfMemory {
-                bytes: (config.reserve_arenas * ARENA_PAGES * PAGE_SIZE) as u64,
+                bytes: (reserve_arenas * ARENA_PAGES * PAGE_SIZE) as u64,
                 errno,
             })?;
         Ok(pool)
@@ -717,6 +800,10 @@ impl Pool {
     fn shared(&self) -> Shared<'_> {
         Shared {
             arenas: &self.arenas,
+            reserve: match self.growth {
+                Growth::OnDemand => None,
+                Growth::Reserve { .. } => Some((&self.signal, self.reserve_arenas.div_ceil(2))),
+            },
             pages_used: &self.pages_used,
             max_pages_used: &self.max_pages_used,
             limit_pages: &self.limit_pages,
@@ -744,22 +831,115 @@ impl Pool {
     /// Allocates an object of `size` bytes (1..=4096). Its contents are unspecified until written.
     pub fn alloc(&self, size: usize) -> Result<Handle, Error> {
         Self::check_size(size)?;
-        let h = self.classes[self.table.class_of(size)]
-            .lock()
-            .alloc(size, &self.shared())?;
-        Ok(h)
+        Ok(self.alloc_locked(size)?.1)
     }
 
     /// Allocates an object holding `data` (1..=4096 bytes) under one lock acquisition.
     pub fn store(&self, data: &[u8]) -> Result<Handle, Error> {
         Self::check_size(data.len())?;
-        let mut class = self.classes[self.table.class_of(data.len())].lock();
-        let h = class.alloc(data.len(), &self.shared())?;
+        let (mut class, h) = self.alloc_locked(data.len())?;
         class
             .object_mut(h)
             .expect("just allocated")
             .copy_from_slice(data);
         Ok(h)
+    }
+
+    /// Allocates in `size`'s class and returns the class still locked. In reserve mode, waits
+    /// (without the class lock) for the maintenance thread when no arena has room.
+    fn alloc_locked(
+        &self,
+        size: usize,
+    ) -> Result<(parking_lot::MutexGuard<'_, ClassState>, Handle), Error> {
+        let class = &self.classes[self.table.class_of(size)];
+        let mut started = None;
+        loop {
+            let mut c = class.lock();
+            match c.alloc(size, &self.shared()) {
+                Ok(h) => return Ok((c, h)),
+                Err(Error::ReserveExhausted { .. }) => {
+                    drop(c);
+                    let Growth::Reserve { wait } = self.growth else {
+                        unreachable!("only reserve mode runs out of reserve")
+                    };
+                    let start = *started.get_or_insert_with(Instant::now);
+                    if !self.wait_for_refill(start + wait) {
+                        return Err(Error::ReserveExhausted {
+                            waited_ms: start.elapsed().as_millis() as u64,
+                        });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits until an empty arena is there or `deadline` passes; false if it passed.
+    fn wait_for_refill(&self, deadline: Instant) -> bool {
+        let mut st = self.signal.state.lock();
+        loop {
+            // Checked under the signal's lock: a refill that lands after this check notifies
+            // only after the wait below has released it, so no wakeup is lost.
+            if self.arenas.lock().empty_arenas() > 0 {
+                return true;
+            }
+            st.needed = true;
+            self.signal.need.notify_one();
+            if self
+                .signal
+                .refilled
+                .wait_until(&mut st, deadline)
+                .timed_out()
+            {
+                return self.arenas.lock().empty_arenas() > 0;
+            }
+        }
+    }
+
+    /// [`Growth::Reserve`] mode's maintenance: maps arenas (outside every lock, touching their
+    /// pages) until `reserve_arenas` are empty, wakes the allocations waiting for them, and
+    /// unmaps empty arenas beyond twice the reserve. Call it from a thread that may wait for
+    /// reclaim (not an I/O thread of a swap device). A no-op in [`Growth::OnDemand`] mode.
+    pub fn maintain(&self) -> Result<Maintenance, Error> {
+        let mut done = Maintenance::default();
+        if self.growth == Growth::OnDemand {
+            return Ok(done);
+        }
+        while self.arenas.lock().empty_arenas() < self.reserve_arenas {
+            let mapping = Mapping::new(Prefault::Touch).map_err(|errno| Error::OutOfMemory {
+                bytes: (ARENA_PAGES * PAGE_SIZE) as u64,
+                errno,
+            })?;
+            self.arenas.lock().insert(mapping);
+            done.arenas_mapped += 1;
+            self.signal.state.lock().refills += 1;
+            self.signal.refilled.notify_all();
+        }
+        done.arenas_unmapped = self.unmap_empty(2 * self.reserve_arenas);
+        Ok(done)
+    }
+
+    /// Blocks until an allocation asks for arenas or `timeout` passes, for the thread that calls
+    /// [`Pool::maintain`]. Returns whether it was asked.
+    pub fn wait_for_maintenance(&self, timeout: Duration) -> bool {
+        let mut st = self.signal.state.lock();
+        if !st.needed {
+            let _ = self.signal.need.wait_for(&mut st, timeout);
+        }
+        std::mem::take(&mut st.needed)
+    }
+
+    /// Unmaps empty arenas beyond `keep`, each outside the arena lock. Returns how many.
+    fn unmap_empty(&self, keep: usize) -> usize {
+        let mut n = 0;
+        while let Some(mapping) = {
+            let taken = self.arenas.lock().take_empty(keep);
+            taken
+        } {
+            drop(mapping);
+            n += 1;
+        }
+        n
     }
 
     /// Frees an object. May compact its class by a bounded step when frees have fragmented it.
@@ -855,7 +1035,13 @@ impl Pool {
         for class in self.classes.iter() {
             pages_freed += class.lock().compact(usize::MAX, &shared);
         }
-        let pages_released = self.defrag(usize::MAX);
+        let mut pages_released = self.defrag(usize::MAX);
+        if self.growth != Growth::OnDemand {
+            // In reserve mode frees leave empty arenas mapped; a compaction gives them back.
+            let unmapped = (self.unmap_empty(self.reserve_arenas) * ARENA_PAGES) as u64;
+            self.pages_released.fetch_add(unmapped, Ordering::Relaxed);
+            pages_released += unmapped;
+        }
         CompactStats {
             pages_freed,
             pages_released,
@@ -865,8 +1051,10 @@ impl Pool {
     fn maybe_defrag(&self) {
         let fragmented = {
             let a = self.arenas.lock();
-            let slack = a.mapped_pages() - a.used_pages();
-            slack >= 2 * ARENA_PAGES && slack * 8 >= a.mapped_pages()
+            // Free pages inside partly used arenas; empty ones are the reserve, not fragmentation.
+            let in_use = a.mapped_pages() - a.empty_arenas() * ARENA_PAGES;
+            let slack = in_use - a.used_pages();
+            slack >= 2 * ARENA_PAGES && slack * 8 >= in_use
         };
         if fragmented {
             self.defrag(AUTO_DEFRAG_MOVES);
@@ -926,14 +1114,19 @@ impl Pool {
             object_bytes += c.object_bytes as u64;
             metadata += c.metadata_bytes();
         }
-        let (pages_mapped, arena_meta) = {
+        let (pages_mapped, pages_reserved, arena_meta) = {
             let a = self.arenas.lock();
-            (a.mapped_pages() as u64, a.metadata_bytes())
+            (
+                a.mapped_pages() as u64,
+                (a.empty_arenas() * ARENA_PAGES) as u64,
+                a.metadata_bytes(),
+            )
         };
         PoolStats {
             pages_used: self.pages_used.load(Ordering::Relaxed),
             max_pages_used: self.max_pages_used.load(Ordering::Relaxed),
             pages_mapped,
+            pages_reserved,
             pages_compacted: self.pages_compacted.load(Ordering::Relaxed),
             pages_released: self.pages_released.load(Ordering::Relaxed),
             objects,

@@ -1,8 +1,11 @@
 //! The pool against a model: proptest sequences, the memory limit, compaction, and the fuzz corpus.
 
 use proptest::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use uzram_allocator::fuzzing::{pattern, run_ops, PoolOp};
-use uzram_allocator::{Error, Pool, PoolConfig, PAGE_SIZE};
+
+use uzram_allocator::{Error, Growth, Pool, PoolConfig, ARENA_PAGES, PAGE_SIZE};
 
 fn op() -> impl Strategy<Value = PoolOp> {
     prop_oneof![
@@ -15,6 +18,7 @@ fn op() -> impl Strategy<Value = PoolOp> {
         1 => Just(PoolOp::Compact),
         1 => proptest::option::of(any::<u8>()).prop_map(|pages| PoolOp::SetLimit { pages }),
         1 => any::<u64>().prop_map(|raw| PoolOp::Bogus { raw }),
+        1 => Just(PoolOp::Maintain),
     ]
 }
 
@@ -22,8 +26,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn pool_matches_model(ops in proptest::collection::vec(op(), 1..600), chain in 1usize..=16) {
-        run_ops(&ops, chain);
+    fn pool_matches_model(
+        ops in proptest::collection::vec(op(), 1..600),
+        chain in 1usize..=16,
+        reserve in any::<bool>(),
+    ) {
+        run_ops(&ops, chain, reserve);
     }
 }
 
@@ -166,4 +174,126 @@ fn fuzz_corpus_replays() {
         n += 1;
     }
     assert!(n > 0, "no corpus files in {}", dir.display());
+}
+
+/// Reserve mode: writers on several threads never map memory themselves; a maintenance thread
+/// maps every arena they use, and gives back what frees leave empty. Counted exactly: every
+/// arena mapped is the initial reserve or one `maintain` mapped.
+#[test]
+fn reserve_mode_maps_only_in_maintenance() {
+    const RESERVE: usize = 4;
+    let pool = Pool::new(PoolConfig {
+        reserve_arenas: RESERVE,
+        growth: Growth::Reserve {
+            wait: Duration::from_secs(10),
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(pool.stats().pages_mapped, (RESERVE * ARENA_PAGES) as u64);
+    let stop = AtomicBool::new(false);
+    let (mapped, unmapped, live) = std::thread::scope(|s| {
+        let maintenance = s.spawn(|| {
+            let (mut mapped, mut unmapped) = (0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                pool.wait_for_maintenance(Duration::from_millis(5));
+                let done = pool.maintain().unwrap();
+                mapped += done.arenas_mapped;
+                unmapped += done.arenas_unmapped;
+            }
+            (mapped, unmapped)
+        });
+        let writers: Vec<_> = (0..3u8)
+            .map(|t| {
+                let pool = &pool;
+                s.spawn(move || {
+                    (0..6000u32)
+                        .map(|i| {
+                            let data = pattern(
+                                t.wrapping_mul(31).wrapping_add(i as u8),
+                                1500 + (i as usize * 53) % 2500,
+                            );
+                            (
+                                pool.store(&data).expect("store waits for the reserve"),
+                                data,
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let live: Vec<_> = writers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        let (mapped, unmapped) = maintenance.join().unwrap();
+        (mapped, unmapped, live)
+    });
+    let s = pool.stats();
+    assert!(
+        mapped >= 10,
+        "the writers' ~40 MiB came from maintenance: {mapped} arenas"
+    );
+    assert_eq!(
+        s.pages_mapped,
+        ((RESERVE + mapped - unmapped) * ARENA_PAGES) as u64,
+        "an arena was mapped outside maintenance"
+    );
+    for (h, data) in &live {
+        assert_eq!(&pool.read(*h, |o| o.to_vec()).unwrap(), data);
+    }
+    pool.check_invariants().unwrap();
+    // Frees leave arenas mapped; maintenance unmaps beyond twice the reserve, compaction down to it.
+    for (h, _) in live {
+        pool.free(h).unwrap();
+    }
+    let before = pool.stats().pages_mapped;
+    let done = pool.maintain().unwrap();
+    assert_eq!(
+        pool.stats().pages_mapped,
+        (2 * RESERVE * ARENA_PAGES) as u64,
+        "{done:?}, {before} pages mapped before"
+    );
+    pool.compact();
+    assert_eq!(pool.stats().pages_mapped, (RESERVE * ARENA_PAGES) as u64);
+    pool.check_invariants().unwrap();
+}
+
+/// Reserve mode with nobody maintaining: a store waits its bounded time, then fails cleanly.
+#[test]
+fn reserve_mode_fails_after_its_wait_and_keeps_everything() {
+    let pool = Pool::new(PoolConfig {
+        reserve_arenas: 1,
+        growth: Growth::Reserve {
+            wait: Duration::from_millis(50),
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let mut live = Vec::new();
+    let t0 = Instant::now();
+    let err = loop {
+        let data = pattern(live.len() as u8, 3000);
+        match pool.store(&data) {
+            Ok(h) => live.push((h, data)),
+            Err(e) => break e,
+        }
+        assert!(live.len() < 10_000, "never ran out");
+    };
+    match err {
+        Error::ReserveExhausted { waited_ms } => assert!(waited_ms >= 50, "waited {waited_ms} ms"),
+        e => panic!("{e}"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(50));
+    // One arena of 2 MiB holds 3000-byte objects at about 1.36 per page.
+    assert!(live.len() > 600, "{} objects in one arena", live.len());
+    assert_eq!(pool.stats().pages_mapped, ARENA_PAGES as u64);
+    for (h, data) in &live {
+        assert_eq!(&pool.read(*h, |o| o.to_vec()).unwrap(), data);
+    }
+    // After maintenance the same store goes through.
+    pool.maintain().unwrap();
+    pool.store(&pattern(0, 3000)).unwrap();
+    pool.check_invariants().unwrap();
 }
