@@ -181,6 +181,10 @@ struct ReserveSignal {
 struct ReserveState {
     needed: bool,
     refills: u64,
+    /// `refills` when a wait last timed out: until the next refill, allocations that find no
+    /// room fail at once instead of each waiting out its time (a queue of writes would otherwise
+    /// wait one after another).
+    starved_at: Option<u64>,
 }
 
 impl ReserveSignal {
@@ -874,7 +878,8 @@ impl Pool {
         }
     }
 
-    /// Waits until an empty arena is there or `deadline` passes; false if it passed.
+    /// Waits until an empty arena is there or `deadline` passes; false if it passed, or if an
+    /// earlier wait timed out and no refill came since.
     fn wait_for_refill(&self, deadline: Instant) -> bool {
         let mut st = self.signal.state.lock();
         loop {
@@ -885,13 +890,20 @@ impl Pool {
             }
             st.needed = true;
             self.signal.need.notify_one();
+            if st.starved_at == Some(st.refills) {
+                return false;
+            }
             if self
                 .signal
                 .refilled
                 .wait_until(&mut st, deadline)
                 .timed_out()
             {
-                return self.arenas.lock().empty_arenas() > 0;
+                if self.arenas.lock().empty_arenas() > 0 {
+                    return true;
+                }
+                st.starved_at = Some(st.refills);
+                return false;
             }
         }
     }

@@ -286,6 +286,17 @@ fn reserve_mode_fails_after_its_wait_and_keeps_everything() {
         e => panic!("{e}"),
     }
     assert!(t0.elapsed() >= Duration::from_millis(50));
+    // Until a refill comes, the next store that finds no room fails without waiting again.
+    let t1 = Instant::now();
+    assert!(matches!(
+        pool.store(&pattern(1, 3000)),
+        Err(Error::ReserveExhausted { .. })
+    ));
+    assert!(
+        t1.elapsed() < Duration::from_millis(40),
+        "waited again: {:?}",
+        t1.elapsed()
+    );
     // One arena of 2 MiB holds 3000-byte objects at about 1.36 per page.
     assert!(live.len() > 600, "{} objects in one arena", live.len());
     assert_eq!(pool.stats().pages_mapped, ARENA_PAGES as u64);
