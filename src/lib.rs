@@ -24,21 +24,24 @@
 //! # Ok::<(), uzram::Error>(())
 //! ```
 
+pub mod attrs;
 pub mod bench;
 pub mod cli;
+pub mod control;
 pub mod corpus;
 pub mod device;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod pagedump;
+pub mod pin;
 mod size;
 #[cfg(feature = "ublk")]
 pub mod ublk;
 
 pub use device::{
-    Device, DeviceConfig, DeviceSetup, DeviceStats, IoContext, IoStat, MmStat, PageIndex,
-    SlotFlags, SlotState, PAGE_SIZE, SECTOR_SIZE,
+    Device, DeviceConfig, DeviceSetup, DeviceStats, Growth, IoContext, IoStat, Maintenance, MmStat,
+    PageIndex, SlotFlags, SlotState, PAGE_SIZE, SECTOR_SIZE,
 };
 pub use error::Error;
 pub use size::{format_size, parse_size};

@@ -23,8 +23,14 @@ const PR_SET_IO_FLUSHER: libc::c_int = 57;
 /// `prctl(PR_GET_IO_FLUSHER)`.
 const PR_GET_IO_FLUSHER: libc::c_int = 58;
 
-/// Largest I/O the device takes: 512 KiB. Buffers are mlocked: queues x depth x this.
-pub const MAX_IO_BYTES: u32 = 512 << 10;
+/// Largest I/O the device takes: 128 KiB. Each tag of each queue has a buffer this large, locked
+/// in RAM: 2 queues x depth 64 x 128 KiB = 16 MiB. Swap writes pages one folio at a time and the
+/// block layer merges neighbours up to this size; larger requests would only cost locked memory.
+pub const MAX_IO_BYTES: u32 = 128 << 10;
+/// Longest a write waits for the memory thread to refill the pool's reserve before it fails
+/// with ENOMEM (swap then keeps the page and retries it later).
+const RESERVE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Default queue depth.
 pub const DEFAULT_DEPTH: u16 = 64;
 
@@ -48,7 +54,7 @@ pub struct ServeArgs {
     pub depth: u16,
     /// Pool memory to map (and lock) up front and keep mapped, so that swap-out does not have to
     /// ask the kernel for memory while it is short of it
-    #[arg(long, value_name = "SIZE", default_value = "64M")]
+    #[arg(long, value_name = "SIZE", default_value = "16M")]
     pub reserve: String,
     /// Device id N for /dev/ublkbN (default: the first free one)
     #[arg(long)]
@@ -103,13 +109,18 @@ fn io_flusher() -> Result<(), ServeError> {
     Ok(())
 }
 
+/// Locks every page the process has now, and every page it touches later (`MCL_ONFAULT`: new
+/// mappings are locked as they are faulted in, not populated by `mmap` itself, which would hold
+/// the process's `mmap_lock` while the kernel allocates; see ARCHITECTURE.md, "Safe to hold swap").
 fn pin_memory() -> Result<(), ServeError> {
-    // SAFETY: mlockall takes flags only; the result is checked.
-    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
-        return Err(ServeError::Setup {
-            what: "lock the daemon's memory (mlockall); raise RLIMIT_MEMLOCK or run as root",
-            source: std::io::Error::last_os_error(),
-        });
+    for flags in [libc::MCL_CURRENT, libc::MCL_FUTURE | libc::MCL_ONFAULT] {
+        // SAFETY: mlockall takes flags only; the result is checked.
+        if unsafe { libc::mlockall(flags) } != 0 {
+            return Err(ServeError::Setup {
+                what: "lock the daemon's memory (mlockall); raise RLIMIT_MEMLOCK or run as root",
+                source: std::io::Error::last_os_error(),
+            });
+        }
     }
     std::fs::write("/proc/self/oom_score_adj", "-1000").map_err(|source| ServeError::Setup {
         what: "set oom_score_adj to -1000",
@@ -163,7 +174,9 @@ fn op_slot(op: u32) -> usize {
 
 /// With `UZRAM_PROGRESS_SECS=N`, a thread that writes the request counters to the kernel log
 /// every N seconds: a diagnostic for stalls, readable even when user space is stuck on memory
-/// (the daemon is mlocked, and /dev/kmsg lands in the console).
+/// (it takes no lock and allocates nothing in its loop, and /dev/kmsg lands in the console).
+/// With `UZRAM_STALL_SYSRQ=1` as well, a request that makes no progress for 20 s makes it ask
+/// the kernel for the stacks of blocked tasks and of all tasks (sysrq `w` and `t`), once per stall.
 fn progress_log(device: Arc<Device>) {
     let Some(secs) = std::env::var("UZRAM_PROGRESS_SECS")
         .ok()
@@ -172,31 +185,97 @@ fn progress_log(device: Arc<Device>) {
     else {
         return;
     };
+    let sysrq = std::env::var_os("UZRAM_STALL_SYSRQ").is_some();
     std::thread::spawn(move || {
+        use std::io::Read;
         let Ok(mut kmsg) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") else {
             return;
         };
+        let mut sysrq = sysrq
+            .then(|| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/proc/sysrq-trigger")
+                    .ok()
+            })
+            .flatten();
+        let mut line = [0u8; 512];
+        let mut status = [0u8; 4096];
+        let (mut last_finished, mut stalled_secs, mut dumped) = (0, 0, false);
         loop {
             std::thread::sleep(std::time::Duration::from_secs(secs));
-            let count = |c: &[AtomicU64; 5]| {
-                c.iter()
-                    .map(|a| a.load(Ordering::Relaxed).to_string())
-                    .collect::<Vec<_>>()
-                    .join("/")
-            };
-            let mm = device.stats().mm;
-            // /dev/kmsg makes one record of each write(2), so format first and write once;
-            // "<3>" (error level) so that it reaches the console.
-            let line = format!(
-                "<3>uzram: requests read/write/flush/discard/other started {} finished {}, stored {} B, pool {} B\n",
-                count(&STARTED),
-                count(&FINISHED),
-                mm.orig_data_size,
-                mm.mem_used_total
+            let sum = |c: &[AtomicU64; 5]| c.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
+            let (started, finished) = (sum(&STARTED), sum(&FINISHED));
+            if started != finished && finished == last_finished {
+                stalled_secs += secs;
+            } else {
+                (stalled_secs, dumped) = (0, false);
+            }
+            last_finished = finished;
+            let (orig, used) = device.usage();
+            let n = std::fs::File::open("/proc/self/status")
+                .and_then(|mut f| f.read(&mut status))
+                .unwrap_or(0);
+            let rss = status_field(&status[..n], b"VmRSS:");
+            let mut w = std::io::Cursor::new(&mut line[..]);
+            // "<3>" (error level) so that it reaches the console; one write(2) per record.
+            let _ = write!(
+                w,
+                "<3>uzram: requests read/write/flush/discard/other started"
             );
-            let _ = kmsg.write_all(line.as_bytes());
+            for (i, c) in STARTED.iter().enumerate() {
+                let _ = write!(
+                    w,
+                    "{}{}",
+                    if i == 0 { " " } else { "/" },
+                    c.load(Ordering::Relaxed)
+                );
+            }
+            let _ = write!(w, " finished");
+            for (i, c) in FINISHED.iter().enumerate() {
+                let _ = write!(
+                    w,
+                    "{}{}",
+                    if i == 0 { " " } else { "/" },
+                    c.load(Ordering::Relaxed)
+                );
+            }
+            let _ = writeln!(
+                w,
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, heap top {} kB{}",
+                rss,
+                crate::pin::last_heap_top() >> 10,
+                if stalled_secs > 0 {
+                    ", NO PROGRESS"
+                } else {
+                    ""
+                }
+            );
+            let len = w.position() as usize;
+            let _ = kmsg.write_all(&line[..len]);
+            if stalled_secs >= 20 && !dumped {
+                if let Some(t) = sysrq.as_mut() {
+                    // "8": console log level 8 first, or the dumps stay out of the console.
+                    for cmd in [b"8", b"w", b"t"] {
+                        let _ = t.write_all(cmd);
+                    }
+                }
+                dumped = true;
+            }
         }
     });
+}
+
+/// The number after `name` in /proc/self/status's text (0 if absent).
+fn status_field(status: &[u8], name: &[u8]) -> u64 {
+    status
+        .split(|&b| b == b'\n')
+        .find_map(|l| l.strip_prefix(name))
+        .map_or(0, |rest| {
+            rest.iter()
+                .filter(|b| b.is_ascii_digit())
+                .fold(0, |n, &b| n * 10 + u64::from(b - b'0'))
+        })
 }
 
 /// Serves one request; returns the bytes done or a negative errno.
@@ -237,11 +316,41 @@ fn serve_one(
     }
 }
 
+/// The thread that keeps the pool's reserve filled: it maps memory the I/O threads then use
+/// without asking the kernel. Not an I/O flusher: it may wait for reclaim, write to swap and
+/// wake the OOM killer like any other allocation, while the I/O threads keep serving.
+fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
+    std::thread::Builder::new()
+        .name("uzram-memory".into())
+        .spawn(move || {
+            // SAFETY: prctl with integer arguments; clears the flag inherited from the main thread.
+            unsafe { libc::prctl(PR_SET_IO_FLUSHER, 0, 0, 0, 0) };
+            let mut last_report: Option<std::time::Instant> = None;
+            loop {
+                device.wait_for_maintenance(std::time::Duration::from_secs(1));
+                crate::pin::refill_heap();
+                if let Err(e) = device.maintain_memory() {
+                    if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
+                        eprintln!("uzram: cannot refill the pool's reserve: {e}");
+                        last_report = Some(std::time::Instant::now());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|source| ServeError::Setup {
+            what: "start the memory thread",
+            source,
+        })
+}
+
 fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
     if let Err(e) = io_flusher() {
         eprintln!("uzram: queue {qid}: {e}");
         return;
     }
+    crate::pin::prefault_stack();
     let mut ctx = match device.context() {
         Ok(ctx) => ctx,
         Err(e) => return eprintln!("uzram: queue {qid}: {e}"),
@@ -279,9 +388,11 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     if !Path::new("/dev/ublk-control").exists() {
         return Err(ServeError::NoDriver);
     }
+    crate::pin::tune_malloc();
     let mut setup = DeviceSetup::new();
     let reserve = crate::parse_size(&args.reserve)?;
     setup.set_pool_reserve(reserve);
+    setup.set_pool_growth(crate::Growth::Reserve { wait: RESERVE_WAIT });
     args.codec.apply(&mut setup)?;
     if let Some(l) = &args.mem_limit {
         setup.set_mem_limit(Some(crate::parse_size(l)?));
@@ -289,6 +400,8 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     let device = Arc::new(setup.init(crate::parse_size(&args.size)?)?);
     let signals = block_stop_signals()?;
     pin_memory()?;
+    crate::pin::refill_heap();
+    memory_thread(Arc::clone(&device))?;
     progress_log(Arc::clone(&device));
     io_flusher()?;
     let queues = args.queues.unwrap_or_else(|| {

@@ -10,6 +10,7 @@ mod stats;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+pub use uzram_allocator::{Growth, Maintenance};
 use uzram_allocator::{Handle, Pool, PoolConfig};
 use uzram_codecs::{Algorithm, AlgorithmParams, Codec, CodecParams, Stream, MAX_COMPRESSED_LEN};
 
@@ -110,6 +111,13 @@ impl DeviceSetup {
     pub fn set_pool_reserve(&mut self, bytes: u64) {
         let arena = (uzram_allocator::ARENA_PAGES * PAGE_SIZE) as u64;
         self.config.pool.reserve_arenas = bytes.div_ceil(arena).max(1) as usize;
+    }
+
+    /// How the pool gets memory: on demand (the default, for embedders), or from a reserve that
+    /// a maintenance thread keeps filled ([`Device::maintain_memory`]), so that the I/O path never
+    /// maps memory itself: what a swap device's daemon needs.
+    pub fn set_pool_growth(&mut self, growth: Growth) {
+        self.config.pool.growth = growth;
     }
 
     /// The configuration so far.
@@ -260,20 +268,30 @@ impl Device {
         &self.pool
     }
 
-    /// A context for one I/O thread.
+    /// A context for one I/O thread. Every stream compresses and decompresses one page before
+    /// it is returned, so that codecs that allocate their work memory lazily (zstd) have done so:
+    /// the I/O path then runs on memory it already holds.
     pub fn context(&self) -> Result<IoContext, Error> {
         let streams = self
             .codecs
             .iter()
             .map(Codec::stream)
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(IoContext {
+        let mut ctx = IoContext {
             device: self.id,
             shard: self.next_shard.fetch_add(1, Ordering::Relaxed),
             streams,
             buf: vec![0; MAX_COMPRESSED_LEN].into_boxed_slice(),
             page: Box::new([0; PAGE_SIZE]),
-        })
+        };
+        let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
+        for stream in &mut ctx.streams {
+            ctx.page.copy_from_slice(&sample);
+            if let Ok(n) = stream.compress(&ctx.page, &mut ctx.buf) {
+                let _ = stream.decompress(&ctx.buf[..n], &mut ctx.page);
+            }
+        }
+        Ok(ctx)
     }
 
     /// Gives `ctx` streams for this device if it was made for another one.
@@ -527,9 +545,31 @@ impl Device {
         self.pool.reset_max_used();
     }
 
+    /// The maintenance of a [`Growth::Reserve`] pool: maps arenas into the reserve and unmaps
+    /// surplus empty ones, outside the I/O path's locks. Call it from a thread that may wait for
+    /// reclaim, after [`Device::wait_for_maintenance`].
+    pub fn maintain_memory(&self) -> Result<Maintenance, Error> {
+        self.pool.maintain().map_err(Error::OutOfMemory)
+    }
+
+    /// Blocks until an I/O asks for pool memory or `timeout` passes.
+    pub fn wait_for_maintenance(&self, timeout: std::time::Duration) -> bool {
+        self.pool.wait_for_maintenance(timeout)
+    }
+
     /// zram's `compact`: compacts the pool. Returns pages freed.
     pub fn compact(&self) -> u64 {
         self.pool.compact().pages_freed
+    }
+
+    /// zram's `orig_data_size` and `mem_used_total`, read without taking any lock (for a
+    /// watchdog that must keep reporting while the I/O path is stuck).
+    pub fn usage(&self) -> (u64, u64) {
+        let page = PAGE_SIZE as u64;
+        (
+            self.counters.totals().pages_stored * page,
+            self.pool.pages_used() * page,
+        )
     }
 
     /// Everything counted, at once.

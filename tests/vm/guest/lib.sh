@@ -160,7 +160,7 @@ uzram_begin() {
 uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
     uzram_reset
     : >/tmp/uzram-serve.out
-    UZRAM_PROGRESS_SECS=5 "$UZRAM_BIN" serve --size "$2" --algorithm "$1" >/tmp/uzram-serve.out 2>/tmp/uzram-serve.err &
+    UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" serve --size "$2" --algorithm "$1" >/tmp/uzram-serve.out 2>/tmp/uzram-serve.err &
     UZRAM_PID=$!
     _i=0
     while [ ! -s /tmp/uzram-serve.out ] && [ $_i -lt 120 ] && kill -0 $UZRAM_PID 2>/dev/null; do

@@ -1,0 +1,251 @@
+//! zram's sysfs attributes on a [`Device`]: the same names, the same value syntax, the same bytes
+//! out, and the same errno for the same mistake (`EACCES` for reading a write-only attribute,
+//! `EBUSY` for changing what only an uninitialised device can change, `EINVAL` for a bad value).
+//! The daemon serves them over its control socket (`uzram attr DEV NAME [VALUE]`); anything else
+//! that embeds a [`Device`] can serve them too.
+//!
+//! A uzram device is initialised when it is created (its size is given then), so it answers as an
+//! initialised zram device does. uzram's own figures live in `uzram_stat`, never appended to
+//! zram's attributes.
+
+use crate::{parse_size, Device};
+
+/// Who may do what with an attribute, as its sysfs mode says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read-only (0444).
+    Read,
+    /// Write-only (0200).
+    Write,
+    /// Both (0644).
+    ReadWrite,
+}
+
+/// The attributes uzram serves, with zram's modes. `reset` is the daemon's (it stops the device).
+pub const ATTRIBUTES: &[(&str, Access)] = &[
+    ("algorithm_params", Access::Write),
+    ("comp_algorithm", Access::ReadWrite),
+    ("compact", Access::Write),
+    ("debug_stat", Access::Read),
+    ("disksize", Access::ReadWrite),
+    ("initstate", Access::Read),
+    ("io_stat", Access::Read),
+    ("max_comp_streams", Access::ReadWrite),
+    ("mem_limit", Access::Write),
+    ("mem_used_max", Access::Write),
+    ("mm_stat", Access::Read),
+    ("reset", Access::Write),
+    ("uzram_stat", Access::Read),
+];
+
+/// Why an attribute access failed: an errno and what to tell the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct AttrError {
+    /// The errno zram's sysfs file would give.
+    pub errno: i32,
+    /// A sentence for the user.
+    pub message: String,
+}
+
+impl AttrError {
+    /// An error with `errno` and a message.
+    pub fn new(errno: i32, message: impl Into<String>) -> AttrError {
+        AttrError {
+            errno,
+            message: message.into(),
+        }
+    }
+}
+
+/// What the daemon knows that the engine does not.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonInfo {
+    /// Queues serving the device (zram's `max_comp_streams` reads the CPU count; uzram has one
+    /// stream per queue).
+    pub streams: usize,
+    /// The daemon's resident memory in bytes (everything it costs, pool, table and buffers).
+    pub rss_bytes: u64,
+    /// The daemon's process id.
+    pub pid: u32,
+}
+
+/// The access mode of `name`, or `ENOENT` as sysfs gives for a file that does not exist.
+pub fn access(name: &str) -> Result<Access, AttrError> {
+    ATTRIBUTES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, a)| a)
+        .ok_or_else(|| AttrError::new(libc::ENOENT, format!("no attribute {name:?}")))
+}
+
+/// Reads attribute `name`: exactly the bytes zram's sysfs file holds.
+pub fn read(device: &Device, info: &DaemonInfo, name: &str) -> Result<String, AttrError> {
+    if access(name)? == Access::Write {
+        return Err(AttrError::new(
+            libc::EACCES,
+            format!("{name} is write-only (as in zram)"),
+        ));
+    }
+    Ok(match name {
+        "comp_algorithm" => {
+            // zram lists every backend, the current one in brackets, each followed by a space.
+            let current = device.algorithm();
+            let mut out = String::new();
+            for a in uzram_codecs::Algorithm::ALL {
+                if *a == current {
+                    out.push_str(&format!("[{}] ", a.name()));
+                } else {
+                    out.push_str(&format!("{} ", a.name()));
+                }
+            }
+            out.push('\n');
+            out
+        }
+        // "version: 1", then a literal 0 (a removed counter) and miss_free, as Linux prints them.
+        "debug_stat" => format!("version: 1\n0 {:>8}\n", 0),
+        "disksize" => format!("{}\n", device.disksize()),
+        "initstate" => "1\n".to_string(),
+        "io_stat" => device.io_stat(),
+        "max_comp_streams" => format!("{}\n", info.streams),
+        "mm_stat" => device.mm_stat(),
+        "uzram_stat" => uzram_stat(device, info),
+        _ => unreachable!("every readable attribute is handled"),
+    })
+}
+
+/// uzram's own figures, one `key value` per line (bytes unless the name says otherwise).
+fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
+    let s = device.stats();
+    let mut out = String::new();
+    let mut line = |k: &str, v: u64| out.push_str(&format!("{k} {v}\n"));
+    line("pool_mapped", s.pool_mapped_bytes);
+    line("metadata", s.table_bytes);
+    line("daemon_rss", info.rss_bytes);
+    line("daemon_pid", u64::from(info.pid));
+    line("stored_pages", s.stored_pages);
+    line("huge_threshold", device.huge_threshold() as u64);
+    out
+}
+
+/// Writes `value` to attribute `name`, with zram's syntax and errors. `reset` is not handled
+/// here: the caller owns the device's life.
+pub fn write(device: &Device, name: &str, value: &str) -> Result<(), AttrError> {
+    if access(name)? == Access::Read {
+        return Err(AttrError::new(
+            libc::EACCES,
+            format!("{name} is read-only (as in zram)"),
+        ));
+    }
+    let value = value.trim();
+    match name {
+        "compact" => {
+            device.compact();
+        }
+        "mem_limit" => {
+            let bytes =
+                parse_size(value).map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?;
+            device.set_mem_limit(Some(bytes));
+        }
+        "mem_used_max" => {
+            // zram takes only 0: reset the high watermark to the current use.
+            if value.parse::<u64>() != Ok(0) {
+                return Err(AttrError::new(
+                    libc::EINVAL,
+                    format!("mem_used_max takes only 0 (got {value:?})"),
+                ));
+            }
+            device.reset_mem_used_max();
+        }
+        // zram ignores writes to max_comp_streams since Linux 4.7; so does uzram (its streams
+        // are its queues, fixed when the device is created).
+        "max_comp_streams" => {
+            value
+                .parse::<u64>()
+                .map_err(|_| AttrError::new(libc::EINVAL, format!("not a number: {value:?}")))?;
+        }
+        "disksize" | "comp_algorithm" | "algorithm_params" => {
+            return Err(AttrError::new(
+                libc::EBUSY,
+                format!(
+                    "{name} cannot change on an initialised device (as in zram): reset it and create it again"
+                ),
+            ));
+        }
+        "reset" => {
+            return Err(AttrError::new(
+                libc::EINVAL,
+                "reset is the daemon's to do (uzram --reset DEVICE)",
+            ))
+        }
+        _ => unreachable!("every writable attribute is handled"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeviceSetup;
+
+    fn device() -> Device {
+        DeviceSetup::new().init(16 << 20).unwrap()
+    }
+
+    #[test]
+    fn reads_are_zrams_bytes() {
+        let d = device();
+        let info = DaemonInfo {
+            streams: 2,
+            ..Default::default()
+        };
+        assert_eq!(read(&d, &info, "disksize").unwrap(), "16777216\n");
+        assert_eq!(read(&d, &info, "initstate").unwrap(), "1\n");
+        assert_eq!(read(&d, &info, "comp_algorithm").unwrap(), "[lz4] zstd \n");
+        assert_eq!(read(&d, &info, "max_comp_streams").unwrap(), "2\n");
+        assert_eq!(
+            read(&d, &info, "mm_stat").unwrap(),
+            "       0        0        0        0        0        0        0        0        0\n"
+        );
+        assert_eq!(
+            read(&d, &info, "io_stat").unwrap(),
+            "       0        0 0        0\n"
+        );
+        assert_eq!(
+            read(&d, &info, "debug_stat").unwrap(),
+            "version: 1\n0        0\n"
+        );
+    }
+
+    #[test]
+    fn modes_and_values_fail_as_zram_does() {
+        let d = device();
+        let info = DaemonInfo::default();
+        assert_eq!(
+            read(&d, &info, "mem_limit").unwrap_err().errno,
+            libc::EACCES
+        );
+        assert_eq!(read(&d, &info, "nope").unwrap_err().errno, libc::ENOENT);
+        assert_eq!(write(&d, "mm_stat", "1").unwrap_err().errno, libc::EACCES);
+        assert_eq!(
+            write(&d, "mem_used_max", "1").unwrap_err().errno,
+            libc::EINVAL
+        );
+        assert_eq!(
+            write(&d, "mem_limit", "lots").unwrap_err().errno,
+            libc::EINVAL
+        );
+        assert_eq!(write(&d, "disksize", "1G").unwrap_err().errno, libc::EBUSY);
+        assert_eq!(
+            write(&d, "comp_algorithm", "zstd").unwrap_err().errno,
+            libc::EBUSY
+        );
+        // mem_limit takes effect: mm_stat's fourth column.
+        write(&d, "mem_limit", "2M").unwrap();
+        let mm = read(&d, &info, "mm_stat").unwrap();
+        assert_eq!(mm.split_whitespace().nth(3), Some("2097152"), "{mm}");
+        write(&d, "mem_used_max", "0").unwrap();
+        write(&d, "compact", "1").unwrap();
+        write(&d, "max_comp_streams", "4").unwrap();
+    }
+}

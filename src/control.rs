@@ -1,0 +1,335 @@
+//! The daemon's control socket: how `uzram attr`, `uzram --reset` and the device listing talk to
+//! the daemon that serves a device.
+//!
+//! One Unix stream socket per device, `/run/uzram/ublkbN.sock`, mode 0666: like sysfs, reading is
+//! open to every local user (monitoring runs unprivileged) and every change needs root, checked
+//! per request from the peer's credentials (`SO_PEERCRED`), never from anything the client says.
+//!
+//! The protocol is one request per connection, one line of text (at most [`MAX_REQUEST`] bytes):
+//! `read NAME`, `write NAME VALUE`, `info` or `reset`. The reply is `ok` or `err ERRNO`, a
+//! newline, then the body (the attribute's bytes, or the error's message). A malformed request
+//! gets an `err` reply; a client that sends nothing is dropped after [`IO_TIMEOUT`].
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::attrs::AttrError;
+
+/// Where the daemons' sockets live.
+pub const RUN_DIR: &str = "/run/uzram";
+/// Longest request line.
+pub const MAX_REQUEST: usize = 4096;
+/// How long either side waits for the other.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The socket of device `id`.
+pub fn socket_path(id: u32) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("ublkb{id}.sock"))
+}
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Read an attribute.
+    Read(String),
+    /// Write an attribute (root only).
+    Write(String, String),
+    /// The figures the listing shows, `key=value` lines.
+    Info,
+    /// Stop and delete the device (root only); refused while it is in use.
+    Reset,
+}
+
+impl Request {
+    /// The request's line, without the newline.
+    pub fn encode(&self) -> String {
+        match self {
+            Request::Read(n) => format!("read {n}"),
+            Request::Write(n, v) => format!("write {n} {v}"),
+            Request::Info => "info".into(),
+            Request::Reset => "reset".into(),
+        }
+    }
+
+    /// Parses a request line (without its newline).
+    pub fn decode(line: &str) -> Result<Request, AttrError> {
+        let bad = || AttrError::new(libc::EINVAL, format!("malformed request {line:?}"));
+        let name_ok =
+            |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+        let (verb, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match verb {
+            "read" if name_ok(rest) => Ok(Request::Read(rest.into())),
+            "write" => {
+                let (name, value) = rest.split_once(' ').unwrap_or((rest, ""));
+                if name_ok(name) {
+                    Ok(Request::Write(name.into(), value.into()))
+                } else {
+                    Err(bad())
+                }
+            }
+            "info" if rest.is_empty() => Ok(Request::Info),
+            "reset" if rest.is_empty() => Ok(Request::Reset),
+            _ => Err(bad()),
+        }
+    }
+
+    /// Whether only root may make this request.
+    pub fn needs_root(&self) -> bool {
+        matches!(self, Request::Write(..) | Request::Reset)
+    }
+}
+
+/// Who is on the other end of a connection, from the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Process id.
+    pub pid: i32,
+    /// User id.
+    pub uid: u32,
+}
+
+/// The peer's credentials (`SO_PEERCRED`).
+pub fn peer(stream: &UnixStream) -> std::io::Result<Peer> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is a live socket.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Peer {
+        pid: cred.pid,
+        uid: cred.uid,
+    })
+}
+
+/// Serves requests on `listener` until it fails; each connection is read, answered and closed
+/// before the next. `handle` answers a request that passed the permission check.
+pub fn serve(
+    listener: &UnixListener,
+    mut handle: impl FnMut(&Request) -> Result<String, AttrError>,
+) {
+    for conn in listener.incoming() {
+        let Ok(mut stream) = conn else { continue };
+        let reply = answer(&stream, &mut handle);
+        let text = match reply {
+            Ok(body) => format!("ok\n{body}"),
+            Err(e) => format!("err {}\n{}", e.errno, e.message),
+        };
+        let _ = stream.write_all(text.as_bytes());
+        // Drain what the client sent beyond the request (bounded), so that closing with unread
+        // bytes does not reset the connection before the client has read the reply.
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let _ = std::io::copy(&mut (&stream).take(1 << 16), &mut std::io::sink());
+    }
+}
+
+fn answer(
+    stream: &UnixStream,
+    handle: &mut impl FnMut(&Request) -> Result<String, AttrError>,
+) -> Result<String, AttrError> {
+    let io_err = |e: std::io::Error| AttrError::new(libc::EIO, format!("control socket: {e}"));
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io_err)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io_err)?;
+    let who = peer(stream).map_err(io_err)?;
+    let mut line = Vec::new();
+    BufReader::new(stream.take(MAX_REQUEST as u64 + 1))
+        .read_until(b'\n', &mut line)
+        .map_err(io_err)?;
+    if line.last() != Some(&b'\n') {
+        return Err(AttrError::new(
+            libc::EINVAL,
+            format!("request not a line of at most {MAX_REQUEST} bytes"),
+        ));
+    }
+    line.pop();
+    let text = std::str::from_utf8(&line)
+        .map_err(|_| AttrError::new(libc::EINVAL, "request is not UTF-8"))?;
+    let request = Request::decode(text)?;
+    if request.needs_root() && who.uid != 0 {
+        return Err(AttrError::new(
+            libc::EPERM,
+            format!("{} needs root (you are uid {})", request.encode(), who.uid),
+        ));
+    }
+    handle(&request)
+}
+
+/// Why a request could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No daemon listens on the socket (none was ever there, or it died).
+    #[error("no daemon answers on {path}: {source}")]
+    NoDaemon {
+        /// The socket.
+        path: PathBuf,
+        /// What connect said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon refused or failed the request.
+    #[error("{0}")]
+    Refused(AttrError),
+    /// The conversation broke off.
+    #[error("talking to the daemon on {path}: {source}")]
+    Io {
+        /// The socket.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Sends `request` to the daemon of device `id` and returns the reply's body.
+pub fn call(id: u32, request: &Request) -> Result<String, CallError> {
+    call_at(&socket_path(id), request)
+}
+
+/// [`call`] on a given socket path.
+pub fn call_at(path: &Path, request: &Request) -> Result<String, CallError> {
+    let mut stream = UnixStream::connect(path).map_err(|source| CallError::NoDaemon {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let io = |source| CallError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    stream
+        .write_all(format!("{}\n", request.encode()).as_bytes())
+        .map_err(io)?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).map_err(io)?;
+    let (status, body) = reply.split_once('\n').unwrap_or((&reply, ""));
+    if status == "ok" {
+        return Ok(body.to_string());
+    }
+    let errno = status
+        .strip_prefix("err ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(libc::EIO);
+    Err(CallError::Refused(AttrError::new(errno, body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_garbage_is_refused() {
+        for r in [
+            Request::Read("mm_stat".into()),
+            Request::Write("mem_limit".into(), "2G".into()),
+            Request::Write("compact".into(), "".into()),
+            Request::Info,
+            Request::Reset,
+        ] {
+            assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+        }
+        for bad in [
+            "",
+            "read",
+            "read ../etc",
+            "read MM",
+            "info x",
+            "frob mm_stat",
+            "write",
+        ] {
+            assert_eq!(
+                Request::decode(bad).unwrap_err().errno,
+                libc::EINVAL,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_socket_answers_reads_and_refuses_malformed_requests() {
+        let dir = std::env::temp_dir().join(format!("uzram-control-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            serve(&listener, |r| match r {
+                Request::Read(n) if n == "mm_stat" => Ok("1 2 3\n".into()),
+                Request::Read(n) => Err(AttrError::new(libc::ENOENT, format!("no {n}"))),
+                _ => Ok(String::new()),
+            })
+        });
+        assert_eq!(
+            call_at(&path, &Request::Read("mm_stat".into())).unwrap(),
+            "1 2 3\n"
+        );
+        match call_at(&path, &Request::Read("nope".into())) {
+            Err(CallError::Refused(e)) => {
+                assert_eq!((e.errno, e.message.as_str()), (libc::ENOENT, "no nope"))
+            }
+            r => panic!("{r:?}"),
+        }
+        // Raw garbage, an overlong line and a silent client: errors, and the server lives on.
+        for junk in [
+            &b"\xff\xfe\n"[..],
+            &vec![b'a'; MAX_REQUEST + 10][..],
+            b"read mm_stat",
+        ] {
+            let mut s = UnixStream::connect(&path).unwrap();
+            s.write_all(junk).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut reply = String::new();
+            s.read_to_string(&mut reply).unwrap();
+            assert!(reply.starts_with("err 22\n"), "{reply:?}");
+        }
+        // Writes need root; reads do not. As root, a thread drops to uid 65534 for itself alone
+        // (the raw syscall, not glibc's process-wide setresuid) to be the unprivileged client.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        // SAFETY: getuid has no preconditions.
+        if unsafe { libc::getuid() } == 0 {
+            let root = call_at(&path, &Request::Write("mem_limit".into(), "1G".into()));
+            assert!(root.is_ok(), "{root:?}");
+            let p = path.clone();
+            let (read, write) = std::thread::spawn(move || {
+                // SAFETY: changes this thread's credentials only; no memory is involved.
+                let r = unsafe { libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) };
+                assert_eq!(r, 0, "setresuid");
+                (
+                    call_at(&p, &Request::Read("mm_stat".into())),
+                    call_at(&p, &Request::Write("mem_limit".into(), "1G".into())),
+                )
+            })
+            .join()
+            .unwrap();
+            assert!(read.is_ok(), "{read:?}");
+            assert!(
+                matches!(write, Err(CallError::Refused(ref e)) if e.errno == libc::EPERM),
+                "{write:?}"
+            );
+        } else {
+            let w = call_at(&path, &Request::Write("mem_limit".into(), "1G".into()));
+            assert!(
+                matches!(w, Err(CallError::Refused(ref e)) if e.errno == libc::EPERM),
+                "{w:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
