@@ -29,10 +29,12 @@ pub mod bench;
 pub mod cli;
 pub mod control;
 pub mod corpus;
+pub mod ctl;
 pub mod device;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod listing;
 pub mod pagedump;
 pub mod pin;
 mod size;

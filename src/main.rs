@@ -1,22 +1,112 @@
-//! The `uzram` command line. Thin: parse arguments, call the library, map errors to exit codes.
+//! The `uzram` command line. Thin: parse arguments, call the library, map errors to exit codes
+//! (0 success, 1 failure, as zramctl's; a usage error is a failure too).
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use uzram::ctl::{self, CreateArgs, CtlError};
+
+const ABOUT: &str =
+    "Set up and control uzram devices: compressed RAM block devices served from userspace through \
+the kernel's ublk driver, driven like zramctl drives zram.";
+
+const AFTER_HELP: &str = "\
+Without arguments, uzram lists its devices (zramctl's columns).
+
+Examples:
+  uzram --find --size 4G --algorithm zstd      create a device; prints /dev/ublkbN once it serves
+  mkswap $(uzram -f -s 8G) && swapon ...       a swap device in one line
+  uzram --size 2G /dev/ublkb3                  create it as /dev/ublkb3
+  uzram                                        list devices (NAME ALGORITHM DISKSIZE DATA COMPR TOTAL STREAMS MOUNTPOINT)
+  uzram --output-all --bytes                   every column, sizes in bytes
+  uzram attr /dev/ublkb0 mm_stat               zram's attributes, byte for byte (reads open to all users)
+  uzram attr /dev/ublkb0 mem_limit 2G          changes need root
+  uzram --reset /dev/ublkb0                    stop and delete (refused while swap or mounted)
+
+ublk devices exist only once created (unlike hot-added zram devices): a device name given with
+--size is the id to create. Each device is served by a daemon (`uzram serve`, detached, logging to
+syslog or --log FILE) that holds its memory locked and is safe to hold swap.
+
+Exit status: 0 on success, 1 on failure.";
 
 #[derive(Parser)]
 #[command(
     name = "uzram",
     version,
-    about = "A compressed RAM block device served from userspace"
+    about = ABOUT,
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    #[command(flatten)]
+    ctl: CtlArgs,
+}
+
+/// zramctl's options.
+#[derive(Args, Debug)]
+struct CtlArgs {
+    /// Device(s): /dev/ublkbN (to create with --size, to reset, or to show)
+    #[arg(value_name = "DEVICE")]
+    devices: Vec<String>,
+    /// Create a device with the first free id
+    #[arg(short = 'f', long)]
+    find: bool,
+    /// Device size (zram's disksize syntax: 4G, 512M, bytes)
+    #[arg(short = 's', long, value_name = "SIZE")]
+    size: Option<String>,
+    /// Compression algorithm, by zram's name
+    #[arg(short = 'a', long, value_name = "ALGORITHM")]
+    algorithm: Option<String>,
+    /// zram's algorithm_params, e.g. "level=3" or "dict=/path/to/dict"
+    #[arg(short = 'p', long, value_name = "PARAMS")]
+    algorithm_params: Option<String>,
+    /// Number of compression streams (the daemon's I/O queues; default one per CPU)
+    #[arg(short = 't', long, value_name = "NUMBER")]
+    streams: Option<u16>,
+    /// zram's mem_limit for the new device
+    #[arg(long, value_name = "SIZE")]
+    mem_limit: Option<String>,
+    /// The new device's daemon appends its messages here (default: syslog)
+    #[arg(long, value_name = "FILE")]
+    log: Option<std::path::PathBuf>,
+    /// Reset (stop and delete) the given devices
+    #[arg(short = 'r', long)]
+    reset: bool,
+    /// Columns to list (comma-separated; see --list-columns)
+    #[arg(short = 'o', long, value_name = "LIST", value_delimiter = ',')]
+    output: Vec<String>,
+    /// List every column
+    #[arg(long)]
+    output_all: bool,
+    /// Print sizes in bytes rather than in human-readable form
+    #[arg(short = 'b', long)]
+    bytes: bool,
+    /// Do not print headings
+    #[arg(short = 'n', long)]
+    noheadings: bool,
+    /// Raw output: columns separated by one space
+    #[arg(long)]
+    raw: bool,
+    /// Print the available columns and what they show
+    #[arg(long)]
+    list_columns: bool,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Read or write a zram attribute of a device: mm_stat, io_stat, debug_stat, comp_algorithm,
+    /// disksize, initstate, max_comp_streams, mem_limit, mem_used_max, compact, reset, and
+    /// uzram's own uzram_stat. A read prints the attribute's exact bytes.
+    Attr {
+        /// The device, /dev/ublkbN
+        device: String,
+        /// The attribute
+        name: String,
+        /// The value to write (omit to read)
+        value: Option<String>,
+    },
     /// Measure the engine against the raw codec on realistic pages: write and read rates at 1 and
     /// N threads, and the memory it takes (mm_stat). Without --corpus or --pid it uses the
     /// checked-in sample, so it runs on any machine.
@@ -25,14 +115,14 @@ enum Command {
     /// access), for benchmarks and ratio tests on realistic pages.
     DumpPages(uzram::pagedump::DumpPagesArgs),
     /// Create /dev/ublkbN backed by the engine and serve it in the foreground until SIGTERM or
-    /// SIGINT (prints the device path once it serves I/O)
+    /// SIGINT (prints the device path once it serves I/O); `uzram --find` runs this detached
     #[cfg(feature = "ublk")]
     Serve(uzram::ublk::ServeArgs),
 }
 
 /// An error with its chain of sources, one line.
 fn report(e: &dyn std::error::Error) -> String {
-    let mut msg = format!("uzram: {e}");
+    let mut msg = format!("{e}");
     let mut source = e.source();
     while let Some(s) = source {
         msg.push_str(&format!(": {s}"));
@@ -41,9 +131,122 @@ fn report(e: &dyn std::error::Error) -> String {
     msg
 }
 
+type Outcome = Result<(), Box<dyn std::error::Error>>;
+
+fn zramctl(a: CtlArgs) -> Outcome {
+    if a.list_columns {
+        for c in uzram::listing::COLUMNS {
+            println!("{:>11}  {}", c.name, c.help);
+        }
+        return Ok(());
+    }
+    let ids = a
+        .devices
+        .iter()
+        .map(|d| ctl::parse_device(d))
+        .collect::<Result<Vec<u32>, CtlError>>()?;
+    if a.reset {
+        if ids.is_empty() {
+            return Err(CtlError("--reset needs the device(s) to reset".into()).into());
+        }
+        let mut failed = None;
+        for id in ids {
+            if let Err(e) = ctl::reset(id) {
+                eprintln!("uzram: {e}");
+                failed = Some(e);
+            }
+        }
+        return failed.map_or(Ok(()), |e| Err(e.into()));
+    }
+    if a.find || a.size.is_some() {
+        let Some(size) = a.size else {
+            return Err(CtlError(
+                "--find needs --size: a ublk device exists only once it is created with a size"
+                    .into(),
+            )
+            .into());
+        };
+        if ids.len() > 1 || (a.find && !ids.is_empty()) {
+            return Err(CtlError("give either --find or one device name to create".into()).into());
+        }
+        let path = ctl::create(&CreateArgs {
+            size,
+            algorithm: a.algorithm,
+            algorithm_params: a.algorithm_params,
+            streams: a.streams,
+            mem_limit: a.mem_limit,
+            id: ids.first().copied(),
+            log: a.log,
+        })?;
+        println!("{path}");
+        return Ok(());
+    }
+    if a.algorithm.is_some()
+        || a.algorithm_params.is_some()
+        || a.streams.is_some()
+        || a.mem_limit.is_some()
+    {
+        return Err(CtlError(
+            "--algorithm, --algorithm-params, --streams and --mem-limit apply to a new device: add --size (and --find or a device name)"
+                .into(),
+        )
+        .into());
+    }
+    let mut rows = ctl::devices();
+    if !ids.is_empty() {
+        for id in &ids {
+            if !rows.iter().any(|r| r.name == format!("/dev/ublkb{id}")) {
+                return Err(CtlError(format!("/dev/ublkb{id}: no such device")).into());
+            }
+        }
+        rows.retain(|r| ids.iter().any(|id| r.name == format!("/dev/ublkb{id}")));
+    }
+    for r in rows.iter().filter(|r| !r.live) {
+        eprintln!(
+            "uzram: {}: its daemon is dead (killed?); I/O to it fails; uzram --reset {} removes it",
+            r.name, r.name
+        );
+    }
+    let format = uzram::listing::Format {
+        bytes: a.bytes,
+        raw: a.raw,
+        noheadings: a.noheadings,
+    };
+    if !rows.is_empty() || !ids.is_empty() {
+        print!("{}", ctl::render(&rows, &a.output, a.output_all, format)?);
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let result: Result<(), Box<dyn std::error::Error>> = match Cli::parse().command {
-        Command::Bench(args) => uzram::bench::run(&args)
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let usage = e.use_stderr();
+            let _ = e.print();
+            // --help and --version succeed; a usage error fails with 1, as zramctl's.
+            return if usage {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    #[cfg(feature = "ublk")]
+    let detached = matches!(&cli.command, Some(Command::Serve(a)) if a.detached);
+    #[cfg(not(feature = "ublk"))]
+    let detached = false;
+    let result: Outcome = match cli.command {
+        None => zramctl(cli.ctl),
+        Some(Command::Attr {
+            device,
+            name,
+            value,
+        }) => ctl::parse_device(&device)
+            .and_then(|id| ctl::attr(id, &name, value.as_deref()))
+            .map(|out| print!("{out}"))
+            .map_err(Into::into),
+        Some(Command::Bench(args)) => uzram::bench::run(&args)
             .map(|r| {
                 if args.json {
                     println!("{}", r.to_json());
@@ -52,14 +255,21 @@ fn main() -> ExitCode {
                 }
             })
             .map_err(Into::into),
-        Command::DumpPages(args) => uzram::pagedump::run(&args).map_err(Into::into),
+        Some(Command::DumpPages(args)) => uzram::pagedump::run(&args).map_err(Into::into),
         #[cfg(feature = "ublk")]
-        Command::Serve(args) => uzram::ublk::serve(&args).map_err(Into::into),
+        Some(Command::Serve(args)) => uzram::ublk::serve(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{}", report(e.as_ref()));
+            let msg = report(e.as_ref());
+            if detached {
+                // `uzram --find` reads the daemon's stdout for its answer.
+                println!("error: {msg}");
+                #[cfg(feature = "ublk")]
+                uzram::ublk::log(&msg);
+            }
+            eprintln!("uzram: {msg}");
             ExitCode::FAILURE
         }
     }

@@ -59,6 +59,36 @@ pub struct ServeArgs {
     /// Device id N for /dev/ublkbN (default: the first free one)
     #[arg(long)]
     pub id: Option<i32>,
+    /// Append the daemon's messages to this file (default: stderr; with --detached, syslog)
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<std::path::PathBuf>,
+    /// Run as the background daemon of `uzram --find`: report the device path (or the error)
+    /// on stdout, then close it
+    #[arg(long, hide = true)]
+    pub detached: bool,
+}
+
+/// Where the daemon's messages go: stderr (a terminal, or the --log file it was pointed at),
+/// and syslog when detached without a --log file.
+static SYSLOG: std::sync::OnceLock<std::os::unix::net::UnixDatagram> = std::sync::OnceLock::new();
+
+/// Logs one message of the daemon.
+pub fn log(msg: &str) {
+    eprintln!("uzram: {msg}");
+    if let Some(sock) = SYSLOG.get() {
+        // RFC 3164 as syslogd and journald take it on /dev/log: <facility*8+severity>tag[pid]: msg
+        // (daemon facility 3, severity error 3).
+        let line = format!("<27>uzram[{}]: {msg}", std::process::id());
+        let _ = sock.send(line.as_bytes());
+    }
+}
+
+fn open_syslog() {
+    if let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() {
+        if sock.connect("/dev/log").is_ok() {
+            let _ = SYSLOG.set(sock);
+        }
+    }
 }
 
 /// Why serving failed.
@@ -331,7 +361,7 @@ fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 crate::pin::refill_heap();
                 if let Err(e) = device.maintain_memory() {
                     if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
-                        eprintln!("uzram: cannot refill the pool's reserve: {e}");
+                        log(&format!("cannot refill the pool's reserve: {e}"));
                         last_report = Some(std::time::Instant::now());
                     }
                     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -347,20 +377,20 @@ fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
 
 fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
     if let Err(e) = io_flusher() {
-        eprintln!("uzram: queue {qid}: {e}");
+        log(&format!("queue {qid}: {e}"));
         return;
     }
     crate::pin::prefault_stack();
     let mut ctx = match device.context() {
         Ok(ctx) => ctx,
-        Err(e) => return eprintln!("uzram: queue {qid}: {e}"),
+        Err(e) => return log(&format!("queue {qid}: {e}")),
     };
     let bufs = Rc::new(dev.alloc_queue_io_bufs());
     let queue = match UblkQueue::new(qid, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
     {
         Ok(q) => q,
-        Err(e) => return eprintln!("uzram: queue {qid}: {e}"),
+        Err(e) => return log(&format!("queue {qid}: {e}")),
     };
     let handler = move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
         let iod = q.get_iod(tag);
@@ -376,7 +406,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
             BufDesc::Slice(io_buf.as_slice()),
             Ok(UblkIORes::Result(res)),
         ) {
-            eprintln!("uzram: queue {qid}: completing tag {tag}: {e}");
+            log(&format!("queue {qid}: completing tag {tag}: {e}"));
         }
     };
     queue.wait_and_handle_io(handler);
@@ -387,6 +417,10 @@ fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
 pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     if !Path::new("/dev/ublk-control").exists() {
         return Err(ServeError::NoDriver);
+    }
+    let detached = args.detached;
+    if detached && args.log.is_none() {
+        open_syslog();
     }
     crate::pin::tune_malloc();
     let mut setup = DeviceSetup::new();
@@ -420,6 +454,10 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Ublk(format!("cannot add the device: {e}")))?;
     let id = ctrl.dev_info().dev_id;
     stop_on_signals(signals, id as i32);
+    if let Err(e) = control_thread(id, Arc::clone(&device), usize::from(queues)) {
+        let _ = ctrl.del_dev();
+        return Err(e);
+    }
     let disksize = device.disksize();
     let q_device = Arc::clone(&device);
     let served = ctrl.run_target(
@@ -432,13 +470,159 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
             disable_writeback_throttling(ctrl.dev_info().dev_id);
             println!("{}", ctrl.get_bdev_path());
             let _ = std::io::stdout().flush();
+            log(&format!("{} serving", ctrl.get_bdev_path()));
+            if detached {
+                // `uzram --find` has its answer: close its pipe.
+                redirect_stdout_to_null();
+            }
         },
     );
     // Delete the device whether serving ended by a signal or failed: never leave one behind.
     let _ = UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev());
+    let _ = std::fs::remove_file(crate::control::socket_path(id));
+    log(&format!("/dev/ublkb{id} deleted"));
     served
         .map(|_| ())
         .map_err(|e| ServeError::Ublk(format!("serving /dev/ublkb{id}: {e}")))
+}
+
+/// Why `/dev/ublkb{id}` cannot be reset now, if it cannot: it is swap, mounted, or held open
+/// exclusively by someone. Returns the exclusive claim it took when free, to hold while the
+/// device is stopped (no one can swapon or mount it meanwhile).
+pub fn claim_unused(id: u32) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let path = format!("/dev/ublkb{id}");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(&path);
+    let err = match file {
+        Ok(f) => return Ok(f),
+        Err(e) => e,
+    };
+    if err.raw_os_error() != Some(libc::EBUSY) {
+        return Err(format!("{path}: {err}"));
+    }
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    if swaps
+        .lines()
+        .skip(1)
+        .any(|l| l.split_whitespace().next() == Some(path.as_str()))
+    {
+        return Err(format!("{path} is in use as swap: swapoff {path} first"));
+    }
+    let rdev = std::fs::metadata(&path)
+        .ok()
+        .filter(|m| m.file_type().is_block_device())
+        .map(|m| m.rdev());
+    if let Some(rdev) = rdev {
+        let dev = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if let Some(point) = mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(2) == Some(&dev.as_str())).then(|| f.get(4).copied().unwrap_or("?").to_string())
+        }) {
+            return Err(format!("{path} is mounted on {point}: umount it first"));
+        }
+    }
+    Err(format!(
+        "{path} is in use (held open exclusively by another program)"
+    ))
+}
+
+/// Deletes device `id` whose daemon is gone (killed): what `uzram --reset` does for a dead
+/// device. The kernel has already stopped the disk; this removes the control device.
+pub fn remove_dead(id: u32) -> Result<(), ServeError> {
+    let ctrl = UblkCtrl::new_simple(id as i32)
+        .map_err(|e| ServeError::Ublk(format!("/dev/ublkc{id}: {e}")))?;
+    let _ = ctrl.kill_dev();
+    ctrl.del_dev()
+        .map(drop)
+        .map_err(|e| ServeError::Ublk(format!("deleting /dev/ublkc{id}: {e}")))?;
+    let _ = std::fs::remove_file(crate::control::socket_path(id));
+    Ok(())
+}
+
+/// Whether the kernel knows device `id` (its control device exists, live or dead).
+pub fn exists(id: u32) -> bool {
+    Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
+}
+
+/// The daemon's resident memory in bytes.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status_field(status.as_bytes(), b"VmRSS:") * 1024
+}
+
+/// Binds the control socket of device `id` and answers it from a thread.
+fn control_thread(id: u32, device: Arc<Device>, streams: usize) -> Result<(), ServeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = |what, source| ServeError::Setup { what, source };
+    std::fs::create_dir_all(crate::control::RUN_DIR).map_err(|e| setup("create /run/uzram", e))?;
+    let path = crate::control::socket_path(id);
+    // A socket left by a killed daemon of an earlier device with this id.
+    let _ = std::fs::remove_file(&path);
+    let listener = std::os::unix::net::UnixListener::bind(&path)
+        .map_err(|e| setup("bind the control socket", e))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| setup("open the control socket to all users", e))?;
+    std::thread::Builder::new()
+        .name("uzram-control".into())
+        .spawn(move || {
+            // SAFETY: prctl with integer arguments; this thread serves no I/O.
+            unsafe { libc::prctl(PR_SET_IO_FLUSHER, 0, 0, 0, 0) };
+            let info = || crate::attrs::DaemonInfo {
+                streams,
+                rss_bytes: rss_bytes(),
+                pid: std::process::id(),
+            };
+            crate::control::serve(&listener, |request| {
+                use crate::attrs::AttrError;
+                use crate::control::Request;
+                match request {
+                    Request::Read(name) => crate::attrs::read(&device, &info(), name),
+                    // zram's reset takes a non-zero number.
+                    Request::Write(name, value) if name == "reset" => {
+                        match value.trim().parse::<u64>() {
+                            Ok(n) if n > 0 => reset(id),
+                            _ => Err(AttrError::new(libc::EINVAL, "reset takes a non-zero number")),
+                        }
+                    }
+                    Request::Write(name, value) => {
+                        crate::attrs::write(&device, name, value).map(|()| String::new())
+                    }
+                    Request::Reset => reset(id),
+                    Request::Info => {
+                        let i = info();
+                        Ok(format!(
+                            "name=/dev/ublkb{id}\npid={}\nalgorithm={}\ndisksize={}\nstreams={}\nrss={}\nmm_stat={}",
+                            i.pid,
+                            device.algorithm().name(),
+                            device.disksize(),
+                            i.streams,
+                            i.rss_bytes,
+                            device.mm_stat()
+                        ))
+                    }
+                }
+            });
+        })
+        .map(drop)
+        .map_err(|e| setup("start the control thread", e))
+}
+
+/// A reset request: refused while the device is in use; otherwise the device is stopped (the
+/// claim on it held until then) and the daemon exits.
+fn reset(id: u32) -> Result<String, crate::attrs::AttrError> {
+    let claim = claim_unused(id).map_err(|m| crate::attrs::AttrError::new(libc::EBUSY, m))?;
+    log(&format!("/dev/ublkb{id}: reset requested, stopping"));
+    std::thread::spawn(move || {
+        if let Ok(ctrl) = UblkCtrl::new_simple(id as i32) {
+            let _ = ctrl.kill_dev();
+        }
+        drop(claim);
+    });
+    Ok(String::new())
 }
 
 /// Turns off writeback throttling (wbt) on the device. zram, being bio-based, has none; on a
@@ -448,7 +632,17 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
 fn disable_writeback_throttling(id: u32) {
     let path = format!("/sys/block/ublkb{id}/queue/wbt_lat_usec");
     if let Err(e) = std::fs::write(&path, "0") {
-        eprintln!("uzram: warning: cannot turn off writeback throttling ({path}): {e}");
+        log(&format!(
+            "warning: cannot turn off writeback throttling ({path}): {e}"
+        ));
+    }
+}
+
+fn redirect_stdout_to_null() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2 onto fd 1 of a valid fd; stdout's buffer was flushed just before.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
     }
 }
 

@@ -1,0 +1,325 @@
+//! What `uzram` does as zramctl does: create a device (and leave a daemon serving it), list
+//! devices, reset them, and read or write their zram attributes. The daemon itself is
+//! [`crate::ublk::serve`]; this module only talks to it (its control socket) or starts it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::control::{self, CallError, Request};
+use crate::listing::{self, Column, DeviceRow, Format};
+use crate::{parse_size, DeviceSetup};
+
+/// A failure of a `uzram` command: the message to print (exit code 1, as zramctl's).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CtlError(pub String);
+
+fn err(msg: impl Into<String>) -> CtlError {
+    CtlError(msg.into())
+}
+
+/// The id N of `/dev/ublkbN` or `ublkbN`.
+pub fn parse_device(name: &str) -> Result<u32, CtlError> {
+    name.strip_prefix("/dev/")
+        .unwrap_or(name)
+        .strip_prefix("ublkb")
+        .and_then(|n| n.parse().ok())
+        .filter(|_| !name.ends_with('/'))
+        .ok_or_else(|| {
+            err(format!(
+                "{name}: not a uzram device name (expected /dev/ublkbN)"
+            ))
+        })
+}
+
+/// What a new device is made of: zramctl's options.
+#[derive(Debug, Clone, Default)]
+pub struct CreateArgs {
+    /// `--size`.
+    pub size: String,
+    /// `--algorithm`.
+    pub algorithm: Option<String>,
+    /// `--algorithm-params`.
+    pub algorithm_params: Option<String>,
+    /// `--streams` (queues).
+    pub streams: Option<u16>,
+    /// `--mem-limit`.
+    pub mem_limit: Option<String>,
+    /// The id, when a device name was given.
+    pub id: Option<u32>,
+    /// `--log FILE` for the daemon.
+    pub log: Option<PathBuf>,
+}
+
+/// Checks everything that can be checked before a daemon is started, so that bad input fails
+/// at once, clearly, and leaves nothing behind.
+pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
+    let size = parse_size(&args.size).map_err(|e| err(e.to_string()))?;
+    if size == 0 {
+        return Err(err("invalid size 0: a device needs at least one page"));
+    }
+    let mut setup = DeviceSetup::new();
+    if let Some(a) = &args.algorithm {
+        setup
+            .set_comp_algorithm(a)
+            .map_err(|e| err(e.to_string()))?;
+    }
+    if let Some(p) = &args.algorithm_params {
+        setup
+            .set_algorithm_params(p)
+            .map_err(|e| err(e.to_string()))?;
+    }
+    if let Some(l) = &args.mem_limit {
+        parse_size(l).map_err(|e| err(e.to_string()))?;
+    }
+    if args.streams == Some(0) {
+        return Err(err("--streams must be at least 1"));
+    }
+    if let Some(id) = args.id {
+        if control::socket_path(id).exists() || Path::new(&format!("/dev/ublkb{id}")).exists() {
+            return Err(err(format!("/dev/ublkb{id} already exists")));
+        }
+    }
+    if !Path::new("/dev/ublk-control").exists() {
+        return Err(err(
+            "this kernel has no ublk driver (/dev/ublk-control is missing): load ublk_drv, or use Linux >= 6.0 built with CONFIG_BLK_DEV_UBLK",
+        ));
+    }
+    Ok(())
+}
+
+/// Starts a detached daemon serving a new device and returns its path once it serves I/O.
+pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
+    validate(args)?;
+    let exe =
+        std::env::current_exe().map_err(|e| err(format!("cannot find my own binary: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["serve", "--detached", "--size", &args.size]);
+    if let Some(a) = &args.algorithm {
+        cmd.args(["--algorithm", a]);
+    }
+    if let Some(p) = &args.algorithm_params {
+        cmd.args(["--algorithm-params", p]);
+    }
+    if let Some(s) = args.streams {
+        cmd.args(["--queues", &s.to_string()]);
+    }
+    if let Some(l) = &args.mem_limit {
+        cmd.args(["--mem-limit", l]);
+    }
+    if let Some(id) = args.id {
+        cmd.args(["--id", &id.to_string()]);
+    }
+    let stderr = match &args.log {
+        Some(path) => {
+            cmd.arg("--log").arg(path);
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| err(format!("cannot open the log {}: {e}", path.display())))?;
+            Stdio::from(f)
+        }
+        None => Stdio::null(),
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr);
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setsid is async-signal-safe and touches no memory of the parent: a new session,
+        // so the daemon outlives the terminal it was started from.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| err(format!("cannot start the daemon: {e}")))?;
+    let mut first = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut first);
+    }
+    let first = first.trim_end();
+    if first.starts_with("/dev/") {
+        return Ok(first.to_string());
+    }
+    let status = child.wait().ok();
+    Err(err(match first.strip_prefix("error: ") {
+        Some(msg) => msg.to_string(),
+        None => format!(
+            "the daemon exited ({}) without creating a device{}",
+            status.map_or("unknown status".into(), |s| s.to_string()),
+            args.log
+                .as_ref()
+                .map_or(String::new(), |l| format!(": see {}", l.display()))
+        ),
+    }))
+}
+
+/// The devices uzram daemons serve (and those whose daemon died), by id.
+pub fn devices() -> Vec<DeviceRow> {
+    let mut ids: Vec<u32> = std::fs::read_dir(control::RUN_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_suffix(".sock")?
+                .strip_prefix("ublkb")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.into_iter().filter_map(row).collect()
+}
+
+/// One device's row; `None` when there is neither a daemon nor a kernel device (a stale socket).
+fn row(id: u32) -> Option<DeviceRow> {
+    let name = format!("/dev/ublkb{id}");
+    let mut r = match control::call(id, &Request::Info) {
+        Ok(info) => DeviceRow::parse(&info).ok()?,
+        Err(CallError::NoDaemon { .. }) if kernel_knows(id) => DeviceRow::dead(name.clone()),
+        Err(_) => return None,
+    };
+    r.mountpoint = listing::mountpoint(&name);
+    Some(r)
+}
+
+/// Whether the kernel has device `id` (its control device), live or dead.
+pub fn kernel_knows(id: u32) -> bool {
+    Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
+}
+
+/// The listing of `rows`, with `--output` columns (zramctl's defaults when empty).
+pub fn render(
+    rows: &[DeviceRow],
+    output: &[String],
+    all: bool,
+    format: Format,
+) -> Result<String, CtlError> {
+    let columns: Vec<Column> = if all {
+        listing::COLUMNS.to_vec()
+    } else if output.is_empty() {
+        listing::DEFAULT_COLUMNS
+            .iter()
+            .filter_map(|n| listing::column(n))
+            .collect()
+    } else {
+        output
+            .iter()
+            .map(|n| listing::column(n).ok_or_else(|| err(format!("unknown column: {n}"))))
+            .collect::<Result<_, _>>()?
+    };
+    Ok(listing::render(rows, &columns, format))
+}
+
+/// Resets `/dev/ublkbN`: asks its daemon to stop and delete it (refused while the device is in
+/// use), and waits until it is gone; a dead device is deleted directly.
+pub fn reset(id: u32) -> Result<(), CtlError> {
+    let name = format!("/dev/ublkb{id}");
+    match control::call(id, &Request::Reset) {
+        Ok(_) => {}
+        Err(CallError::Refused(e)) => return Err(err(format!("{name}: {}", e.message))),
+        Err(CallError::NoDaemon { .. }) if kernel_knows(id) => return remove_dead(id),
+        Err(CallError::NoDaemon { .. }) => {
+            let _ = std::fs::remove_file(control::socket_path(id));
+            return Err(err(format!("{name}: no such device")));
+        }
+        Err(e) => return Err(err(format!("{name}: {e}"))),
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kernel_knows(id) || control::socket_path(id).exists() {
+        if Instant::now() > deadline {
+            return Err(err(format!(
+                "{name}: the daemon did not finish stopping in 30 s"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+#[cfg(feature = "ublk")]
+fn remove_dead(id: u32) -> Result<(), CtlError> {
+    crate::ublk::remove_dead(id).map_err(|e| err(format!("/dev/ublkb{id}: {e}")))
+}
+
+#[cfg(not(feature = "ublk"))]
+fn remove_dead(id: u32) -> Result<(), CtlError> {
+    Err(err(format!(
+        "/dev/ublkb{id}: its daemon is dead; this uzram was built without the ublk feature and cannot delete it"
+    )))
+}
+
+/// Reads (`value` None) or writes an attribute of `/dev/ublkbN` through its daemon. A read
+/// returns exactly the attribute's bytes.
+pub fn attr(id: u32, name: &str, value: Option<&str>) -> Result<String, CtlError> {
+    let request = match value {
+        None => Request::Read(name.to_string()),
+        Some(v) => Request::Write(name.to_string(), v.to_string()),
+    };
+    control::call(id, &request).map_err(|e| match e {
+        CallError::Refused(e) => err(format!("/dev/ublkb{id}: {name}: {}", e.message)),
+        CallError::NoDaemon { .. } if kernel_knows(id) => err(format!(
+            "/dev/ublkb{id}: its daemon is dead (killed?): uzram --reset /dev/ublkb{id} removes it"
+        )),
+        CallError::NoDaemon { .. } => err(format!("/dev/ublkb{id}: no such device")),
+        e => err(format!("/dev/ublkb{id}: {e}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names() {
+        assert_eq!(parse_device("/dev/ublkb3").unwrap(), 3);
+        assert_eq!(parse_device("ublkb12").unwrap(), 12);
+        for bad in [
+            "/dev/zram0",
+            "/dev/ublkb",
+            "/dev/ublkbx",
+            "/dev/ublkc0",
+            "ublkb-1",
+        ] {
+            assert!(parse_device(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bad_input_is_refused_before_anything_starts() {
+        let args = |size: &str, algorithm: Option<&str>| CreateArgs {
+            size: size.into(),
+            algorithm: algorithm.map(Into::into),
+            ..CreateArgs::default()
+        };
+        let msg = |a: &CreateArgs| validate(a).unwrap_err().to_string();
+        assert!(
+            msg(&args("lots", None)).contains("lots"),
+            "{}",
+            msg(&args("lots", None))
+        );
+        assert!(msg(&args("0", None)).contains("size 0"));
+        assert!(msg(&args("1G", Some("lzo"))).contains("lzo"));
+        let streams = CreateArgs {
+            streams: Some(0),
+            ..args("1G", None)
+        };
+        assert!(msg(&streams).contains("streams"));
+        let params = CreateArgs {
+            algorithm_params: Some("level=banana".into()),
+            ..args("1G", None)
+        };
+        assert!(validate(&params).is_err());
+    }
+}
