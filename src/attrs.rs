@@ -102,8 +102,9 @@ pub fn read(device: &Device, info: &DaemonInfo, name: &str) -> Result<String, At
             out.push('\n');
             out
         }
-        // "version: 1", then a literal 0 (a removed counter) and miss_free, as Linux prints them.
-        "debug_stat" => format!("version: 1\n0 {:>8}\n", 0),
+        // "version: 1", then writestall and miss_free, as Linux 6.12 prints them (uzram never
+        // stalls writes for memory and frees every slot it is told to: both 0).
+        "debug_stat" => format!("version: 1\n{:>8} {:>8}\n", 0, 0),
         "disksize" => format!("{}\n", device.disksize()),
         "initstate" => "1\n".to_string(),
         "io_stat" => device.io_stat(),
@@ -213,7 +214,7 @@ mod tests {
         );
         assert_eq!(
             read(&d, &info, "debug_stat").unwrap(),
-            "version: 1\n0        0\n"
+            "version: 1\n       0        0\n"
         );
     }
 

@@ -269,6 +269,11 @@ pub fn attr(id: u32, name: &str, value: Option<&str>) -> Result<String, CtlError
     };
     control::call(id, &request).map_err(|e| match e {
         CallError::Refused(e) => err(format!("/dev/ublkb{id}: {name}: {}", e.message)),
+        CallError::NoDaemon { ref source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            err(format!("/dev/ublkb{id}: {e}"))
+        }
         CallError::NoDaemon { .. } if kernel_knows(id) => err(format!(
             "/dev/ublkb{id}: its daemon is dead (killed?): uzram --reset /dev/ublkb{id} removes it"
         )),

@@ -212,8 +212,10 @@ fn zramctl(a: CtlArgs) -> Outcome {
         raw: a.raw,
         noheadings: a.noheadings,
     };
+    // Rendered (and so the columns checked) even with no device to show.
+    let table = ctl::render(&rows, &a.output, a.output_all, format)?;
     if !rows.is_empty() || !ids.is_empty() {
-        print!("{}", ctl::render(&rows, &a.output, a.output_all, format)?);
+        print!("{table}");
     }
     Ok(())
 }

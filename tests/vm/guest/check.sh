@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap discard}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap discard attrs badinput sigterm kill}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
@@ -64,8 +64,16 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         uzram_setup lz4 $swapsize && check_swap "$UZRAM_DEV" ""
     fi
     if want discard; then
-        skip discard "uzram: the check reads mm_stat, which needs uzram's attribute interface (issue 4)"
+        uzram_setup lz4 256M && check_discard "$UZRAM_DEV" ""
     fi
+    if want attrs; then
+        zram_setup lz4 64M
+        uzram_setup lz4 256M && check_attrs "$UZRAM_DEV"
+        zram_reset
+    fi
+    want badinput && check_badinput
+    want sigterm && check_sigterm
+    want kill && check_kill
     uzram_reset
 fi
 

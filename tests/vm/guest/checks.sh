@@ -413,3 +413,175 @@ check_discard() {
     fi
     pass "$name" "32 of 64 MiB discarded: zeros read back, neighbours intact, orig_data_size -32 MiB, mem_used_total $(mib "$m0") -> $(mib "$m1") -> $(mib "$m2") after discarding all, $(elapsed "$t0")s"
 }
+
+# ---- uzram's own: the command line, its attributes, bad input, a killed daemon ------------------
+# These need uzram (no zram counterpart) but hold it to zram where zram has an answer: attribute
+# formats are compared with kernel zram's in the same guest.
+
+# fmt_like TEMPLATE TEXT: TEXT is exactly printf TEMPLATE applied to TEXT's own numbers.
+fmt_like() {
+    # shellcheck disable=SC2086,SC2046
+    [ "$(printf "$1" $(echo "$2" | tr -c '0-9\n' ' '))" = "$2" ]
+}
+
+# check_attrs DEV: mm_stat, io_stat, debug_stat, comp_algorithm, disksize read the way kernel
+# zram prints them (the templates are first proven on /sys/block/zram0); writes and errors
+# behave as zram's; reads are open to every user, writes are root's.
+check_attrs() {
+    local dev=$1 name=attrs log=$UZ_TMP/attrs.log a t z u bad=
+    note "$name: zram's attributes on $dev"
+    : >"$log"
+    "$TOOL" write "$dev" 0 $((8 * 1048576)) "$SEED" >>"$log" 2>&1
+    for a in 'mm_stat:%8s %8s %8s %8s %8s %8s %8s %8s %8s\n' 'io_stat:%8s %8s %s %8s\n' \
+        'debug_stat:version: %s\n%8s %8s\n'; do
+        t=${a#*:} a=${a%%:*}
+        z=$(cat "$ZRAM/$a" 2>/dev/null) u=$("$UZRAM_BIN" attr "$dev" "$a" 2>>"$log")
+        echo "$a: zram '$z' uzram '$u'" >>"$log"
+        if [ -n "$z" ] && ! fmt_like "$t" "$z"; then
+            bad="$bad; kernel zram's $a is not '$t' here: '$z'"
+        elif ! fmt_like "$t" "$u"; then
+            bad="$bad; $a '$u' is not '$t'"
+        fi
+    done
+    u=$("$UZRAM_BIN" attr "$dev" comp_algorithm)
+    echo "$u" | grep -Eq '^([a-z0-9-]+ )*\[lz4\] ([a-z0-9-]+ )*$' || bad="$bad; comp_algorithm '$u'"
+    [ "$("$UZRAM_BIN" attr "$dev" disksize)" = $((256 * 1048576)) ] || bad="$bad; disksize"
+    [ "$("$UZRAM_BIN" attr "$dev" initstate)" = 1 ] || bad="$bad; initstate"
+    "$UZRAM_BIN" attr "$dev" mem_limit 2M >>"$log" 2>&1 || bad="$bad; mem_limit 2M refused"
+    [ "$(dev_stat_field "$dev" 4)" = 2097152 ] || bad="$bad; mem_limit not in mm_stat"
+    "$UZRAM_BIN" attr "$dev" mem_limit 0 >>"$log" 2>&1
+    "$UZRAM_BIN" attr "$dev" mem_used_max 0 >>"$log" 2>&1 || bad="$bad; mem_used_max 0 refused"
+    "$UZRAM_BIN" attr "$dev" mem_used_max 5 >>"$log" 2>&1 && bad="$bad; mem_used_max 5 accepted"
+    "$UZRAM_BIN" attr "$dev" mem_limit >>"$log" 2>&1 && bad="$bad; write-only mem_limit read"
+    "$UZRAM_BIN" attr "$dev" disksize 1G >>"$log" 2>&1 && bad="$bad; disksize changed on a live device"
+    "$UZRAM_BIN" attr "$dev" nonsense >>"$log" 2>&1 && bad="$bad; unknown attribute read"
+    if command -v setpriv >/dev/null 2>&1; then
+        setpriv --reuid=65534 --regid=65534 --clear-groups "$UZRAM_BIN" attr "$dev" mm_stat >>"$log" 2>&1 ||
+            bad="$bad; an unprivileged user cannot read mm_stat"
+        setpriv --reuid=65534 --regid=65534 --clear-groups "$UZRAM_BIN" attr "$dev" mem_limit 1G >>"$log" 2>&1 &&
+            bad="$bad; an unprivileged user changed mem_limit"
+        grep -q 'needs root' "$log" || bad="$bad; no 'needs root' message"
+        ls -ld / /run /run/uzram /run/uzram/* >>"$log" 2>&1
+    else
+        note "$name: no setpriv, the unprivileged-user part is left out"
+    fi
+    # the listing: zramctl's default columns, and uzram's STATE/RSS
+    "$UZRAM_BIN" >>"$log" 2>&1
+    u=$("$UZRAM_BIN" --raw --noheadings --bytes -o NAME,ALGORITHM,DISKSIZE,STATE "$dev" 2>>"$log")
+    [ "$u" = "$dev lz4 $((256 * 1048576)) live" ] || bad="$bad; listing '$u'"
+    "$UZRAM_BIN" | head -1 | grep -q '^NAME  *ALGORITHM DISKSIZE  *DATA  *COMPR  *TOTAL STREAMS MOUNTPOINT$' ||
+        bad="$bad; default heading '$("$UZRAM_BIN" | head -1)'"
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "${bad#; }"
+        return
+    fi
+    pass "$name" "mm_stat, io_stat, debug_stat as kernel zram prints them; comp_algorithm, disksize, initstate, mem_limit, mem_used_max, errors as zram's; reads open to all, writes root's; listing"
+}
+
+# check_badinput: clear errors, exit 1, and nothing created or changed.
+check_badinput() {
+    local name=badinput log=$UZ_TMP/badinput.log bad= before after out dev
+    note "$name: bad sizes, algorithms, names, and resets of busy devices"
+    : >"$log"
+    before=$(ls /sys/class/ublk-char 2>/dev/null | wc -l)
+    for args in "--find --size lots" "--find --size 0" "--find --size 1G --algorithm lzo" \
+        "--find --size 1G --algorithm-params level=x" "--find" "--size 1G /dev/zram0" "--reset /dev/ublkb99" \
+        "--output NOPE" "--bogus"; do
+        # shellcheck disable=SC2086
+        out=$("$UZRAM_BIN" $args 2>&1)
+        rc=$?
+        echo "uzram $args -> $rc: $out" >>"$log"
+        [ $rc = 1 ] || bad="$bad; 'uzram $args' exited $rc"
+        [ -n "$out" ] || bad="$bad; 'uzram $args' said nothing"
+    done
+    after=$(ls /sys/class/ublk-char 2>/dev/null | wc -l)
+    [ "$before" = "$after" ] || bad="$bad; ublk devices $before -> $after after bad input"
+    # a busy device refuses --reset, keeps serving, and resets once free
+    if uzram_setup lz4 128M; then
+        dev=$UZRAM_DEV
+        "$TOOL" write "$dev" 0 1048576 "$SEED" >>"$log" 2>&1
+        mkswap "$dev" >>"$log" 2>&1 && swapon "$dev" >>"$log" 2>&1
+        out=$("$UZRAM_BIN" --reset "$dev" 2>&1) && bad="$bad; reset of a swap device succeeded"
+        echo "reset while swap: $out" >>"$log"
+        echo "$out" | grep -q swap || bad="$bad; reset-while-swap message '$out'"
+        swapoff "$dev" >>"$log" 2>&1
+        mke2fs -q -t ext4 "$dev" >>"$log" 2>&1 && mkdir -p /mnt/bi && mount "$dev" /mnt/bi
+        out=$("$UZRAM_BIN" --reset "$dev" 2>&1) && bad="$bad; reset of a mounted device succeeded"
+        echo "reset while mounted: $out" >>"$log"
+        echo "$out" | grep -q mounted || bad="$bad; reset-while-mounted message '$out'"
+        echo data >/mnt/bi/f && sync && umount /mnt/bi
+        [ -b "$dev" ] || bad="$bad; the busy device vanished"
+        uzram_reset
+        [ -b "$dev" ] && bad="$bad; reset of the free device did not delete it"
+    fi
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "${bad#; }"
+        return
+    fi
+    pass "$name" "9 bad command lines exit 1 with a message and create nothing; --reset refused while swap and while mounted, done once free"
+}
+
+# check_sigterm: SIGTERM to the daemon deletes its device and socket.
+check_sigterm() {
+    local name=sigterm log=$UZ_TMP/sigterm.log pid id i
+    note "$name: SIGTERM to the daemon"
+    uzram_setup lz4 64M || return
+    id=${UZRAM_DEV#/dev/ublkb}
+    pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$UZRAM_DEV" 2>"$log")
+    kill -TERM "$pid"
+    for i in $(seq 1 100); do
+        [ -e /sys/class/ublk-char/ublkc$id ] || [ -e /run/uzram/ublkb$id.sock ] || break
+        sleep 0.1
+    done
+    if [ -e /sys/class/ublk-char/ublkc$id ] || [ -e /run/uzram/ublkb$id.sock ] || kill -0 "$pid" 2>/dev/null; then
+        fail_log "$name" "$log" "after SIGTERM to $pid: device, socket or daemon still there"
+        return
+    fi
+    UZRAM_DEV=
+    pass "$name" "daemon $pid exited, /dev/ublkb$id and its socket gone in $((i / 10)).$((i % 10)) s"
+}
+
+# check_kill: SIGKILL under I/O - the writer gets errors (no hang), the listing says dead,
+# --reset removes it, and the same id can be created again.
+check_kill() {
+    local name=kill log=$UZ_TMP/kill.log pid id i wpid rc out dev
+    note "$name: SIGKILL to the daemon under I/O"
+    uzram_setup lz4 256M || return
+    dev=$UZRAM_DEV id=${dev#/dev/ublkb}
+    pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>"$log")
+    fio --name=w --filename="$dev" --direct=1 --ioengine=libaio --iodepth=16 --rw=randwrite --bs=4k \
+        --time_based --runtime=60 --buffer_compress_percentage=50 >>"$log" 2>&1 &
+    wpid=$!
+    sleep 3
+    kill -KILL "$pid"
+    for i in $(seq 1 300); do
+        kill -0 $wpid 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 $wpid 2>/dev/null; then
+        kill -KILL $wpid
+        fail_log "$name" "$log" "the writer still runs 30 s after the daemon was killed (I/O hangs)"
+        return
+    fi
+    wait $wpid
+    rc=$?
+    echo "fio exit $rc" >>"$log"
+    out=$("$UZRAM_BIN" --raw --noheadings -o NAME,STATE 2>>"$log")
+    echo "listing: $out" >>"$log"
+    if ! echo "$out" | grep -q "^$dev dead$"; then
+        fail_log "$name" "$log" "the listing does not show $dev dead: '$out'"
+        return
+    fi
+    if ! "$UZRAM_BIN" --reset "$dev" >>"$log" 2>&1 || [ -e /sys/class/ublk-char/ublkc$id ]; then
+        fail_log "$name" "$log" "uzram --reset of the dead $dev failed"
+        return
+    fi
+    UZRAM_DEV=$(UZRAM_PROGRESS_SECS=5 "$UZRAM_BIN" --size 64M "$dev" --log "$UZRAM_LOG" 2>>"$log")
+    if [ "$UZRAM_DEV" != "$dev" ] || ! "$TOOL" write "$dev" 0 1048576 "$SEED" >>"$log" 2>&1 ||
+        ! "$TOOL" verify "$dev" 0 1048576 "$SEED" >>"$log" 2>&1; then
+        fail_log "$name" "$log" "re-creating $dev after the reset failed ('$UZRAM_DEV')"
+        return
+    fi
+    uzram_reset
+    pass "$name" "writer ended (fio exit $rc) $((i / 10)).$((i % 10)) s after SIGKILL; listed dead; --reset removed it; $dev re-created and verified"
+}

@@ -52,7 +52,7 @@ hostbin_setup() {
     mkdir -p "$_d"
     _ld=$_r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
     _lp=$_r/lib/x86_64-linux-gnu:$_r/usr/lib/x86_64-linux-gnu:$_r/usr/lib/x86_64-linux-gnu/ceph
-    for _t in fio mke2fs e2fsck mkswap swapon swapoff blkdiscard; do
+    for _t in fio mke2fs e2fsck mkswap swapon swapoff blkdiscard setpriv; do
         _p=
         for _c in "$_r/usr/sbin/$_t" "$_r/usr/bin/$_t" "$_r/sbin/$_t" "$_r/bin/$_t"; do
             [ -f "$_c" ] && { _p=$_c; break; }
@@ -83,10 +83,11 @@ vm_setup() {
 # ---- devices: what a check needs to know beyond the block device itself ------------------------
 # dev_mm_stat DEV: zram's nine mm_stat fields (orig_data_size compr_data_size mem_used_total
 # mem_limit mem_used_max same_pages pages_compacted huge_pages huge_pages_since).
-# uzram prints the same fields byte for byte; its branch arrives with the daemon.
+# uzram prints the same fields byte for byte (`uzram attr DEV mm_stat`, through its daemon).
 dev_mm_stat() {
     case $1 in
     /dev/zram*) cat "/sys/block/${1#/dev/}/mm_stat" ;;
+    /dev/ublkb*) "$UZRAM_BIN" attr "$1" mm_stat ;;
     *) echo "0 0 0 0 0 0 0 0 0"; return 1 ;;
     esac
 }
@@ -95,6 +96,7 @@ dev_mem_used() { dev_stat_field "$1" 3; }
 dev_compact() {
     case $1 in
     /dev/zram*) echo 1 >"/sys/block/${1#/dev/}/compact" ;;
+    /dev/ublkb*) "$UZRAM_BIN" attr "$1" compact 1 ;;
     *) return 1 ;;
     esac
 }
@@ -146,10 +148,11 @@ zram_reset() {
 }
 
 # ---- uzram's ublk device ---------------------------------------------------------------------------
-# The daemon (`uzram serve`, foreground) built static by tests/vm/run into cache/uzram.
+# The static binary built by tests/vm/run into cache/uzram; devices are made as a user makes them:
+# `uzram --find --size ...` leaves a detached daemon serving, `uzram --reset` deletes.
 UZRAM_BIN=${UZRAM_VM_DIR}/cache/uzram
-UZRAM_PID=
 UZRAM_DEV=
+UZRAM_LOG=${UZ_TMP:-/tmp/uzram-vm}/uzram-daemon.log
 
 # uzram_begin: the ublk driver and the binary are there.
 uzram_begin() {
@@ -159,27 +162,20 @@ uzram_begin() {
 
 uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
     uzram_reset
-    : >/tmp/uzram-serve.out
-    UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" serve --size "$2" --algorithm "$1" >/tmp/uzram-serve.out 2>/tmp/uzram-serve.err &
-    UZRAM_PID=$!
-    _i=0
-    while [ ! -s /tmp/uzram-serve.out ] && [ $_i -lt 120 ] && kill -0 $UZRAM_PID 2>/dev/null; do
-        sleep 1
-        _i=$((_i + 1))
-    done
-    UZRAM_DEV=$(cat /tmp/uzram-serve.out)
-    if [ ! -b "$UZRAM_DEV" ]; then
-        fail uzram-setup "uzram serve --size $2 --algorithm $1 gave no device in ${_i}s: $(cat /tmp/uzram-serve.err)"
+    UZRAM_DEV=$(UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size "$2" --algorithm "$1" \
+        --log "$UZRAM_LOG" 2>/tmp/uzram-find.err)
+    _rc=$?
+    if [ $_rc != 0 ] || [ ! -b "$UZRAM_DEV" ]; then
+        fail uzram-setup "uzram --find --size $2 --algorithm $1 exited $_rc, printed '$UZRAM_DEV': $(cat /tmp/uzram-find.err; tail -3 "$UZRAM_LOG" 2>/dev/null)"
+        UZRAM_DEV=
         return 1
     fi
 }
 
-uzram_reset() { # SIGTERM: the daemon deletes its device and exits 0
-    [ -n "$UZRAM_PID" ] || return 0
-    kill -TERM $UZRAM_PID 2>/dev/null
-    wait $UZRAM_PID
-    _rc=$?
-    [ $_rc -eq 0 ] || fail uzram-stop "uzram serve exited $_rc on SIGTERM"
-    [ -b "$UZRAM_DEV" ] && fail uzram-stop "$UZRAM_DEV still there after SIGTERM"
-    UZRAM_PID=
+uzram_reset() { # uzram --reset: the daemon deletes its device and exits
+    [ -n "$UZRAM_DEV" ] || return 0
+    "$UZRAM_BIN" --reset "$UZRAM_DEV" >/tmp/uzram-reset.err 2>&1 ||
+        fail uzram-reset "uzram --reset $UZRAM_DEV failed: $(cat /tmp/uzram-reset.err)"
+    [ -b "$UZRAM_DEV" ] && fail uzram-reset "$UZRAM_DEV still there after uzram --reset"
+    UZRAM_DEV=
 }
