@@ -341,8 +341,34 @@ fn serve_one(
         _ => return -libc::EOPNOTSUPP,
     };
     match result {
-        Ok(()) => len as i32,
+        Ok(()) => {
+            if op == sys::UBLK_IO_OP_READ {
+                break_reads_for_tests(offset, &mut buf[..len as usize]);
+            }
+            len as i32
+        }
         Err(e) => -errno(&e),
+    }
+}
+
+/// `UZRAM_TEST_BREAK_READS=1`: a deliberately broken device for proving that the VM checks can
+/// fail. Flips one bit in every read of every 61st page. Read once at startup; never set it on a
+/// device that holds data you want.
+static BREAK_READS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+fn break_reads_for_tests(offset: u64, data: &mut [u8]) {
+    if !*BREAK_READS
+        .get_or_init(|| std::env::var_os("UZRAM_TEST_BREAK_READS").is_some_and(|v| v == "1"))
+    {
+        return;
+    }
+    let first = offset / crate::PAGE_SIZE as u64;
+    for (i, page) in data.chunks_mut(crate::PAGE_SIZE).enumerate() {
+        if (first + i as u64) % 61 == 0 {
+            if let Some(b) = page.get_mut(100) {
+                *b ^= 1;
+            }
+        }
     }
 }
 
@@ -419,6 +445,9 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         return Err(ServeError::NoDriver);
     }
     let detached = args.detached;
+    if std::env::var_os("UZRAM_TEST_BREAK_READS").is_some_and(|v| v == "1") {
+        log("UZRAM_TEST_BREAK_READS is set: this device corrupts reads on purpose (for tests)");
+    }
     if detached && args.log.is_none() {
         open_syslog();
     }
@@ -458,6 +487,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         let _ = ctrl.del_dev();
         return Err(e);
     }
+    swap_watch_thread(id, Arc::clone(&device));
     let disksize = device.disksize();
     let q_device = Arc::clone(&device);
     let served = ctrl.run_target(
@@ -609,6 +639,71 @@ fn control_thread(id: u32, device: Arc<Device>, streams: usize) -> Result<(), Se
         })
         .map(drop)
         .map_err(|e| setup("start the control thread", e))
+}
+
+/// Watches whether the device is swap (`/proc/swaps`, once a second) and, when a swapoff has
+/// ended, frees everything but the swap header: the kernel tells a ublk disk nothing when swap
+/// slots are freed (kernel zram has a private hook for it), and clusters freed during swapoff are
+/// not discarded either, so without this a swapped-off device would keep every page it ever held.
+/// The kernel has read every page back in before it drops the device from /proc/swaps; the
+/// reclaim holds the device's exclusive claim (no mkfs, mount or swapon meanwhile) and checks
+/// that page 0 still carries the swap signature.
+fn swap_watch_thread(id: u32, device: Arc<Device>) {
+    let spawned = std::thread::Builder::new()
+        .name("uzram-swapwatch".into())
+        .spawn(move || {
+            // SAFETY: prctl with integer arguments; this thread serves no I/O.
+            unsafe { libc::prctl(PR_SET_IO_FLUSHER, 0, 0, 0, 0) };
+            let path = format!("/dev/ublkb{id}");
+            let mut was_swap = false;
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+                let is_swap = swaps
+                    .lines()
+                    .skip(1)
+                    .any(|l| l.split_whitespace().next() == Some(path.as_str()));
+                if was_swap && !is_swap {
+                    reclaim_after_swapoff(id, &device);
+                }
+                was_swap = is_swap;
+            }
+        });
+    if let Err(e) = spawned {
+        log(&format!("cannot start the swap watcher: {e}"));
+    }
+}
+
+fn reclaim_after_swapoff(id: u32, device: &Device) {
+    let claim = match claim_unused(id) {
+        Ok(c) => c,
+        Err(why) => {
+            return log(&format!(
+                "after swapoff: not freeing the old swap pages: {why}"
+            ))
+        }
+    };
+    let mut page = vec![0u8; crate::PAGE_SIZE];
+    let signed = device
+        .context()
+        .and_then(|mut ctx| device.read(&mut ctx, 0, &mut page))
+        .is_ok()
+        && page[crate::PAGE_SIZE - 10..] == *b"SWAPSPACE2";
+    if !signed {
+        return log("after swapoff: page 0 is no longer a swap header; leaving the contents alone");
+    }
+    let before = device.usage().0;
+    let page_size = crate::PAGE_SIZE as u64;
+    match device.discard(page_size, device.disksize() - page_size) {
+        Ok(()) => log(&format!(
+            "/dev/ublkb{id}: swapoff: freed the old swap pages ({} bytes of data)",
+            before.saturating_sub(device.usage().0)
+        )),
+        Err(e) => log(&format!(
+            "after swapoff: discarding the old swap pages failed: {e}"
+        )),
+    }
+    drop(claim);
 }
 
 /// A reset request: refused while the device is in use; otherwise the device is stopped (the

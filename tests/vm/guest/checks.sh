@@ -352,7 +352,12 @@ check_swap() {
         return
     fi
     held=$(echo "$line" | sed 's/.*VmSwap \([0-9]*\) kB.*/\1/')
-    used_off=$(dev_mem_used "$dev") orig_off=$(dev_stat_field "$dev" 1)
+    # zram frees at once; uzram's daemon notices the swapoff within about a second
+    for _ in $(seq 1 20); do
+        used_off=$(dev_mem_used "$dev") orig_off=$(dev_stat_field "$dev" 1)
+        [ "$orig_off" -le 1048576 ] && break
+        sleep 0.5
+    done
     echo "after swapoff: mm_stat $(dev_mm_stat "$dev")" >>"$log"
     if [ "$used_off" -gt $((peak / 20 + 1048576)) ] || [ "$orig_off" -gt 1048576 ]; then
         fail_log "$name" "$log" "memory not given back after swapoff: mem_used $(mib "$used_off") (peak $(mib "$peak")), orig $(mib "$orig_off")"

@@ -162,7 +162,10 @@ uzram_begin() {
 
 uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
     uzram_reset
-    UZRAM_DEV=$(UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size "$2" --algorithm "$1" \
+    # UZRAM_VM_BREAK=reads: a device that flips a bit in some reads (the checks must fail)
+    _break=
+    [ "$UZRAM_VM_BREAK" = reads ] && _break=1
+    UZRAM_DEV=$(UZRAM_TEST_BREAK_READS=$_break UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size "$2" --algorithm "$1" \
         --log "$UZRAM_LOG" 2>/tmp/uzram-find.err)
     _rc=$?
     if [ $_rc != 0 ] || [ ! -b "$UZRAM_DEV" ]; then
