@@ -1,0 +1,72 @@
+//! The `uzram` binary as a user meets it on a machine without ublk (CI's host): clear errors,
+//! exit code 1 (as zramctl's), nothing left behind; help and listing succeed.
+
+use std::path::Path;
+use std::process::Command;
+
+fn uzram(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_uzram"))
+        .args(args)
+        .output()
+        .expect("run uzram");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn help_and_version_succeed() {
+    let (rc, out, _) = uzram(&["--help"]);
+    assert_eq!(rc, 0);
+    for word in [
+        "--find",
+        "--size",
+        "--reset",
+        "--output",
+        "attr",
+        "Exit status",
+    ] {
+        assert!(out.contains(word), "--help lacks {word}:\n{out}");
+    }
+    assert_eq!(uzram(&["--version"]).0, 0);
+}
+
+#[test]
+fn usage_errors_exit_1_with_a_message() {
+    for args in [
+        &["--bogus"][..],
+        &["--find", "--size", "lots"],
+        &["--find", "--size", "1G", "--algorithm", "lzo"],
+        &["--find", "--size", "0"],
+        &["--find"],
+        &["--size", "1G", "/dev/zram0"],
+        &["--output", "NOPE"],
+        &["--algorithm", "zstd"],
+        &["--reset"],
+        &["attr", "/dev/ublkb4000", "mm_stat"],
+    ] {
+        let (rc, out, err) = uzram(args);
+        assert_eq!(rc, 1, "uzram {args:?}: exit {rc}\n{out}{err}");
+        assert!(!err.trim().is_empty(), "uzram {args:?} said nothing");
+    }
+}
+
+#[test]
+fn without_ublk_creating_fails_clearly_and_leaves_nothing() {
+    if Path::new("/dev/ublk-control").exists() {
+        eprintln!("this machine has ublk: the no-driver path is not testable here");
+        return;
+    }
+    let run_dir = Path::new("/run/uzram");
+    let before = run_dir.read_dir().map(|d| d.count()).unwrap_or(0);
+    let (rc, out, err) = uzram(&["--find", "--size", "1G"]);
+    assert_eq!(rc, 1);
+    assert!(out.is_empty(), "printed a device: {out}");
+    assert!(err.contains("no ublk driver"), "{err}");
+    assert_eq!(run_dir.read_dir().map(|d| d.count()).unwrap_or(0), before);
+    // The listing of no devices is empty and succeeds.
+    let (rc, out, _) = uzram(&[]);
+    assert_eq!((rc, out.as_str()), (0, ""));
+}
