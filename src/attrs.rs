@@ -28,12 +28,15 @@ pub const ATTRIBUTES: &[(&str, Access)] = &[
     ("compact", Access::Write),
     ("debug_stat", Access::Read),
     ("disksize", Access::ReadWrite),
+    ("idle", Access::Write),
     ("initstate", Access::Read),
     ("io_stat", Access::Read),
     ("max_comp_streams", Access::ReadWrite),
     ("mem_limit", Access::Write),
     ("mem_used_max", Access::Write),
     ("mm_stat", Access::Read),
+    ("recomp_algorithm", Access::ReadWrite),
+    ("recompress", Access::Write),
     ("reset", Access::Write),
     ("uzram_stat", Access::Read),
 ];
@@ -109,6 +112,23 @@ pub fn read(device: &Device, info: &DaemonInfo, name: &str) -> Result<String, At
         "initstate" => "1\n".to_string(),
         "io_stat" => device.io_stat(),
         "max_comp_streams" => format!("{}\n", info.streams),
+        // One line per secondary algorithm: "#PRIO: " and the algorithms, the chosen one in
+        // brackets, as comp_algorithm lists them.
+        "recomp_algorithm" => {
+            let mut out = String::new();
+            for (prio, chosen) in device.recomp_algorithms() {
+                out.push_str(&format!("#{prio}: "));
+                for a in uzram_codecs::Algorithm::ALL {
+                    if *a == chosen {
+                        out.push_str(&format!("[{}] ", a.name()));
+                    } else {
+                        out.push_str(&format!("{} ", a.name()));
+                    }
+                }
+                out.push('\n');
+            }
+            out
+        }
         "mm_stat" => device.mm_stat(),
         "uzram_stat" => uzram_stat(device, info),
         _ => unreachable!("every readable attribute is handled"),
@@ -165,7 +185,30 @@ pub fn write(device: &Device, name: &str, value: &str) -> Result<(), AttrError> 
                 .parse::<u64>()
                 .map_err(|_| AttrError::new(libc::EINVAL, format!("not a number: {value:?}")))?;
         }
-        "disksize" | "comp_algorithm" | "algorithm_params" => {
+        "idle" => {
+            let older = match value {
+                "all" => None,
+                n => Some(n.parse::<u32>().map_err(|_| {
+                    AttrError::new(
+                        libc::EINVAL,
+                        format!("idle takes \"all\" or seconds (got {n:?})"),
+                    )
+                })?),
+            };
+            device.mark_idle(older);
+        }
+        "recompress" => {
+            let request: crate::RecompressRequest = value
+                .parse()
+                .map_err(|e: crate::Error| AttrError::new(libc::EINVAL, e.to_string()))?;
+            let mut ctx = device
+                .context()
+                .map_err(|e| AttrError::new(libc::ENOMEM, e.to_string()))?;
+            device
+                .recompress(&mut ctx, &request)
+                .map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?;
+        }
+        "disksize" | "comp_algorithm" | "algorithm_params" | "recomp_algorithm" => {
             return Err(AttrError::new(
                 libc::EBUSY,
                 format!(
@@ -248,5 +291,42 @@ mod tests {
         write(&d, "mem_used_max", "0").unwrap();
         write(&d, "compact", "1").unwrap();
         write(&d, "max_comp_streams", "4").unwrap();
+        assert_eq!(write(&d, "idle", "soon").unwrap_err().errno, libc::EINVAL);
+        write(&d, "idle", "all").unwrap();
+        // No secondary algorithm: recompress refuses, as zram does.
+        assert_eq!(
+            write(&d, "recompress", "type=idle").unwrap_err().errno,
+            libc::EINVAL
+        );
+        assert_eq!(read(&d, &info, "recomp_algorithm").unwrap(), "");
+    }
+
+    #[test]
+    fn recompression_through_the_attributes() {
+        let mut setup = DeviceSetup::new();
+        setup.set_recomp_algorithm("algo=zstd priority=1").unwrap();
+        let d = setup.init(1 << 20).unwrap();
+        let info = DaemonInfo::default();
+        assert_eq!(
+            read(&d, &info, "recomp_algorithm").unwrap(),
+            "#1: lz4 [zstd] \n"
+        );
+        assert_eq!(
+            write(&d, "recomp_algorithm", "algo=lz4").unwrap_err().errno,
+            libc::EBUSY
+        );
+        let mut ctx = d.context().unwrap();
+        let page: Vec<u8> = (0..4096).map(|i| (i * 7 % 251 / 3) as u8).collect();
+        d.write(&mut ctx, 0, &page).unwrap();
+        write(&d, "idle", "all").unwrap();
+        assert_eq!(
+            write(&d, "recompress", "type=cold").unwrap_err().errno,
+            libc::EINVAL
+        );
+        write(&d, "recompress", "type=idle").unwrap();
+        assert_eq!(d.slot_state(crate::PageIndex(0)).unwrap().prio, 1);
+        let mut back = vec![0u8; 4096];
+        d.read(&mut ctx, 0, &mut back).unwrap();
+        assert_eq!(back, page);
     }
 }

@@ -11,12 +11,21 @@ pub struct CodecArgs {
     /// zram's algorithm_params for it, e.g. "level=3" or "dict=/path/to/dict"
     #[arg(long, value_name = "PARAMS")]
     pub algorithm_params: Option<String>,
+    /// zram's recomp_algorithm: a secondary algorithm for recompression, e.g.
+    /// "algo=zstd priority=1 level=9" (repeat for priorities 2 and 3)
+    #[arg(long, value_name = "SPEC")]
+    pub recomp_algorithm: Vec<String>,
 }
 
 impl CodecArgs {
-    /// Sets the algorithm and then its parameters, as writing zram's two attributes would.
+    /// Sets the algorithm, the recompression algorithms, then the parameters, as writing zram's
+    /// attributes in that order would.
     pub fn apply(&self, setup: &mut DeviceSetup) -> Result<(), Error> {
         setup.set_comp_algorithm(&self.algorithm)?;
+        // Secondary algorithms first: algorithm_params may name one by priority.
+        for r in &self.recomp_algorithm {
+            setup.set_recomp_algorithm(r)?;
+        }
         if let Some(p) = &self.algorithm_params {
             setup.set_algorithm_params(p)?;
         }

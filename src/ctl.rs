@@ -43,6 +43,8 @@ pub struct CreateArgs {
     pub algorithm: Option<String>,
     /// `--algorithm-params`.
     pub algorithm_params: Option<String>,
+    /// `--recomp-algorithm`, each.
+    pub recomp_algorithm: Vec<String>,
     /// `--streams` (queues).
     pub streams: Option<u16>,
     /// `--mem-limit`.
@@ -102,6 +104,9 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
     }
     if let Some(p) = &args.algorithm_params {
         cmd.args(["--algorithm-params", p]);
+    }
+    for r in &args.recomp_algorithm {
+        cmd.args(["--recomp-algorithm", r]);
     }
     if let Some(s) = args.streams {
         cmd.args(["--queues", &s.to_string()]);

@@ -90,6 +90,30 @@ pub enum Error {
     /// A codec configuration the codec refuses (level, dictionary).
     #[error(transparent)]
     CodecConfig(#[from] ConfigError),
+    /// A page names a codec priority the device has not got (an engine bug).
+    #[error(
+        "page {index} was compressed with codec priority {priority}, which this device has not got"
+    )]
+    NoCodec {
+        /// The page.
+        index: PageIndex,
+        /// The priority in its slot.
+        priority: u8,
+    },
+    /// Parameters for a recompression priority that has no algorithm yet.
+    #[error("no recompression algorithm at priority {priority}: set recomp_algorithm first")]
+    NoRecompAlgorithm {
+        /// The priority.
+        priority: u8,
+    },
+    /// A `recomp_algorithm` or `recompress` request zram would refuse.
+    #[error("{text:?}: {why}")]
+    RecompSyntax {
+        /// The request.
+        text: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A setting that only an uninitialised device takes (zram's rule).
     #[error("{what} cannot change once the device is initialised: reset it first")]
     Busy {

@@ -133,6 +133,18 @@ pub enum DeviceOp {
         /// Whether the context comes from another device.
         foreign: bool,
     },
+    /// [`Device::mark_idle`]: every stored page (`all`), or by an age no page has (none, and
+    /// the marks cleared).
+    MarkIdle {
+        /// `idle all` rather than an age.
+        all: bool,
+    },
+    /// [`Device::recompress`] with the secondary algorithm (the other codec): every page, or
+    /// only huge ones. The model predicts each page's new size with its own stream of that codec.
+    Recompress {
+        /// `type=huge`.
+        huge_only: bool,
+    },
 }
 
 /// A small, fast mixing function (splitmix64's finaliser): content generators and stamps.
@@ -263,6 +275,8 @@ pub struct Tally {
     pub freed_pages: u64,
     /// Pool pages freed by [`Device::compact`].
     pub compacted_pages: u64,
+    /// Pages recompressed with the secondary codec.
+    pub recompressed_pages: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -275,6 +289,7 @@ impl std::ops::AddAssign for Tally {
         self.huge_pages += o.huge_pages;
         self.freed_pages += o.freed_pages;
         self.compacted_pages += o.compacted_pages;
+        self.recompressed_pages += o.recompressed_pages;
     }
 }
 
@@ -398,6 +413,8 @@ struct Harness {
     current: usize,
     /// The model's own stream of the device's codec: compressed sizes, independently.
     sizer: Stream,
+    /// The same for the secondary (recompression) codec.
+    sizer2: Stream,
     scratch: Vec<u8>,
     pages: HashMap<PageIndex, ModelPage>,
     io: IoStat,
@@ -412,16 +429,17 @@ struct Harness {
 
 impl Harness {
     fn new(algorithm: Algorithm) -> Harness {
-        let config = DeviceConfig {
-            algorithm,
-            ..DeviceConfig::default()
-        };
-        let device = Device::new(config, DEVICE_PAGES * PAGE_SIZE as u64).expect("device");
         let other = if algorithm == Algorithm::Lz4 {
             Algorithm::Zstd
         } else {
             Algorithm::Lz4
         };
+        let config = DeviceConfig {
+            algorithm,
+            secondary: [Some((other, CodecParams::default())), None, None],
+            ..DeviceConfig::default()
+        };
+        let device = Device::new(config, DEVICE_PAGES * PAGE_SIZE as u64).expect("device");
         let foreign = Device::new(
             DeviceConfig {
                 algorithm: other,
@@ -437,6 +455,9 @@ impl Harness {
         let sizer = Codec::new(algorithm, CodecParams::default())
             .and_then(|c| c.stream())
             .expect("model stream");
+        let sizer2 = Codec::new(other, CodecParams::default())
+            .and_then(|c| c.stream())
+            .expect("model stream");
         let last = device.stats();
         Harness {
             device,
@@ -444,6 +465,7 @@ impl Harness {
             ctxs,
             current: 0,
             sizer,
+            sizer2,
             scratch: vec![0; MAX_COMPRESSED_LEN],
             pages: HashMap::new(),
             io: IoStat::default(),
@@ -845,7 +867,102 @@ impl Harness {
                     self.ctxs[self.current] = self.foreign.context().expect("context");
                 }
             }
+            DeviceOp::MarkIdle { all } => {
+                let marked = self
+                    .device
+                    .mark_idle(if all { None } else { Some(u32::MAX) });
+                let stored = self
+                    .pages
+                    .values()
+                    .filter(|p| !matches!(p.stored, Stored::Same(_)))
+                    .count() as u64;
+                assert_eq!(
+                    marked,
+                    if all { stored } else { 0 },
+                    "step {}: mark_idle(all={all})",
+                    self.step
+                );
+            }
+            DeviceOp::Recompress { huge_only } => self.recompress(huge_only),
         }
+    }
+
+    /// Recompresses, then checks every page against the model: a page the pass could take
+    /// (stored, never tried, huge when only huge ones are asked for) is recompressed exactly
+    /// when the secondary codec's size lands in a smaller size class (or, with a memory limit,
+    /// stays as it was), and then holds exactly that many bytes.
+    fn recompress(&mut self, huge_only: bool) {
+        let step = self.step;
+        let before: HashMap<PageIndex, SlotState> = self
+            .pages
+            .keys()
+            .map(|&i| (i, self.device.slot_state(i).expect("in range")))
+            .collect();
+        let req = crate::RecompressRequest {
+            kind: huge_only.then_some(crate::RecompressType::Huge),
+            ..Default::default()
+        };
+        let stats = self
+            .device
+            .recompress(&mut self.ctxs[self.current], &req)
+            .expect("recompress");
+        let pool = self.device.pool();
+        let class = |n: usize| pool.class_size(n).expect("a class");
+        let threshold = self.device.huge_threshold();
+        let mut recompressed = 0;
+        let indexes: Vec<PageIndex> = self.pages.keys().copied().collect();
+        for index in indexes {
+            let page = self.pages.get(&index).expect("listed");
+            let old = before[&index];
+            let now = self.device.slot_state(index).expect("in range");
+            let len = match page.stored {
+                Stored::Same(_) => {
+                    assert_eq!(
+                        now, old,
+                        "step {step}: page {index}: same-filled page changed"
+                    );
+                    continue;
+                }
+                Stored::Compressed(n) => n,
+                Stored::Huge => PAGE_SIZE,
+            };
+            let candidate = old.prio == 0
+                && !old.flags.contains(SlotFlags::INCOMPRESSIBLE)
+                && (!huge_only || page.stored == Stored::Huge);
+            let n2 = self
+                .sizer2
+                .compress(&page.data, &mut self.scratch)
+                .expect("a page compresses into MAX_COMPRESSED_LEN");
+            let shrinks = n2 < threshold && class(n2) < class(len);
+            if now.prio == 1 && old.prio == 0 {
+                assert!(
+                    candidate && shrinks,
+                    "step {step}: page {index} recompressed: {old:?} -> {now:?}"
+                );
+                assert_eq!(
+                    usize::from(now.size),
+                    n2,
+                    "step {step}: page {index}: recompressed size"
+                );
+                recompressed += 1;
+                self.pages.get_mut(&index).expect("listed").stored = Stored::Compressed(n2);
+            } else {
+                assert_eq!(now.prio, old.prio, "step {step}: page {index}");
+                assert!(
+                    !(candidate && shrinks) || self.limit_pages > 0,
+                    "step {step}: page {index} ({len} -> {n2} bytes) was not recompressed: {now:?}"
+                );
+                if candidate && !shrinks {
+                    assert!(
+                        now.flags.contains(SlotFlags::INCOMPRESSIBLE),
+                        "step {step}: page {index} no codec shrinks is not marked: {now:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(stats.recompressed, recompressed, "step {step}: {stats:?}");
+        self.tally.recompressed_pages += recompressed;
+        self.check_all();
     }
 
     /// Compares every figure of [`Device::stats`] with the model.
@@ -1021,7 +1138,7 @@ fn variant(out: &mut Vec<u8>, index: usize, count: usize) {
 /// The bytes that [`device_ops`] decodes into `algorithm` and `ops`: how the seed corpus is
 /// written. Mirrors arbitrary 1.x's encoding; a unit test checks the round trip.
 pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
-    const OPS: usize = 9;
+    const OPS: usize = 11;
     let mut out = Vec::new();
     let alg = Algorithm::ALL
         .iter()
@@ -1080,6 +1197,14 @@ pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
             DeviceOp::SwitchContext { foreign } => {
                 variant(&mut out, 8, OPS);
                 out.push(u8::from(foreign));
+            }
+            DeviceOp::MarkIdle { all } => {
+                variant(&mut out, 9, OPS);
+                out.push(u8::from(all));
+            }
+            DeviceOp::Recompress { huge_only } => {
+                variant(&mut out, 10, OPS);
+                out.push(u8::from(huge_only));
             }
         }
     }
@@ -1169,7 +1294,31 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
         .chain((0..48u16).step_by(2).map(|p| discard(p * 8, 8)))
         .chain([Compact, read(0, 64), read(256, 64)])
         .collect();
+    let recompress: Vec<DeviceOp> = (0..32u16)
+        .map(|p| {
+            whole(
+                p,
+                1,
+                [Text, Pointers, Noise, Mixed][p as usize % 4],
+                p as u8,
+            )
+        })
+        .chain([
+            MarkIdle { all: true },
+            Recompress { huge_only: true },
+            read(0, 64),
+            Recompress { huge_only: false },
+            read(0, 255),
+            whole(3, 2, Text, 77),
+            MarkIdle { all: false },
+            Recompress { huge_only: false },
+            Compact,
+            read(0, 255),
+        ])
+        .collect();
     vec![
+        ("seed-lz4-recompress", Algorithm::Lz4, recompress.clone()),
+        ("seed-zstd-recompress", Algorithm::Zstd, recompress),
         ("seed-lz4-kinds", Algorithm::Lz4, kinds.clone()),
         ("seed-zstd-kinds", Algorithm::Zstd, kinds),
         (

@@ -43,7 +43,8 @@ pub mod ublk;
 
 pub use device::{
     Device, DeviceConfig, DeviceSetup, DeviceStats, Growth, IoContext, IoStat, Maintenance, MmStat,
-    PageIndex, SlotFlags, SlotState, PAGE_SIZE, SECTOR_SIZE,
+    PageIndex, RecompressRequest, RecompressStats, RecompressType, SlotFlags, SlotState, PAGE_SIZE,
+    SECTOR_SIZE,
 };
 pub use error::Error;
 pub use size::{format_size, parse_size};

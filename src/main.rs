@@ -21,6 +21,7 @@ Examples:
   uzram --output-all --bytes                   every column, sizes in bytes
   uzram attr /dev/ublkb0 mm_stat               zram's attributes, byte for byte (reads open to all users)
   uzram attr /dev/ublkb0 mem_limit 2G          changes need root
+  uzram -f -s 4G --recomp-algorithm algo=zstd  then: uzram attr DEV idle all; uzram attr DEV recompress type=idle
   uzram --reset /dev/ublkb0                    stop and delete (refused while swap or mounted)
 
 ublk devices exist only once created (unlike hot-added zram devices): a device name given with
@@ -62,6 +63,9 @@ struct CtlArgs {
     /// zram's algorithm_params, e.g. "level=3" or "dict=/path/to/dict"
     #[arg(short = 'p', long, value_name = "PARAMS")]
     algorithm_params: Option<String>,
+    /// zram's recomp_algorithm for the new device, e.g. "algo=zstd priority=1" (repeatable)
+    #[arg(long, value_name = "SPEC")]
+    recomp_algorithm: Vec<String>,
     /// Number of compression streams (the daemon's I/O queues; default one per CPU)
     #[arg(short = 't', long, value_name = "NUMBER")]
     streams: Option<u16>,
@@ -97,8 +101,9 @@ struct CtlArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Read or write a zram attribute of a device: mm_stat, io_stat, debug_stat, comp_algorithm,
-    /// disksize, initstate, max_comp_streams, mem_limit, mem_used_max, compact, reset, and
-    /// uzram's own uzram_stat. A read prints the attribute's exact bytes.
+    /// recomp_algorithm, disksize, initstate, max_comp_streams, mem_limit, mem_used_max, idle,
+    /// recompress, compact, reset, and uzram's own uzram_stat. A read prints the attribute's exact
+    /// bytes.
     Attr {
         /// The device, /dev/ublkbN
         device: String,
@@ -173,6 +178,7 @@ fn zramctl(a: CtlArgs) -> Outcome {
             size,
             algorithm: a.algorithm,
             algorithm_params: a.algorithm_params,
+            recomp_algorithm: a.recomp_algorithm,
             streams: a.streams,
             mem_limit: a.mem_limit,
             id: ids.first().copied(),

@@ -45,6 +45,8 @@ fn op() -> impl Strategy<Value = DeviceOp> {
         1 => proptest::option::of(0u8..40).prop_map(|pages| DeviceOp::SetMemLimit { pages }),
         1 => Just(DeviceOp::ResetMemUsedMax),
         1 => any::<bool>().prop_map(|foreign| DeviceOp::SwitchContext { foreign }),
+        1 => any::<bool>().prop_map(|all| DeviceOp::MarkIdle { all }),
+        1 => any::<bool>().prop_map(|huge_only| DeviceOp::Recompress { huge_only }),
         1 => (wild, prop_oneof![any::<u64>(), 0u64..300_000], any::<u16>())
             .prop_map(|(op, offset, len_bytes)| DeviceOp::Wild { op, offset, len_bytes }),
     ]
@@ -95,6 +97,7 @@ fn fuzz_corpus_replays() {
         ("huge pages", t.huge_pages),
         ("freed pages", t.freed_pages),
         ("compacted pages", t.compacted_pages),
+        ("recompressed pages", t.recompressed_pages),
     ] {
         assert!(n > 0, "the corpus has no {what}: {t:?}");
     }

@@ -4,12 +4,14 @@
 //! one slot lock. Compression happens outside any lock for whole-page writes; a partial-page write
 //! holds its slot's lock across its read-modify-write.
 
+mod recompress;
 pub mod slot;
 mod stats;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+pub use recompress::{RecompressRequest, RecompressStats, RecompressType};
 pub use uzram_allocator::{Growth, Maintenance};
 use uzram_allocator::{Handle, Pool, PoolConfig};
 use uzram_codecs::{Algorithm, AlgorithmParams, Codec, CodecParams, Stream, MAX_COMPRESSED_LEN};
@@ -46,6 +48,9 @@ pub struct DeviceConfig {
     pub mem_limit: Option<u64>,
     /// The allocator's tunables.
     pub pool: PoolConfig,
+    /// zram's `recomp_algorithm`: the secondary algorithms by priority 1..=3 (`[0]` is
+    /// priority 1), each with its parameters.
+    pub secondary: [Option<(Algorithm, CodecParams)>; 3],
 }
 
 impl Default for DeviceConfig {
@@ -55,6 +60,7 @@ impl Default for DeviceConfig {
             params: CodecParams::default(),
             mem_limit: None,
             pool: PoolConfig::default(),
+            secondary: Default::default(),
         }
     }
 }
@@ -85,14 +91,16 @@ impl DeviceSetup {
     pub fn set_algorithm_params(&mut self, text: &str) -> Result<(), Error> {
         let p: AlgorithmParams = text.parse()?;
         if let Some(prio) = p.priority.filter(|&p| p != 0) {
-            // Secondary algorithms are the recompression issue's; say so rather than ignore it.
-            return Err(Error::Busy {
-                what: if prio > 0 {
-                    "a secondary algorithm"
-                } else {
-                    "priority"
-                },
-            });
+            // Parameters of a recompression algorithm, which must be set first (zram's rule).
+            let slot = &mut self.config.secondary[usize::from(prio) - 1];
+            let Some((algorithm, _)) = slot.clone() else {
+                return Err(Error::NoRecompAlgorithm { priority: prio });
+            };
+            let algorithm = p.algo.unwrap_or(algorithm);
+            let params = p.load_codec_params()?;
+            Codec::new(algorithm, params.clone())?;
+            *slot = Some((algorithm, params));
+            return Ok(());
         }
         let algorithm = p.algo.unwrap_or(self.config.algorithm);
         let params = p.load_codec_params()?;
@@ -105,6 +113,27 @@ impl DeviceSetup {
     /// zram's `mem_limit` (0 or `None` for none).
     pub fn set_mem_limit(&mut self, bytes: Option<u64>) {
         self.config.mem_limit = bytes.filter(|&b| b > 0);
+    }
+
+    /// zram's `recomp_algorithm`: `algo=NAME [priority=1..3] [level=N] [dict=PATH]` adds (or
+    /// replaces) the secondary algorithm of that priority (1 when not given).
+    pub fn set_recomp_algorithm(&mut self, text: &str) -> Result<(), Error> {
+        let p: AlgorithmParams = text.parse()?;
+        let algorithm = p.algo.ok_or(Error::RecompSyntax {
+            text: text.to_string(),
+            why: "algo=NAME is required",
+        })?;
+        let prio = p.priority.unwrap_or(1);
+        if prio == 0 {
+            return Err(Error::RecompSyntax {
+                text: text.to_string(),
+                why: "priority 0 is the primary algorithm (comp_algorithm)",
+            });
+        }
+        let params = p.load_codec_params()?;
+        Codec::new(algorithm, params.clone())?;
+        self.config.secondary[usize::from(prio) - 1] = Some((algorithm, params));
+        Ok(())
     }
 
     /// Pool memory (bytes, rounded up to 2 MiB arenas) mapped at init and kept mapped.
@@ -138,7 +167,8 @@ pub struct IoContext {
     device: u64,
     /// The counter shard this context's event counters (failed I/O) go to.
     shard: usize,
-    streams: Vec<Stream>,
+    /// By codec priority; `None` where the device has no codec of that priority.
+    streams: Vec<Option<Stream>>,
     buf: Box<[u8]>,
     page: Box<[u8; PAGE_SIZE]>,
 }
@@ -159,8 +189,8 @@ pub struct Device {
     disksize: u64,
     slots: Box<[Slot]>,
     pool: Pool,
-    /// By priority; `[0]` is the primary.
-    codecs: Vec<Codec>,
+    /// By priority; `[0]` is the primary (always there), 1..=3 the recompression algorithms.
+    codecs: Vec<Option<Codec>>,
     /// Pages that compress to this many bytes or more are stored raw.
     huge_threshold: usize,
     epoch: Instant,
@@ -172,7 +202,7 @@ impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device")
             .field("disksize", &self.disksize)
-            .field("algorithm", &self.codecs[0].algorithm())
+            .field("algorithm", &self.codec().algorithm())
             .finish_non_exhaustive()
     }
 }
@@ -213,7 +243,15 @@ impl Device {
         let mut slots = Vec::new();
         slots.try_reserve_exact(n).map_err(|_| too_large())?;
         slots.resize_with(n, Slot::default);
-        let codec = Codec::new(config.algorithm, config.params.clone())?;
+        let mut codecs = vec![Some(Codec::new(config.algorithm, config.params.clone())?)];
+        for secondary in &config.secondary {
+            codecs.push(
+                secondary
+                    .as_ref()
+                    .map(|(a, p)| Codec::new(*a, p.clone()))
+                    .transpose()?,
+            );
+        }
         let pool = Pool::new(config.pool.clone()).map_err(Error::OutOfMemory)?;
         pool.set_limit(config.mem_limit);
         // zram's rule: an object in the class of whole pages costs a page anyway, so store the
@@ -226,7 +264,7 @@ impl Device {
             disksize,
             slots: slots.into_boxed_slice(),
             pool,
-            codecs: vec![codec],
+            codecs,
             huge_threshold,
             epoch: Instant::now(),
             next_shard: AtomicUsize::new(0),
@@ -250,12 +288,14 @@ impl Device {
 
     /// The primary algorithm.
     pub fn algorithm(&self) -> Algorithm {
-        self.codecs[0].algorithm()
+        self.codec().algorithm()
     }
 
     /// The primary codec (algorithm and parameters).
     pub fn codec(&self) -> &Codec {
-        &self.codecs[0]
+        self.codecs[0]
+            .as_ref()
+            .expect("the primary codec is always there")
     }
 
     /// Compressed sizes from this one up are stored as raw pages.
@@ -275,7 +315,7 @@ impl Device {
         let streams = self
             .codecs
             .iter()
-            .map(Codec::stream)
+            .map(|c| c.as_ref().map(Codec::stream).transpose())
             .collect::<Result<Vec<_>, _>>()?;
         let mut ctx = IoContext {
             device: self.id,
@@ -285,7 +325,7 @@ impl Device {
             page: Box::new([0; PAGE_SIZE]),
         };
         let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
-        for stream in &mut ctx.streams {
+        for stream in ctx.streams.iter_mut().flatten() {
             ctx.page.copy_from_slice(&sample);
             if let Ok(n) = stream.compress(&ctx.page, &mut ctx.buf) {
                 let _ = stream.decompress(&ctx.buf[..n], &mut ctx.page);
@@ -436,13 +476,32 @@ impl Device {
     /// Fills `out` with page `index`, whose slot `g` holds locked, and marks it accessed.
     fn load(
         &self,
-        streams: &mut [Stream],
+        streams: &mut [Option<Stream>],
         buf: &mut [u8],
         index: PageIndex,
         g: &mut slot::SlotGuard<'_>,
         out: &mut [u8; PAGE_SIZE],
     ) -> Result<(), Error> {
         let mut s = g.get();
+        self.decode(streams, buf, index, &s, out)?;
+        let now = self.now();
+        if s.atime != now || s.flags.contains(SlotFlags::IDLE) {
+            s.atime = now;
+            s.flags = s.flags.difference(SlotFlags::IDLE);
+            g.set(s);
+        }
+        Ok(())
+    }
+
+    /// Fills `out` with the page slot state `s` (locked by the caller) names.
+    fn decode(
+        &self,
+        streams: &mut [Option<Stream>],
+        buf: &mut [u8],
+        index: PageIndex,
+        s: &SlotState,
+        out: &mut [u8; PAGE_SIZE],
+    ) -> Result<(), Error> {
         if s.flags.contains(SlotFlags::SAME) {
             fill(out, s.word);
         } else if s.flags.contains(SlotFlags::STORED) {
@@ -458,19 +517,17 @@ impl Device {
                 let n = self.pool.read_into(handle, buf).map_err(lost)?;
                 let stream = streams
                     .get_mut(usize::from(s.prio))
-                    .expect("a stream per codec");
+                    .and_then(Option::as_mut)
+                    .ok_or(Error::NoCodec {
+                        index,
+                        priority: s.prio,
+                    })?;
                 stream
                     .decompress(&buf[..n], out)
                     .map_err(|source| Error::Corrupt { index, source })?;
             }
         } else {
             out.fill(0);
-        }
-        let now = self.now();
-        if s.atime != now || s.flags.contains(SlotFlags::IDLE) {
-            s.atime = now;
-            s.flags = s.flags.difference(SlotFlags::IDLE);
-            g.set(s);
         }
         Ok(())
     }
@@ -479,7 +536,7 @@ impl Device {
     /// the slot state that names it. Nothing changes on error.
     fn encode(
         &self,
-        streams: &mut [Stream],
+        streams: &mut [Option<Stream>],
         buf: &mut [u8],
         index: PageIndex,
         page: &[u8; PAGE_SIZE],
@@ -495,6 +552,8 @@ impl Device {
             });
         }
         let n = streams[0]
+            .as_mut()
+            .expect("the primary codec is always there")
             .compress(page, buf)
             .map_err(|source| Error::Compress { index, source })?;
         let (bytes, flags) = if n >= self.huge_threshold {
