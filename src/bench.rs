@@ -75,6 +75,27 @@ pub struct BenchReport {
     pub write_pages_per_s: Vec<(usize, f64)>,
     /// Engine reads, pages per second, by thread count.
     pub read_pages_per_s: Vec<(usize, f64)>,
+    /// With `--recomp-algorithm`: the slow path on the same pages.
+    pub recompress: Option<RecompressFigures>,
+}
+
+/// The slow path on the bench's pages: written with the primary algorithm, all marked idle,
+/// recompressed with the secondary ones (zram's `idle all` then `recompress type=idle`), the pool
+/// compacted by the pass itself.
+#[derive(Debug, Clone, Copy)]
+pub struct RecompressFigures {
+    /// `mem_used_total` with the primary algorithm alone.
+    pub mem_used_total_primary: u64,
+    /// `compr_data_size` with the primary algorithm alone.
+    pub compr_primary: u64,
+    /// `mem_used_total` after recompression and its compaction.
+    pub mem_used_total_after: u64,
+    /// `compr_data_size` after recompression.
+    pub compr_after: u64,
+    /// What the pass did.
+    pub stats: crate::RecompressStats,
+    /// Wall time of the pass (recompression and compaction).
+    pub seconds: f64,
 }
 
 /// Why a bench could not run.
@@ -240,6 +261,11 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         .collect();
     let raw_compress = by_threads(0);
     let raw_decompress = by_threads(1);
+    let recompress = if config.secondary.iter().any(Option::is_some) {
+        Some(recompress_pass(&config, disksize, &pages)?)
+    } else {
+        None
+    };
     Ok(BenchReport {
         source,
         algorithm: config.algorithm,
@@ -253,6 +279,48 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         fill_pages_per_s,
         write_pages_per_s: by_threads(2),
         read_pages_per_s: by_threads(3),
+        recompress,
+    })
+}
+
+fn recompress_pass(
+    config: &crate::DeviceConfig,
+    disksize: u64,
+    pages: &[&[u8; PAGE_SIZE]],
+) -> Result<RecompressFigures, BenchError> {
+    let device = Device::new(config.clone(), disksize)?;
+    let mut ctx = device.context()?;
+    let offset = |i: usize| (i * PAGE_SIZE) as u64;
+    for (i, page) in pages.iter().enumerate() {
+        device.write(&mut ctx, offset(i), &page[..])?;
+    }
+    let before = device.stats().mm;
+    device.mark_idle(None);
+    let request = crate::RecompressRequest {
+        kind: Some(crate::RecompressType::Idle),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let stats = device.recompress(&mut ctx, &request)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let after = device.stats().mm;
+    let mut back = vec![0u8; PAGE_SIZE];
+    for (i, page) in pages.iter().enumerate() {
+        device.read(&mut ctx, offset(i), &mut back)?;
+        if back[..] != page[..] {
+            return Err(BenchError::Mismatch {
+                index: i,
+                phase: "recompress",
+            });
+        }
+    }
+    Ok(RecompressFigures {
+        mem_used_total_primary: before.mem_used_total,
+        compr_primary: before.compr_data_size,
+        mem_used_total_after: after.mem_used_total,
+        compr_after: after.compr_data_size,
+        stats,
+        seconds,
     })
 }
 
@@ -405,7 +473,7 @@ impl BenchReport {
                 .collect::<serde_json::Map<_, _>>()
         };
         let m = &self.stats.mm;
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "source": self.source,
             "algorithm": self.algorithm.name(),
             "level": self.level,
@@ -428,7 +496,22 @@ impl BenchReport {
             "fill_pages_per_s": by_threads(&self.fill_pages_per_s),
             "write_pages_per_s": by_threads(&self.write_pages_per_s),
             "read_pages_per_s": by_threads(&self.read_pages_per_s),
-        })
+        });
+        if let Some(r) = &self.recompress {
+            let extra = serde_json::json!({
+                "mem_used_total_primary": r.mem_used_total_primary,
+                "mem_used_total_after_recompress": r.mem_used_total_after,
+                "recompress_memory_ratio": r.mem_used_total_after as f64 / r.mem_used_total_primary.max(1) as f64,
+                "compr_data_size_after_recompress": r.compr_after,
+                "recompressed_pages": r.stats.recompressed,
+                "incompressible_pages": r.stats.incompressible,
+                "recompress_pages_per_s": (r.stats.candidates as f64 / r.seconds.max(1e-9)).round(),
+            });
+            if let (Some(obj), serde_json::Value::Object(add)) = (json.as_object_mut(), extra) {
+                obj.extend(add);
+            }
+        }
+        json
     }
 
     /// The report as a short table for people.
@@ -524,6 +607,21 @@ impl BenchReport {
             self.memory_overhead(),
             (m.mem_used_total + self.stats.table_bytes) as f64 / m.orig_data_size.max(1) as f64
         );
+        if let Some(r) = &self.recompress {
+            let _ = writeln!(
+                s,
+                "\nidle recompression: mem_used_total {} -> {} ({:.3}x), compr {} -> {}; {} of {} pages recompressed, {} incompressible; {:.0} pages/s",
+                crate::format_size(r.mem_used_total_primary),
+                crate::format_size(r.mem_used_total_after),
+                r.mem_used_total_after as f64 / r.mem_used_total_primary.max(1) as f64,
+                crate::format_size(r.compr_primary),
+                crate::format_size(r.compr_after),
+                r.stats.recompressed,
+                r.stats.candidates,
+                r.stats.incompressible,
+                r.stats.candidates as f64 / r.seconds.max(1e-9)
+            );
+        }
         s
     }
 }

@@ -116,8 +116,16 @@ impl DeviceSetup {
     }
 
     /// zram's `recomp_algorithm`: `algo=NAME [priority=1..3] [level=N] [dict=PATH]` adds (or
-    /// replaces) the secondary algorithm of that priority (1 when not given).
+    /// replaces) the secondary algorithm of that priority (1 when not given); a bare `NAME` is
+    /// `algo=NAME`.
     pub fn set_recomp_algorithm(&mut self, text: &str) -> Result<(), Error> {
+        // A bare name is shorthand for algo=NAME (priority 1).
+        let text = if text.contains('=') {
+            text.to_string()
+        } else {
+            format!("algo={}", text.trim())
+        };
+        let text = text.as_str();
         let p: AlgorithmParams = text.parse()?;
         let algorithm = p.algo.ok_or(Error::RecompSyntax {
             text: text.to_string(),

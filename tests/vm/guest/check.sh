@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap discard attrs badinput sigterm kill}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap discard attrs recompress badinput sigterm kill}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
@@ -71,6 +71,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         uzram_setup lz4 256M && check_attrs "$UZRAM_DEV"
         zram_reset
     fi
+    want recompress && check_recompress
     want badinput && check_badinput
     want sigterm && check_sigterm
     want kill && check_kill

@@ -590,3 +590,39 @@ check_kill() {
     uzram_reset
     pass "$name" "writer ended (fio exit $rc) $((i / 10)).$((i % 10)) s after SIGKILL; listed dead; --reset removed it; $dev re-created and verified"
 }
+
+# check_recompress: a device with zstd as its recompression algorithm; written with lz4, all of
+# it marked idle and recompressed through zram's attributes; less memory, every byte intact.
+check_recompress() {
+    local name=recompress log=$UZ_TMP/recompress.log dev m0 m1 c0 c1 MB=1048576
+    note "$name: idle + recompress through the attributes"
+    : >"$log"
+    uzram_reset
+    dev=$(UZRAM_PROGRESS_SECS=5 "$UZRAM_BIN" --find --size 128M --algorithm lz4 \
+        --recomp-algorithm "algo=zstd priority=1" --log "$UZRAM_LOG" 2>>"$log")
+    if [ ! -b "$dev" ]; then
+        fail_log "$name" "$log" "no device with --recomp-algorithm"
+        return
+    fi
+    UZRAM_DEV=$dev
+    "$TOOL" write "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1
+    m0=$(dev_mem_used "$dev") c0=$(dev_stat_field "$dev" 2)
+    "$UZRAM_BIN" attr "$dev" recomp_algorithm >>"$log" 2>&1
+    if ! "$UZRAM_BIN" attr "$dev" idle all >>"$log" 2>&1 ||
+        ! "$UZRAM_BIN" attr "$dev" recompress "type=idle" >>"$log" 2>&1; then
+        fail_log "$name" "$log" "idle/recompress refused"
+        return
+    fi
+    m1=$(dev_mem_used "$dev") c1=$(dev_stat_field "$dev" 2)
+    echo "mem_used $m0 -> $m1, compr $c0 -> $c1" >>"$log"
+    if ! "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1; then
+        fail_log "$name" "$log" "data changed by recompression"
+        return
+    fi
+    if [ $((m1 * 100)) -gt $((m0 * 90)) ]; then
+        fail_log "$name" "$log" "mem_used_total $(mib "$m0") -> $(mib "$m1"): recompression saved less than 10 %"
+        return
+    fi
+    uzram_reset
+    pass "$name" "32 MiB written with lz4, idle all, recompress type=idle (zstd): mem_used_total $(mib "$m0") -> $(mib "$m1"), compr $(mib "$c0") -> $(mib "$c1"), verified"
+}
