@@ -24,6 +24,8 @@ pub enum Access {
 /// The attributes uzram serves, with zram's modes. `reset` is the daemon's (it stops the device).
 pub const ATTRIBUTES: &[(&str, Access)] = &[
     ("algorithm_params", Access::Write),
+    ("backing_dev", Access::ReadWrite),
+    ("bd_stat", Access::Read),
     ("comp_algorithm", Access::ReadWrite),
     ("compact", Access::Write),
     ("debug_stat", Access::Read),
@@ -39,6 +41,9 @@ pub const ATTRIBUTES: &[(&str, Access)] = &[
     ("recompress", Access::Write),
     ("reset", Access::Write),
     ("uzram_stat", Access::Read),
+    ("writeback", Access::Write),
+    ("writeback_limit", Access::ReadWrite),
+    ("writeback_limit_enable", Access::ReadWrite),
 ];
 
 /// Why an attribute access failed: an errno and what to tell the user.
@@ -109,6 +114,19 @@ pub fn read(device: &Device, info: &DaemonInfo, name: &str) -> Result<String, At
         // stalls writes for memory and frees every slot it is told to: both 0).
         "debug_stat" => format!("version: 1\n{:>8} {:>8}\n", 0, 0),
         "disksize" => format!("{}\n", device.disksize()),
+        "backing_dev" => match device.backing() {
+            Some(b) => format!("{}\n", b.path().display()),
+            None => "none\n".to_string(),
+        },
+        "bd_stat" => match device.backing() {
+            Some(b) => b.bd_stat(),
+            None => format!("{:>8} {:>8} {:>8}\n", 0, 0, 0),
+        },
+        "writeback_limit" => format!("{}\n", device.backing().map_or(0, |b| b.limit().1)),
+        "writeback_limit_enable" => format!(
+            "{}\n",
+            u8::from(device.backing().is_some_and(|b| b.limit().0))
+        ),
         "initstate" => "1\n".to_string(),
         "io_stat" => device.io_stat(),
         "max_comp_streams" => format!("{}\n", info.streams),
@@ -197,6 +215,46 @@ pub fn write(device: &Device, name: &str, value: &str) -> Result<(), AttrError> 
             };
             device.mark_idle(older);
         }
+        "writeback" => {
+            let request: crate::device::writeback::WritebackRequest = value
+                .parse()
+                .map_err(|e: crate::Error| AttrError::new(libc::EINVAL, e.to_string()))?;
+            if device.backing().is_none() {
+                return Err(AttrError::new(
+                    libc::ENODEV,
+                    "no backing device (create the device with --backing-dev FILE)",
+                ));
+            }
+            let mut ctx = device
+                .context()
+                .map_err(|e| AttrError::new(libc::ENOMEM, e.to_string()))?;
+            let stats = device
+                .writeback(&mut ctx, request)
+                .map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?;
+            // zram fails a pass cut short by the writeback limit with EIO.
+            if stats.stopped && stats.written < stats.candidates {
+                return Err(AttrError::new(
+                    libc::EIO,
+                    format!(
+                        "writeback stopped after {} of {} pages (writeback limit or full backing device)",
+                        stats.written, stats.candidates
+                    ),
+                ));
+            }
+        }
+        "writeback_limit" | "writeback_limit_enable" => {
+            let n: u64 = value
+                .parse()
+                .map_err(|_| AttrError::new(libc::EINVAL, format!("not a number: {value:?}")))?;
+            let b = device
+                .backing()
+                .ok_or_else(|| AttrError::new(libc::ENODEV, "no backing device"))?;
+            if name == "writeback_limit" {
+                b.set_limit(n);
+            } else {
+                b.set_limit_enable(n != 0);
+            }
+        }
         "recompress" => {
             let request: crate::RecompressRequest = value
                 .parse()
@@ -208,7 +266,7 @@ pub fn write(device: &Device, name: &str, value: &str) -> Result<(), AttrError> 
                 .recompress(&mut ctx, &request)
                 .map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?;
         }
-        "disksize" | "comp_algorithm" | "algorithm_params" | "recomp_algorithm" => {
+        "disksize" | "comp_algorithm" | "algorithm_params" | "recomp_algorithm" | "backing_dev" => {
             return Err(AttrError::new(
                 libc::EBUSY,
                 format!(

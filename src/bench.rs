@@ -77,6 +77,23 @@ pub struct BenchReport {
     pub read_pages_per_s: Vec<(usize, f64)>,
     /// With `--recomp-algorithm`: the slow path on the same pages.
     pub recompress: Option<RecompressFigures>,
+    /// With `--backing-dev FILE`: writeback of every page (after recompression, if any).
+    pub writeback: Option<WritebackFigures>,
+}
+
+/// Writeback of the bench's pages to a backing file.
+#[derive(Debug, Clone, Copy)]
+pub struct WritebackFigures {
+    /// Pages written back.
+    pub pages: u64,
+    /// Bytes written (sealed compressed records).
+    pub bytes_written: u64,
+    /// What writing each page raw (4 KiB, zram's way) would have written.
+    pub bytes_raw_equivalent: u64,
+    /// Wall time of the pass.
+    pub seconds: f64,
+    /// `mem_used_total` after the pass (and its compaction).
+    pub mem_used_total_after: u64,
 }
 
 /// The slow path on the bench's pages: written with the primary algorithm, all marked idle,
@@ -224,9 +241,14 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
     // One device per thread count, kept across rounds: round 0 fills it (the pool grows: arenas
     // mapped and zeroed), later rounds overwrite every page (the steady state of swap, where
     // freed objects make room for new ones).
+    // The timed devices have no backing file (only the slow path writes back).
+    let fast = crate::DeviceConfig {
+        backing_dev: None,
+        ..config.clone()
+    };
     let devices = thread_counts
         .iter()
-        .map(|_| Device::new(config.clone(), disksize))
+        .map(|_| Device::new(fast.clone(), disksize))
         .collect::<Result<Vec<_>, _>>()?;
     let mut fills = Vec::new();
     for round in 0..args.runs {
@@ -261,11 +283,12 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         .collect();
     let raw_compress = by_threads(0);
     let raw_decompress = by_threads(1);
-    let recompress = if config.secondary.iter().any(Option::is_some) {
-        Some(recompress_pass(&config, disksize, &pages)?)
-    } else {
-        None
-    };
+    let (recompress, writeback) =
+        if config.secondary.iter().any(Option::is_some) || config.backing_dev.is_some() {
+            slow_path(&config, disksize, &pages)?
+        } else {
+            (None, None)
+        };
     Ok(BenchReport {
         source,
         algorithm: config.algorithm,
@@ -280,48 +303,82 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         write_pages_per_s: by_threads(2),
         read_pages_per_s: by_threads(3),
         recompress,
+        writeback,
     })
 }
 
-fn recompress_pass(
+/// The slow path on one device: write every page with the primary codec, mark all idle, then
+/// recompress (with secondary codecs) and write back (with a backing file), checking every page
+/// after each step.
+fn slow_path(
     config: &crate::DeviceConfig,
     disksize: u64,
     pages: &[&[u8; PAGE_SIZE]],
-) -> Result<RecompressFigures, BenchError> {
+) -> Result<(Option<RecompressFigures>, Option<WritebackFigures>), BenchError> {
     let device = Device::new(config.clone(), disksize)?;
     let mut ctx = device.context()?;
     let offset = |i: usize| (i * PAGE_SIZE) as u64;
     for (i, page) in pages.iter().enumerate() {
         device.write(&mut ctx, offset(i), &page[..])?;
     }
-    let before = device.stats().mm;
-    device.mark_idle(None);
-    let request = crate::RecompressRequest {
-        kind: Some(crate::RecompressType::Idle),
-        ..Default::default()
-    };
-    let t0 = Instant::now();
-    let stats = device.recompress(&mut ctx, &request)?;
-    let seconds = t0.elapsed().as_secs_f64();
-    let after = device.stats().mm;
-    let mut back = vec![0u8; PAGE_SIZE];
-    for (i, page) in pages.iter().enumerate() {
-        device.read(&mut ctx, offset(i), &mut back)?;
-        if back[..] != page[..] {
-            return Err(BenchError::Mismatch {
-                index: i,
-                phase: "recompress",
-            });
+    let check = |ctx: &mut crate::IoContext, phase| -> Result<(), BenchError> {
+        let mut back = vec![0u8; PAGE_SIZE];
+        for (i, page) in pages.iter().enumerate() {
+            device.read(ctx, offset(i), &mut back)?;
+            if back[..] != page[..] {
+                return Err(BenchError::Mismatch { index: i, phase });
+            }
         }
-    }
-    Ok(RecompressFigures {
-        mem_used_total_primary: before.mem_used_total,
-        compr_primary: before.compr_data_size,
-        mem_used_total_after: after.mem_used_total,
-        compr_after: after.compr_data_size,
-        stats,
-        seconds,
-    })
+        Ok(())
+    };
+    device.mark_idle(None);
+    let recompress = if config.secondary.iter().any(Option::is_some) {
+        let before = device.stats().mm;
+        let request = crate::RecompressRequest {
+            kind: Some(crate::RecompressType::Idle),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let stats = device.recompress(&mut ctx, &request)?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let after = device.stats().mm;
+        Some(RecompressFigures {
+            mem_used_total_primary: before.mem_used_total,
+            compr_primary: before.compr_data_size,
+            mem_used_total_after: after.mem_used_total,
+            compr_after: after.compr_data_size,
+            stats,
+            seconds,
+        })
+    } else {
+        None
+    };
+    // Writeback takes what is still stored (same-filled pages stay in their slots), after the
+    // check below has read every page (which clears idle): mark them again.
+    let writeback = if device.backing().is_some() {
+        device.mark_idle(None);
+        let t0 = Instant::now();
+        let stats = device.writeback(&mut ctx, crate::device::writeback::WritebackRequest::Idle)?;
+        let seconds = t0.elapsed().as_secs_f64();
+        Some(WritebackFigures {
+            pages: stats.written,
+            bytes_written: stats.bytes,
+            bytes_raw_equivalent: stats.written * PAGE_SIZE as u64,
+            seconds,
+            mem_used_total_after: device.stats().mm.mem_used_total,
+        })
+    } else {
+        None
+    };
+    check(
+        &mut ctx,
+        if writeback.is_some() {
+            "writeback"
+        } else {
+            "recompress"
+        },
+    )?;
+    Ok((recompress, writeback))
 }
 
 /// The start line of a thread's two timed phases: every thread waits at it exactly twice, even one
@@ -497,6 +554,19 @@ impl BenchReport {
             "write_pages_per_s": by_threads(&self.write_pages_per_s),
             "read_pages_per_s": by_threads(&self.read_pages_per_s),
         });
+        if let Some(w) = &self.writeback {
+            let extra = serde_json::json!({
+                "bd_pages_written": w.pages,
+                "bd_bytes_written": w.bytes_written,
+                "bd_bytes_written_raw_equivalent": w.bytes_raw_equivalent,
+                "bd_bytes_ratio": w.bytes_written as f64 / w.bytes_raw_equivalent.max(1) as f64,
+                "writeback_pages_per_s": (w.pages as f64 / w.seconds.max(1e-9)).round(),
+                "mem_used_total_after_writeback": w.mem_used_total_after,
+            });
+            if let (Some(obj), serde_json::Value::Object(add)) = (json.as_object_mut(), extra) {
+                obj.extend(add);
+            }
+        }
         if let Some(r) = &self.recompress {
             let extra = serde_json::json!({
                 "mem_used_total_primary": r.mem_used_total_primary,
@@ -620,6 +690,18 @@ impl BenchReport {
                 r.stats.candidates,
                 r.stats.incompressible,
                 r.stats.candidates as f64 / r.seconds.max(1e-9)
+            );
+        }
+        if let Some(w) = &self.writeback {
+            let _ = writeln!(
+                s,
+                "writeback: {} pages, {} written ({:.3}x of raw 4 KiB writeback's {}), {:.0} pages/s; mem_used_total after {}",
+                w.pages,
+                crate::format_size(w.bytes_written),
+                w.bytes_written as f64 / w.bytes_raw_equivalent.max(1) as f64,
+                crate::format_size(w.bytes_raw_equivalent),
+                w.pages as f64 / w.seconds.max(1e-9),
+                crate::format_size(w.mem_used_total_after)
             );
         }
         s

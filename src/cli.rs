@@ -15,6 +15,10 @@ pub struct CodecArgs {
     /// "algo=zstd priority=1 level=9" (repeat for priorities 2 and 3)
     #[arg(long, value_name = "SPEC")]
     pub recomp_algorithm: Vec<String>,
+    /// zram's backing_dev: a file (created 0600, sized to the device if empty) or a block device
+    /// that `writeback` moves pages to, compressed and encrypted
+    #[arg(long, value_name = "FILE")]
+    pub backing_dev: Option<std::path::PathBuf>,
 }
 
 impl CodecArgs {
@@ -28,6 +32,9 @@ impl CodecArgs {
         }
         if let Some(p) = &self.algorithm_params {
             setup.set_algorithm_params(p)?;
+        }
+        if let Some(b) = &self.backing_dev {
+            setup.set_backing_dev(b);
         }
         Ok(())
     }

@@ -45,6 +45,8 @@ pub struct CreateArgs {
     pub algorithm_params: Option<String>,
     /// `--recomp-algorithm`, each.
     pub recomp_algorithm: Vec<String>,
+    /// `--backing-dev`.
+    pub backing_dev: Option<PathBuf>,
     /// `--streams` (queues).
     pub streams: Option<u16>,
     /// `--mem-limit`.
@@ -107,6 +109,11 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
     }
     for r in &args.recomp_algorithm {
         cmd.args(["--recomp-algorithm", r]);
+    }
+    if let Some(b) = &args.backing_dev {
+        // The daemon runs with / as its directory: give it an absolute path.
+        let b = std::path::absolute(b).map_err(|e| err(format!("{}: {e}", b.display())))?;
+        cmd.arg("--backing-dev").arg(b);
     }
     if let Some(s) = args.streams {
         cmd.args(["--queues", &s.to_string()]);

@@ -114,6 +114,19 @@ pub enum Error {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// A written-back page could not be read back (I/O error, or a record that fails its
+    /// authentication: tampered with or corrupt).
+    #[error("page {index} on the backing device")]
+    Backing {
+        /// The page.
+        index: PageIndex,
+        /// Why.
+        #[source]
+        source: crate::device::writeback::BackingError,
+    },
+    /// The backing device could not be used.
+    #[error(transparent)]
+    BackingOpen(#[from] crate::device::writeback::BackingError),
     /// A setting that only an uninitialised device takes (zram's rule).
     #[error("{what} cannot change once the device is initialised: reset it first")]
     Busy {

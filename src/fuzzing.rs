@@ -145,6 +145,16 @@ pub enum DeviceOp {
         /// `type=huge`.
         huge_only: bool,
     },
+    /// [`Device::writeback`] of a range of pages to the harness's backing file; with `fail`,
+    /// every write fails and every page must stay in RAM.
+    Writeback {
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+        /// Make the backing file's writes fail.
+        fail: bool,
+    },
 }
 
 /// A small, fast mixing function (splitmix64's finaliser): content generators and stamps.
@@ -277,6 +287,8 @@ pub struct Tally {
     pub compacted_pages: u64,
     /// Pages recompressed with the secondary codec.
     pub recompressed_pages: u64,
+    /// Pages written back to the backing file.
+    pub written_back_pages: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -290,6 +302,7 @@ impl std::ops::AddAssign for Tally {
         self.freed_pages += o.freed_pages;
         self.compacted_pages += o.compacted_pages;
         self.recompressed_pages += o.recompressed_pages;
+        self.written_back_pages += o.written_back_pages;
     }
 }
 
@@ -302,6 +315,8 @@ enum Stored {
     Compressed(usize),
     /// In the pool: raw.
     Huge,
+    /// On the backing file: this many stored bytes (compressed, or 4096 raw).
+    Backing(usize),
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -434,12 +449,21 @@ impl Harness {
         } else {
             Algorithm::Lz4
         };
+        // A backing file of its own, unlinked as soon as the device has it open.
+        static FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let backing = std::env::temp_dir().join(format!(
+            "uzram-device-ops-{}-{}",
+            std::process::id(),
+            FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let config = DeviceConfig {
             algorithm,
             secondary: [Some((other, CodecParams::default())), None, None],
+            backing_dev: Some(backing.clone()),
             ..DeviceConfig::default()
         };
         let device = Device::new(config, DEVICE_PAGES * PAGE_SIZE as u64).expect("device");
+        let _ = std::fs::remove_file(&backing);
         let foreign = Device::new(
             DeviceConfig {
                 algorithm: other,
@@ -510,6 +534,7 @@ impl Harness {
             Stored::Same(_) => return false,
             Stored::Compressed(n) => n,
             Stored::Huge => PAGE_SIZE,
+            Stored::Backing(_) => unreachable!("a page being written is never on the backing file"),
         };
         let pool = self.device.pool();
         let class = pool
@@ -533,7 +558,7 @@ impl Harness {
                         self.tally.huge_pages += 1;
                     }
                     Stored::Same(_) => self.tally.same_pages += 1,
-                    Stored::Compressed(_) => {}
+                    Stored::Compressed(_) | Stored::Backing(_) => {}
                 }
                 self.pages.insert(index, p);
             }
@@ -874,7 +899,7 @@ impl Harness {
                 let stored = self
                     .pages
                     .values()
-                    .filter(|p| !matches!(p.stored, Stored::Same(_)))
+                    .filter(|p| matches!(p.stored, Stored::Compressed(_) | Stored::Huge))
                     .count() as u64;
                 assert_eq!(
                     marked,
@@ -884,7 +909,61 @@ impl Harness {
                 );
             }
             DeviceOp::Recompress { huge_only } => self.recompress(huge_only),
+            DeviceOp::Writeback { page, pages, fail } => self.writeback(page, pages, fail),
         }
+    }
+
+    /// Writes back pages `first..first + n` (clamped to the device) and checks the model: every
+    /// stored page of the range is on the backing file afterwards, with its stored size, unless
+    /// the writes fail, when every page stays as it was.
+    fn writeback(&mut self, first: u8, n: u8, fail: bool) {
+        let step = self.step;
+        let first = u64::from(first) % DEVICE_PAGES;
+        let last = (first + u64::from(n.max(1)) - 1).min(DEVICE_PAGES - 1);
+        let backing = self
+            .device
+            .backing()
+            .expect("the harness device has a backing file");
+        backing.set_fail_writes(fail);
+        let stats = self
+            .device
+            .writeback(
+                &mut self.ctxs[self.current],
+                crate::device::writeback::WritebackRequest::Pages { first, last },
+            )
+            .expect("writeback");
+        backing.set_fail_writes(false);
+        let mut expected = 0;
+        for i in first..=last {
+            let index = PageIndex(i);
+            let Some(page) = self.pages.get_mut(&index) else {
+                continue;
+            };
+            let len = match page.stored {
+                Stored::Compressed(n) => n,
+                Stored::Huge => PAGE_SIZE,
+                _ => continue,
+            };
+            expected += 1;
+            if !fail {
+                page.stored = Stored::Backing(len);
+            }
+        }
+        if fail {
+            assert_eq!(
+                (stats.written, stats.failed),
+                (0, expected),
+                "step {step}: {stats:?}"
+            );
+        } else {
+            assert_eq!(
+                (stats.written, stats.failed),
+                (expected, 0),
+                "step {step}: {stats:?}"
+            );
+            self.tally.written_back_pages += expected;
+        }
+        self.check_all();
     }
 
     /// Recompresses, then checks every page against the model: a page the pass could take
@@ -920,6 +999,13 @@ impl Harness {
                     assert_eq!(
                         now, old,
                         "step {step}: page {index}: same-filled page changed"
+                    );
+                    continue;
+                }
+                Stored::Backing(_) => {
+                    assert_eq!(
+                        now, old,
+                        "step {step}: page {index}: written-back page changed"
                     );
                     continue;
                 }
@@ -973,6 +1059,7 @@ impl Harness {
         let mut huge = 0;
         let mut stored = 0;
         let mut compr = 0;
+        let mut written_back = 0u64;
         for p in self.pages.values() {
             match p.stored {
                 Stored::Same(_) => same += 1,
@@ -985,11 +1072,13 @@ impl Harness {
                     huge += 1;
                     compr += PAGE_SIZE as u64;
                 }
+                // Off RAM: counted in bd_stat, not in mm_stat (zram's rule).
+                Stored::Backing(_) => written_back += 1,
             }
         }
         let mm = &s.mm;
         let want = (
-            self.pages.len() as u64 * PAGE_SIZE as u64,
+            (self.pages.len() as u64 - written_back) * PAGE_SIZE as u64,
             compr,
             same,
             huge,
@@ -1081,6 +1170,11 @@ fn check_slot(s: SlotState, want: Option<Stored>) -> Result<(), String> {
             s.flags.contains(SlotFlags::STORED | SlotFlags::HUGE)
                 && usize::from(s.size) == PAGE_SIZE
         }
+        Some(Stored::Backing(n)) => {
+            s.flags.contains(SlotFlags::WB)
+                && !s.flags.intersects(SlotFlags::STORED | SlotFlags::SAME)
+                && usize::from(s.size) == n
+        }
     };
     if ok {
         Ok(())
@@ -1138,7 +1232,7 @@ fn variant(out: &mut Vec<u8>, index: usize, count: usize) {
 /// The bytes that [`device_ops`] decodes into `algorithm` and `ops`: how the seed corpus is
 /// written. Mirrors arbitrary 1.x's encoding; a unit test checks the round trip.
 pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
-    const OPS: usize = 11;
+    const OPS: usize = 12;
     let mut out = Vec::new();
     let alg = Algorithm::ALL
         .iter()
@@ -1205,6 +1299,10 @@ pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
             DeviceOp::Recompress { huge_only } => {
                 variant(&mut out, 10, OPS);
                 out.push(u8::from(huge_only));
+            }
+            DeviceOp::Writeback { page, pages, fail } => {
+                variant(&mut out, 11, OPS);
+                out.extend([page, pages, u8::from(fail)]);
             }
         }
     }
@@ -1316,7 +1414,36 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
             read(0, 255),
         ])
         .collect();
+    let writeback: Vec<DeviceOp> = (0..24u16)
+        .map(|p| whole(p, 1, [Text, Noise, Pointers, Same][p as usize % 4], p as u8))
+        .chain([
+            Writeback {
+                page: 0,
+                pages: 8,
+                fail: true,
+            },
+            Writeback {
+                page: 0,
+                pages: 12,
+                fail: false,
+            },
+            read(0, 255),
+            whole(2, 2, Text, 50),
+            discard(40, 16),
+            part(33, 3, Sparse, 4),
+            Recompress { huge_only: false },
+            Writeback {
+                page: 10,
+                pages: 20,
+                fail: false,
+            },
+            Compact,
+            read(0, 255),
+        ])
+        .collect();
     vec![
+        ("seed-lz4-writeback", Algorithm::Lz4, writeback.clone()),
+        ("seed-zstd-writeback", Algorithm::Zstd, writeback),
         ("seed-lz4-recompress", Algorithm::Lz4, recompress.clone()),
         ("seed-zstd-recompress", Algorithm::Zstd, recompress),
         ("seed-lz4-kinds", Algorithm::Lz4, kinds.clone()),

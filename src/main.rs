@@ -66,6 +66,10 @@ struct CtlArgs {
     /// zram's recomp_algorithm for the new device, e.g. "algo=zstd priority=1" (repeatable)
     #[arg(long, value_name = "SPEC")]
     recomp_algorithm: Vec<String>,
+    /// zram's backing_dev for the new device: a file (created 0600) or block device that
+    /// `uzram attr DEV writeback ...` moves pages to, compressed and encrypted
+    #[arg(long, value_name = "FILE")]
+    backing_dev: Option<std::path::PathBuf>,
     /// Number of compression streams (the daemon's I/O queues; default one per CPU)
     #[arg(short = 't', long, value_name = "NUMBER")]
     streams: Option<u16>,
@@ -102,7 +106,8 @@ struct CtlArgs {
 enum Command {
     /// Read or write a zram attribute of a device: mm_stat, io_stat, debug_stat, comp_algorithm,
     /// recomp_algorithm, disksize, initstate, max_comp_streams, mem_limit, mem_used_max, idle,
-    /// recompress, compact, reset, and uzram's own uzram_stat. A read prints the attribute's exact
+    /// recompress, backing_dev, writeback, writeback_limit, writeback_limit_enable, bd_stat,
+    /// compact, reset, and uzram's own uzram_stat. A read prints the attribute's exact
     /// bytes.
     Attr {
         /// The device, /dev/ublkbN
@@ -179,6 +184,7 @@ fn zramctl(a: CtlArgs) -> Outcome {
             algorithm: a.algorithm,
             algorithm_params: a.algorithm_params,
             recomp_algorithm: a.recomp_algorithm,
+            backing_dev: a.backing_dev,
             streams: a.streams,
             mem_limit: a.mem_limit,
             id: ids.first().copied(),

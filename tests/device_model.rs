@@ -47,6 +47,8 @@ fn op() -> impl Strategy<Value = DeviceOp> {
         1 => any::<bool>().prop_map(|foreign| DeviceOp::SwitchContext { foreign }),
         1 => any::<bool>().prop_map(|all| DeviceOp::MarkIdle { all }),
         1 => any::<bool>().prop_map(|huge_only| DeviceOp::Recompress { huge_only }),
+        1 => (any::<u8>(), 0u8..32, proptest::bool::weighted(0.2))
+            .prop_map(|(page, pages, fail)| DeviceOp::Writeback { page, pages, fail }),
         1 => (wild, prop_oneof![any::<u64>(), 0u64..300_000], any::<u16>())
             .prop_map(|(op, offset, len_bytes)| DeviceOp::Wild { op, offset, len_bytes }),
     ]
@@ -98,6 +100,7 @@ fn fuzz_corpus_replays() {
         ("freed pages", t.freed_pages),
         ("compacted pages", t.compacted_pages),
         ("recompressed pages", t.recompressed_pages),
+        ("written-back pages", t.written_back_pages),
     ] {
         assert!(n > 0, "the corpus has no {what}: {t:?}");
     }

@@ -7,6 +7,7 @@
 mod recompress;
 pub mod slot;
 mod stats;
+pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -51,6 +52,9 @@ pub struct DeviceConfig {
     /// zram's `recomp_algorithm`: the secondary algorithms by priority 1..=3 (`[0]` is
     /// priority 1), each with its parameters.
     pub secondary: [Option<(Algorithm, CodecParams)>; 3],
+    /// zram's `backing_dev`: a file (created 0600 if missing, sized to the disksize if empty) or
+    /// a block device that written-back pages go to.
+    pub backing_dev: Option<std::path::PathBuf>,
 }
 
 impl Default for DeviceConfig {
@@ -61,6 +65,7 @@ impl Default for DeviceConfig {
             mem_limit: None,
             pool: PoolConfig::default(),
             secondary: Default::default(),
+            backing_dev: None,
         }
     }
 }
@@ -113,6 +118,11 @@ impl DeviceSetup {
     /// zram's `mem_limit` (0 or `None` for none).
     pub fn set_mem_limit(&mut self, bytes: Option<u64>) {
         self.config.mem_limit = bytes.filter(|&b| b > 0);
+    }
+
+    /// zram's `backing_dev`: where `writeback` puts pages. Opened (and checked) at init.
+    pub fn set_backing_dev(&mut self, path: &std::path::Path) {
+        self.config.backing_dev = Some(path.to_path_buf());
     }
 
     /// zram's `recomp_algorithm`: `algo=NAME [priority=1..3] [level=N] [dict=PATH]` adds (or
@@ -201,6 +211,8 @@ pub struct Device {
     codecs: Vec<Option<Codec>>,
     /// Pages that compress to this many bytes or more are stored raw.
     huge_threshold: usize,
+    /// Where written-back pages live.
+    backing: Option<writeback::BackingStore>,
     epoch: Instant,
     counters: Counters,
     next_shard: AtomicUsize,
@@ -260,6 +272,11 @@ impl Device {
                     .transpose()?,
             );
         }
+        let backing = config
+            .backing_dev
+            .as_deref()
+            .map(|p| writeback::BackingStore::open(p, disksize))
+            .transpose()?;
         let pool = Pool::new(config.pool.clone()).map_err(Error::OutOfMemory)?;
         pool.set_limit(config.mem_limit);
         // zram's rule: an object in the class of whole pages costs a page anyway, so store the
@@ -274,6 +291,7 @@ impl Device {
             pool,
             codecs,
             huge_threshold,
+            backing,
             epoch: Instant::now(),
             next_shard: AtomicUsize::new(0),
             counters: Counters::new(
@@ -534,6 +552,8 @@ impl Device {
                     .decompress(&buf[..n], out)
                     .map_err(|source| Error::Corrupt { index, source })?;
             }
+        } else if s.flags.contains(SlotFlags::WB) {
+            self.load_written_back(streams, buf, index, s, out)?;
         } else {
             out.fill(0);
         }
@@ -591,6 +611,9 @@ impl Device {
         // Out before in: a shard's gauges never exceed what its pages hold.
         self.counters.remove(shard, &old);
         self.counters.add(shard, &new);
+        if old.flags.contains(SlotFlags::WB) {
+            self.free_written_back(&old);
+        }
         if old.flags.contains(SlotFlags::STORED) {
             if let Some(h) = Handle::from_raw(old.word) {
                 // A handle the slot held is live; failing here would be a pool bug, and the
@@ -704,7 +727,7 @@ impl Device {
                 if s.flags.contains(SlotFlags::HUGE) != (size == PAGE_SIZE) {
                     return Err(format!("page {i}: HUGE flag disagrees with size {size}"));
                 }
-            } else if s.flags.contains(SlotFlags::HUGE) {
+            } else if s.flags.contains(SlotFlags::HUGE) && !s.flags.contains(SlotFlags::WB) {
                 return Err(format!("page {i}: HUGE without STORED"));
             }
         }

@@ -34,7 +34,8 @@ impl Totals {
                 c.wrapping_sub(n)
             };
         };
-        if s.is_empty() {
+        // Written-back pages have left RAM: zram counts them in bd_stat, not here.
+        if s.is_empty() || s.flags.contains(SlotFlags::WB) {
             return;
         }
         op(&mut self.pages_stored, 1);
