@@ -574,6 +574,7 @@ impl BenchReport {
                 "recompress_memory_ratio": r.mem_used_total_after as f64 / r.mem_used_total_primary.max(1) as f64,
                 "compr_data_size_after_recompress": r.compr_after,
                 "recompressed_pages": r.stats.recompressed,
+                "recompress_pages_compacted": r.stats.pages_compacted,
                 "incompressible_pages": r.stats.incompressible,
                 "recompress_pages_per_s": (r.stats.candidates as f64 / r.seconds.max(1e-9)).round(),
             });
@@ -680,10 +681,11 @@ impl BenchReport {
         if let Some(r) = &self.recompress {
             let _ = writeln!(
                 s,
-                "\nidle recompression: mem_used_total {} -> {} ({:.3}x), compr {} -> {}; {} of {} pages recompressed, {} incompressible; {:.0} pages/s",
+                "\nidle recompression: mem_used_total {} -> {} ({:.3}x, of which the pass's own compaction freed {}), compr {} -> {}; {} of {} pages recompressed, {} incompressible; {:.0} pages/s",
                 crate::format_size(r.mem_used_total_primary),
                 crate::format_size(r.mem_used_total_after),
                 r.mem_used_total_after as f64 / r.mem_used_total_primary.max(1) as f64,
+                crate::format_size(r.stats.pages_compacted * PAGE_SIZE as u64),
                 crate::format_size(r.compr_primary),
                 crate::format_size(r.compr_after),
                 r.stats.recompressed,
