@@ -53,9 +53,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = DEFAULT_DEPTH)]
     pub depth: u16,
     /// Pool memory to map (and lock) up front and keep mapped, so that swap-out does not have to
-    /// ask the kernel for memory while it is short of it
-    #[arg(long, value_name = "SIZE", default_value = "16M")]
-    pub reserve: String,
+    /// ask the kernel for memory while it is short of it (default: 1/64 of the size, 2M..16M)
+    #[arg(long, value_name = "SIZE")]
+    pub reserve: Option<String>,
     /// Device id N for /dev/ublkbN (default: the first free one)
     #[arg(long)]
     pub id: Option<i32>,
@@ -453,14 +453,18 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     }
     crate::pin::tune_malloc();
     let mut setup = DeviceSetup::new();
-    let reserve = crate::parse_size(&args.reserve)?;
+    let disksize = crate::parse_size(&args.size)?;
+    let reserve = match &args.reserve {
+        Some(r) => crate::parse_size(r)?,
+        None => (disksize / 64).clamp(2 << 20, 16 << 20),
+    };
     setup.set_pool_reserve(reserve);
     setup.set_pool_growth(crate::Growth::Reserve { wait: RESERVE_WAIT });
     args.codec.apply(&mut setup)?;
     if let Some(l) = &args.mem_limit {
         setup.set_mem_limit(Some(crate::parse_size(l)?));
     }
-    let device = Arc::new(setup.init(crate::parse_size(&args.size)?)?);
+    let device = Arc::new(setup.init(disksize)?);
     let signals = block_stop_signals()?;
     pin_memory()?;
     crate::pin::refill_heap();

@@ -669,7 +669,25 @@ check_writeback() {
     grep -q UZRAM-SECRET-MARKER "$img" && bad="$bad; the marker is in the backing file in plain text"
     echo 3 >/proc/sys/vm/drop_caches
     dd if="$dev" bs=4096 count=1 2>>"$log" | grep -q UZRAM-SECRET-MARKER || bad="$bad; page 0 reads back wrong"
-    "$TOOL" verify "$dev" $MB $((32 * MB)) "$SEED" >>"$log" 2>&1 || bad="$bad; written-back data reads back wrong"
+    # read back under swap load: a second uzram device as swap, a program pushing memory out to it
+    # while every written-back page is read and verified
+    local swapdev hog avail hogrc
+    swapdev=$("$UZRAM_BIN" --find --size 512M --log "$UZRAM_LOG" 2>>"$log")
+    if [ -b "$swapdev" ] && mkswap "$swapdev" >>"$log" 2>&1 && swapon --discard=pages "$swapdev" >>"$log" 2>&1; then
+        avail=$(($(meminfo_kb MemAvailable) / 1024))
+        "$TOOL" swapfill $((avail * 3 / 2)) $((SEED + 7)) 1 >>"$log" 2>&1 &
+        hog=$!
+        sleep 2
+        "$TOOL" verify "$dev" $MB $((32 * MB)) "$SEED" >>"$log" 2>&1 || bad="$bad; written-back data reads back wrong under swap load"
+        wait $hog
+        hogrc=$?
+        echo "swap load: vmtool swapfill $((avail * 3 / 2)) MiB exit $hogrc, $(grep "^$swapdev" /proc/swaps)" >>"$log"
+        [ $hogrc = 0 ] || bad="$bad; the swap load itself failed (exit $hogrc)"
+        swapoff "$swapdev" >>"$log" 2>&1
+    else
+        bad="$bad; no second device for the swap load"
+    fi
+    [ -b "$swapdev" ] && "$UZRAM_BIN" --reset "$swapdev" >>"$log" 2>&1
     blkdiscard -o $MB -l $((16 * MB)) "$dev" >>"$log" 2>&1
     sync
     a2=$(du -k "$img" | cut -f1)
@@ -682,5 +700,5 @@ check_writeback() {
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), file ${a1} KiB (0600, no plain text), bd_stat $(echo $bd); verified; discarding half left ${a2} KiB"
+    pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), file ${a1} KiB (0600, no plain text), bd_stat $(echo $bd); verified under swap load; discarding half left ${a2} KiB"
 }
