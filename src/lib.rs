@@ -37,6 +37,7 @@ pub mod fuzzing;
 pub mod listing;
 pub mod pagedump;
 pub mod pin;
+pub mod setup;
 mod size;
 #[cfg(feature = "ublk")]
 pub mod ublk;

@@ -117,6 +117,20 @@ enum Command {
         /// The value to write (omit to read)
         value: Option<String>,
     },
+    /// Plan (with --dry-run) the devices that zram-generator.conf (and its .conf.d drop-ins) or
+    /// /etc/default/zramswap describe, as uzram devices: one `key=value` line per device
+    Setup {
+        /// Print the plan and change nothing (the only mode so far)
+        #[arg(long)]
+        dry_run: bool,
+        /// The configuration file (zram-generator.conf syntax, or zramswap's when its name says
+        /// so or it has ALGO=/PERCENT=/SIZE=/PRIORITY= lines)
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
+        /// MemTotal to plan for, in MiB (default: this machine's)
+        #[arg(long, value_name = "N")]
+        ram_mib: Option<f64>,
+    },
     /// Measure the engine against the raw codec on realistic pages: write and read rates at 1 and
     /// N threads, and the memory it takes (mm_stat). Without --corpus or --pid it uses the
     /// checked-in sample, so it runs on any machine.
@@ -232,6 +246,34 @@ fn zramctl(a: CtlArgs) -> Outcome {
     Ok(())
 }
 
+fn setup(dry_run: bool, config: Option<&std::path::Path>, ram_mib: Option<f64>) -> Outcome {
+    if !dry_run {
+        return Err(CtlError(
+            "only `uzram setup --dry-run` exists so far: it prints the plan; creating the devices from it is not built yet".into(),
+        )
+        .into());
+    }
+    let ram = match ram_mib.or_else(uzram::setup::ram_mib) {
+        Some(r) => r,
+        None => {
+            return Err(
+                CtlError("cannot read MemTotal from /proc/meminfo: give --ram-mib".into()).into(),
+            )
+        }
+    };
+    let (plan, note) = uzram::setup::load_plan(config, ram)?;
+    if let Some(note) = note {
+        eprintln!("uzram: warning: {note}");
+    }
+    for device in &plan {
+        for w in &device.warnings {
+            eprintln!("uzram: [{}] {w}", device.section);
+        }
+        println!("{}", device.line());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -260,6 +302,11 @@ fn main() -> ExitCode {
             .and_then(|id| ctl::attr(id, &name, value.as_deref()))
             .map(|out| print!("{out}"))
             .map_err(Into::into),
+        Some(Command::Setup {
+            dry_run,
+            config,
+            ram_mib,
+        }) => setup(dry_run, config.as_deref(), ram_mib),
         Some(Command::Bench(args)) => uzram::bench::run(&args)
             .map(|r| {
                 if args.json {

@@ -70,3 +70,49 @@ fn without_ublk_creating_fails_clearly_and_leaves_nothing() {
     let (rc, out, _) = uzram(&[]);
     assert_eq!((rc, out.as_str()), (0, ""));
 }
+
+/// `uzram setup --dry-run` on any machine: a zram-generator.conf and a zramswap file, planned for
+/// a given MemTotal, one line per device, nothing touched.
+#[test]
+fn setup_dry_run_plans_both_formats() {
+    let dir = std::env::temp_dir().join(format!("uzram-cli-setup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gen = dir.join("zram-generator.conf");
+    std::fs::write(
+        &gen,
+        "[zram0]\ncompression-algorithm = zstd lz4\nswap-priority = 20\n",
+    )
+    .unwrap();
+    let (rc, out, err) = uzram(&[
+        "setup",
+        "--dry-run",
+        "--config",
+        gen.to_str().unwrap(),
+        "--ram-mib",
+        "2048",
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        out,
+        "device=/dev/ublkb0 size_bytes=1073741824 algorithm=zstd params=none recomp=\"algo=lz4 priority=1\" recompress=none mem_limit=0 writeback=none priority=20 fs=swap mount=none options=discard\n"
+    );
+    let zs = dir.join("zramswap");
+    std::fs::write(&zs, "ALGO=deflate\nPERCENT=25\n").unwrap();
+    let (rc, out, err) = uzram(&[
+        "setup",
+        "--dry-run",
+        "--config",
+        zs.to_str().unwrap(),
+        "--ram-mib",
+        "4096",
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.starts_with("device=/dev/ublkb0 size_bytes=1073741824 algorithm=zstd "),
+        "{out}"
+    );
+    assert!(err.contains("deflate"), "the mapping is said: {err}");
+    // Without --dry-run: refused (not built yet), with exit 1.
+    assert_eq!(uzram(&["setup", "--config", zs.to_str().unwrap()]).0, 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,627 @@
+//! The configurations zram users already have, planned as uzram devices: systemd's
+//! `zram-generator.conf` (with its `.conf.d` drop-ins and its size expressions) and zram-tools'
+//! `/etc/default/zramswap`. `uzram setup --dry-run` prints the plan, one `key=value` line per
+//! device, without touching the system.
+//!
+//! A `[zramN]` section becomes `/dev/ublkbN`. Algorithms uzram does not have map to the nearest it
+//! has, with a warning. Parsing uses the crates zram-generator itself uses (rust-ini, fasteval), so
+//! a size expression means the same thing to both.
+
+use std::path::{Path, PathBuf};
+
+/// Why a configuration cannot be planned.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct SetupError {
+    /// The file (or "zram-generator.conf" for a merged set).
+    pub file: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn err(file: &str, message: impl Into<String>) -> SetupError {
+    SetupError {
+        file: file.to_string(),
+        message: message.into(),
+    }
+}
+
+/// One device to set up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DevicePlan {
+    /// The section it came from (`zram0`), or `zramswap`.
+    pub section: String,
+    /// `/dev/ublkbN`.
+    pub device: String,
+    /// The device's size.
+    pub size_bytes: u64,
+    /// The primary algorithm (uzram's name), if the configuration names one.
+    pub algorithm: Option<String>,
+    /// Its `algorithm_params`.
+    pub params: Option<String>,
+    /// `recomp_algorithm` specs, by priority.
+    pub recomp: Vec<String>,
+    /// Global recompression parameters (`(type=idle)` in zram-generator's syntax).
+    pub recompress: Option<String>,
+    /// `mem_limit` in bytes (0: none).
+    pub mem_limit: u64,
+    /// The backing device.
+    pub writeback: Option<String>,
+    /// Swap priority.
+    pub priority: i32,
+    /// `swap`, or the file system to make.
+    pub fs: String,
+    /// Where to mount it (file systems only).
+    pub mount: Option<String>,
+    /// Options for swapon or mount.
+    pub options: String,
+    /// What was changed to fit uzram.
+    pub warnings: Vec<String>,
+}
+
+impl DevicePlan {
+    fn new(section: &str, id: u64) -> DevicePlan {
+        DevicePlan {
+            section: section.to_string(),
+            device: format!("/dev/ublkb{id}"),
+            size_bytes: 0,
+            algorithm: None,
+            params: None,
+            recomp: Vec::new(),
+            recompress: None,
+            mem_limit: 0,
+            writeback: None,
+            priority: 100,
+            fs: "swap".into(),
+            mount: None,
+            options: "discard".into(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// The plan's line: `device= size_bytes= algorithm= params= recomp= recompress= mem_limit=
+    /// writeback= priority= fs= mount= options=`, values with blanks in double quotes, `none`
+    /// for nothing.
+    pub fn line(&self) -> String {
+        let q = |v: &str| {
+            if v.is_empty() {
+                "none".to_string()
+            } else if v.contains(char::is_whitespace) {
+                format!("\"{v}\"")
+            } else {
+                v.to_string()
+            }
+        };
+        let opt = |v: &Option<String>| q(v.as_deref().unwrap_or(""));
+        format!(
+            "device={} size_bytes={} algorithm={} params={} recomp={} recompress={} mem_limit={} writeback={} priority={} fs={} mount={} options={}",
+            self.device,
+            self.size_bytes,
+            q(self.algorithm.as_deref().unwrap_or("default")),
+            opt(&self.params),
+            q(&self.recomp.join(", ")),
+            opt(&self.recompress),
+            self.mem_limit,
+            opt(&self.writeback),
+            self.priority,
+            q(&self.fs),
+            opt(&self.mount),
+            q(&self.options),
+        )
+    }
+}
+
+/// uzram's algorithm for a zram algorithm name, and a warning when it is not the same one.
+fn map_algorithm(name: &str) -> (String, Option<String>) {
+    match name {
+        "lz4" | "zstd" => (name.to_string(), None),
+        "lzo" | "lzo-rle" | "842" => (
+            "lz4".into(),
+            Some(format!(
+                "uzram has no {name}: using lz4, the nearest (as fast, a similar ratio)"
+            )),
+        ),
+        "lz4hc" => (
+            "lz4".into(),
+            Some("uzram has no lz4hc: using lz4 (same format, faster, a little larger)".into()),
+        ),
+        "deflate" => (
+            "zstd".into(),
+            Some("uzram has no deflate: using zstd (a better ratio, much faster)".into()),
+        ),
+        other => (
+            "lz4".into(),
+            Some(format!("unknown algorithm {other:?}: using lz4")),
+        ),
+    }
+}
+
+/// `key=value,key=value` (zram-generator's parenthesised list) as zram's `algorithm_params`.
+fn params_of(list: &str) -> String {
+    list.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// zram-generator's `compression-algorithm`: `lzo-rle zstd(level=3) (type=idle)`.
+fn apply_algorithms(plan: &mut DevicePlan, value: &str) {
+    plan.algorithm = None;
+    plan.params = None;
+    plan.recomp.clear();
+    plan.recompress = None;
+    let mut prio = 0u8;
+    // Tokens split on blanks outside parentheses.
+    let mut tokens = Vec::new();
+    let (mut cur, mut depth) = (String::new(), 0);
+    for c in value.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            _ => {}
+        }
+        if c.is_whitespace() && depth == 0 {
+            if !cur.is_empty() {
+                tokens.push(std::mem::take(&mut cur));
+            }
+        } else {
+            cur.push(c);
+        }
+    }
+    if !cur.is_empty() {
+        tokens.push(cur);
+    }
+    for t in tokens {
+        let (name, params) = match t.find('(') {
+            Some(i) => (&t[..i], Some(params_of(t[i + 1..].trim_end_matches(')')))),
+            None => (t.as_str(), None),
+        };
+        if name.is_empty() {
+            plan.recompress = params;
+            continue;
+        }
+        let (algo, warning) = map_algorithm(name);
+        plan.warnings.extend(warning);
+        if prio == 0 {
+            plan.algorithm = Some(algo);
+            plan.params = params.filter(|p| !p.is_empty());
+        } else if prio <= 3 {
+            let mut spec = format!("algo={algo} priority={prio}");
+            if let Some(p) = params.filter(|p| !p.is_empty()) {
+                spec.push(' ');
+                spec.push_str(&p);
+            }
+            plan.recomp.push(spec);
+        } else {
+            plan.warnings.push(format!(
+                "more than 3 recompression algorithms: {name} left out"
+            ));
+        }
+        prio += 1;
+    }
+}
+
+/// Evaluates a zram-generator size expression (MiB) over `ram` (MiB) and the `set!` variables.
+fn eval_mib(expr: &str, ram_mib: f64, vars: &[(String, f64)]) -> Result<f64, String> {
+    let mut ns = |name: &str, args: Vec<f64>| -> Option<f64> {
+        if !args.is_empty() {
+            return None;
+        }
+        if name == "ram" {
+            return Some(ram_mib);
+        }
+        vars.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+    };
+    fasteval::ez_eval(expr, &mut ns).map_err(|e| format!("cannot evaluate {expr:?}: {e:?}"))
+}
+
+/// The zram-generator configuration files in precedence order: the main file (the first found of
+/// /run, /etc, /usr/local/lib, /usr/lib under `root`), then every `zram-generator.conf.d/*.conf`
+/// drop-in by file name (a name in an earlier directory hides the same name in later ones).
+pub fn zram_generator_files(root: &Path) -> Vec<PathBuf> {
+    let dirs = [
+        "run/systemd",
+        "etc/systemd",
+        "usr/local/lib/systemd",
+        "usr/lib/systemd",
+    ];
+    let mut files = Vec::new();
+    if let Some(main) = dirs
+        .iter()
+        .map(|d| root.join(d).join("zram-generator.conf"))
+        .find(|p| p.exists())
+    {
+        files.push(main);
+    }
+    let mut dropins: std::collections::BTreeMap<std::ffi::OsString, PathBuf> = Default::default();
+    for d in dirs.iter().rev() {
+        let Ok(entries) = std::fs::read_dir(root.join(d).join("zram-generator.conf.d")) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if Path::new(&name).extension().is_some_and(|x| x == "conf") {
+                dropins.insert(name, e.path());
+            }
+        }
+    }
+    // A drop-in that is a symlink to /dev/null (or empty) masks the vendor's file of that name.
+    files.extend(dropins.into_values());
+    files
+}
+
+/// Plans the devices of zram-generator configuration texts, in precedence order (later files
+/// override earlier ones, key by key), for a machine with `ram_mib` MiB of MemTotal.
+pub fn plan_zram_generator(
+    files: &[(String, String)],
+    ram_mib: f64,
+) -> Result<Vec<DevicePlan>, SetupError> {
+    // Merged key/value settings per section, in file order.
+    let mut sections: Vec<(String, Vec<(String, String)>)> = Vec::new();
+    let mut vars: Vec<(String, f64)> = Vec::new();
+    for (name, text) in files {
+        let ini = ini::Ini::load_from_str_opt(
+            text,
+            ini::ParseOption {
+                enabled_escape: false,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| err(name, e.to_string()))?;
+        for (section, props) in ini.iter() {
+            match section {
+                None => {
+                    for (k, v) in props.iter() {
+                        if let Some(var) = k.strip_prefix("set!") {
+                            let out = std::process::Command::new("/bin/sh")
+                                .args(["-c", v])
+                                .output()
+                                .map_err(|e| err(name, format!("set!{var}: {e}")))?;
+                            let text = String::from_utf8_lossy(&out.stdout);
+                            let value = eval_mib(text.trim(), ram_mib, &vars)
+                                .map_err(|e| err(name, format!("set!{var}: {e}")))?;
+                            vars.push((var.to_string(), value));
+                        }
+                    }
+                }
+                Some(s)
+                    if s.strip_prefix("zram")
+                        .is_some_and(|n| n.parse::<u64>().is_ok()) =>
+                {
+                    let entry = match sections.iter_mut().find(|(n, _)| n == s) {
+                        Some(e) => e,
+                        None => {
+                            sections.push((s.to_string(), Vec::new()));
+                            sections.last_mut().expect("just pushed")
+                        }
+                    };
+                    for (k, v) in props.iter() {
+                        entry.1.push((k.to_string(), v.to_string()));
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let mut plans = Vec::new();
+    for (section, settings) in sections {
+        let id: u64 = section["zram".len()..].parse().expect("checked above");
+        let mut plan = DevicePlan::new(&section, id);
+        let mut size_expr = "min(ram / 2, 4096)".to_string();
+        let mut host_limit: Option<f64> = None;
+        let mut fs_type: Option<String> = None;
+        let mut fraction: Option<f64> = None;
+        let mut max_size: Option<f64> = None;
+        for (k, v) in &settings {
+            let v = v.trim();
+            let bad = |m: String| err("zram-generator.conf", format!("[{section}] {k}={v}: {m}"));
+            match k.as_str() {
+                "host-memory-limit" | "memory-limit" => {
+                    host_limit = if v == "none" {
+                        None
+                    } else {
+                        Some(
+                            v.parse()
+                                .map_err(|_| bad("a number of MiB or none".into()))?,
+                        )
+                    }
+                }
+                "zram-size" => size_expr = v.to_string(),
+                "zram-fraction" => {
+                    fraction = Some(v.parse().map_err(|_| bad("a number".into()))?);
+                }
+                "max-zram-size" => {
+                    max_size = if v == "none" {
+                        None
+                    } else {
+                        Some(
+                            v.parse()
+                                .map_err(|_| bad("a number of MiB or none".into()))?,
+                        )
+                    }
+                }
+                "zram-resident-limit" => {
+                    let mib = eval_mib(v, ram_mib, &vars).map_err(bad)?;
+                    plan.mem_limit = (mib * 1024.0 * 1024.0) as u64;
+                }
+                "compression-algorithm" => apply_algorithms(&mut plan, v),
+                "writeback-device" => plan.writeback = (!v.is_empty()).then(|| v.to_string()),
+                "swap-priority" => {
+                    let p: i32 = v.parse().map_err(|_| bad("a number".into()))?;
+                    if !(-1..=32767).contains(&p) {
+                        return Err(bad("must be -1..32767".into()));
+                    }
+                    plan.priority = p;
+                }
+                "mount-point" => plan.mount = Some(v.to_string()),
+                "fs-type" => fs_type = Some(v.to_string()),
+                "options" => plan.options = v.to_string(),
+                other => plan
+                    .warnings
+                    .push(format!("unknown setting {other:?} left out")),
+            }
+        }
+        if fraction.is_some() || max_size.is_some() {
+            // The obsolete pair overrides zram-size.
+            size_expr = format!(
+                "min(ram * {}, {})",
+                fraction.unwrap_or(0.5),
+                max_size.map_or("ram".to_string(), |m| m.to_string())
+            );
+        }
+        plan.fs = fs_type.unwrap_or_else(|| {
+            if plan.mount.is_some() {
+                "ext2".into()
+            } else {
+                "swap".into()
+            }
+        });
+        if host_limit.is_some_and(|limit| ram_mib > limit) {
+            continue;
+        }
+        let mib = eval_mib(&size_expr, ram_mib, &vars)
+            .map_err(|e| err("zram-generator.conf", format!("[{section}] zram-size: {e}")))?;
+        plan.size_bytes = (mib * 1024.0 * 1024.0) as u64;
+        if plan.size_bytes == 0 {
+            continue;
+        }
+        plans.push(plan);
+    }
+    Ok(plans)
+}
+
+/// Plans zram-tools' `/etc/default/zramswap`: `ALGO` (default lz4), `PERCENT` of MemTotal (which
+/// overrides `SIZE`, in MiB), `PRIORITY` (default 100). Shell syntax, one assignment per line;
+/// anything else is ignored, as `.` would only run it.
+pub fn plan_zramswap(name: &str, text: &str, ram_mib: f64) -> Result<Vec<DevicePlan>, SetupError> {
+    let get = |key: &str| -> Option<String> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .next_back()
+            .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\'').to_string())
+    };
+    let mut plan = DevicePlan::new("zramswap", 0);
+    let (algo, warning) = map_algorithm(&get("ALGO").unwrap_or_else(|| "lz4".into()));
+    plan.algorithm = Some(algo);
+    plan.warnings.extend(warning);
+    let num = |key: &str, v: String| -> Result<f64, SetupError> {
+        v.parse::<f64>()
+            .map_err(|_| err(name, format!("{key}={v:?} is not a number")))
+    };
+    let mib = match (get("PERCENT"), get("SIZE")) {
+        (Some(p), _) => ram_mib * num("PERCENT", p)? / 100.0,
+        (None, Some(s)) => num("SIZE", s)?,
+        (None, None) => ram_mib * 0.5,
+    };
+    plan.size_bytes = (mib * 1024.0 * 1024.0) as u64;
+    if let Some(p) = get("PRIORITY") {
+        plan.priority = num("PRIORITY", p)? as i32;
+    }
+    Ok(if plan.size_bytes == 0 {
+        Vec::new()
+    } else {
+        vec![plan]
+    })
+}
+
+/// MemTotal in MiB, from /proc/meminfo.
+pub fn ram_mib() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: f64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Whether zram-generator is installed: then it acts on the same zram-generator.conf (as kernel
+/// zram), and uzram must not silently do so too.
+pub fn zram_generator_installed() -> bool {
+    [
+        "/usr/lib/systemd/system-generators/zram-generator",
+        "/lib/systemd/system-generators/zram-generator",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists())
+}
+
+/// Where a plan comes from: `--config FILE`, else zram-generator's files, else
+/// /etc/default/zramswap. Returns the plan and a note for the user when zram-generator is
+/// installed and reads the same files.
+pub fn load_plan(
+    config: Option<&Path>,
+    ram_mib: f64,
+) -> Result<(Vec<DevicePlan>, Option<String>), SetupError> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|e| err(&p.display().to_string(), e.to_string()))
+    };
+    if let Some(path) = config {
+        let text = read(path)?;
+        let name = path.display().to_string();
+        let is_zramswap = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("zramswap"))
+            || (!text.contains('[')
+                && text.lines().any(|l| {
+                    ["ALGO=", "PERCENT=", "SIZE=", "PRIORITY="]
+                        .iter()
+                        .any(|k| l.trim_start().starts_with(k))
+                }));
+        let plan = if is_zramswap {
+            plan_zramswap(&name, &text, ram_mib)?
+        } else {
+            plan_zram_generator(&[(name, text)], ram_mib)?
+        };
+        return Ok((plan, None));
+    }
+    let files = zram_generator_files(Path::new("/"));
+    if !files.is_empty() {
+        let texts = files
+            .iter()
+            .map(|p| Ok((p.display().to_string(), read(p)?)))
+            .collect::<Result<Vec<_>, SetupError>>()?;
+        let note = zram_generator_installed().then(|| {
+            "zram-generator is installed and sets up these same sections as kernel zram devices: \
+             disable it (systemd.zram=0 on the kernel command line, or remove the package) before \
+             `uzram setup` acts on zram-generator.conf"
+                .to_string()
+        });
+        return Ok((plan_zram_generator(&texts, ram_mib)?, note));
+    }
+    let zramswap = Path::new("/etc/default/zramswap");
+    if zramswap.exists() {
+        return Ok((
+            plan_zramswap("/etc/default/zramswap", &read(zramswap)?, ram_mib)?,
+            None,
+        ));
+    }
+    Err(err(
+        "configuration",
+        "none found: no zram-generator.conf (/etc/systemd, /run/systemd, /usr/lib/systemd) and no /etc/default/zramswap; give --config FILE",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(text: &str, ram: f64) -> Vec<DevicePlan> {
+        plan_zram_generator(&[("test.conf".into(), text.into())], ram).unwrap()
+    }
+
+    /// zram-generator's documented default: min(ram / 2, 4096) MiB, swap, priority 100, discard.
+    #[test]
+    fn the_default_section() {
+        let p = plan("[zram0]\n", 2048.0);
+        assert_eq!(p.len(), 1);
+        assert_eq!(
+            p[0].line(),
+            "device=/dev/ublkb0 size_bytes=1073741824 algorithm=default params=none recomp=none recompress=none mem_limit=0 writeback=none priority=100 fs=swap mount=none options=discard"
+        );
+        assert_eq!(plan("[zram0]\n", 16384.0)[0].size_bytes, 4096 << 20);
+    }
+
+    /// The example configuration shipped with zram-generator (zram-generator.conf.example,
+    /// https://github.com/systemd/zram-generator), with its `set!` directive's program replaced by
+    /// a fixed number, as zram-generator's own test of it does with a fake xenstore-read.
+    #[test]
+    fn zram_generators_example() {
+        let text = "set!maxhotplug = echo 8192\n\
+            [zram0]\n\
+            host-memory-limit = 9048\n\
+            zram-size = min(ram / 10, 2048)\n\
+            zram-resident-limit = maxhotplug * 3/4\n\
+            compression-algorithm = lzo-rle zstd(level=3) (type=idle)\n\
+            options =\n\
+            writeback-device = /dev/zvol/tarta-zoot/swap-writeback\n\
+            [zram1]\n\
+            fs-type = ext4\n\
+            mount-point = /run/compressed-mount-point\n";
+        let p = plan(text, 8000.0);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].size_bytes, 800 << 20);
+        assert_eq!(p[0].mem_limit, 6144 << 20);
+        assert_eq!(p[0].algorithm.as_deref(), Some("lz4"));
+        assert_eq!(p[0].recomp, vec!["algo=zstd priority=1 level=3"]);
+        assert_eq!(p[0].recompress.as_deref(), Some("type=idle"));
+        assert_eq!(p[0].options, "");
+        assert!(p[0].warnings[0].contains("lzo-rle"), "{:?}", p[0].warnings);
+        assert_eq!(
+            p[0].line(),
+            "device=/dev/ublkb0 size_bytes=838860800 algorithm=lz4 params=none recomp=\"algo=zstd priority=1 level=3\" recompress=type=idle mem_limit=6442450944 writeback=/dev/zvol/tarta-zoot/swap-writeback priority=100 fs=swap mount=none options=none"
+        );
+        assert_eq!(
+            (p[1].fs.as_str(), p[1].mount.as_deref()),
+            ("ext4", Some("/run/compressed-mount-point"))
+        );
+        // Above the host-memory-limit, zram0 is not made.
+        let big = plan(text, 16384.0);
+        assert_eq!(big.len(), 1);
+        assert_eq!(big[0].device, "/dev/ublkb1");
+    }
+
+    /// The man page's piecewise-linear example: 1:1 up to 4G, then 1:2, at most 32G.
+    #[test]
+    fn the_man_pages_piecewise_size() {
+        let text = "[zram0]\nzram-size = min(min(ram, 4096) + max(ram - 4096, 0) / 2, 32 * 1024)\n";
+        assert_eq!(plan(text, 1024.0)[0].size_bytes, 1024 << 20);
+        assert_eq!(plan(text, 12288.0)[0].size_bytes, 8192 << 20);
+        assert_eq!(plan(text, 65536.0)[0].size_bytes, 32768 << 20);
+    }
+
+    #[test]
+    fn drop_ins_override_key_by_key_and_zero_sizes_vanish() {
+        let files = [
+            (
+                "zram-generator.conf".to_string(),
+                "[zram0]\nzram-size = ram\nswap-priority = 5\n[zram2]\n".to_string(),
+            ),
+            (
+                "10-a.conf".to_string(),
+                "[zram0]\nswap-priority = 50\n[zram2]\nzram-size = 0\n".to_string(),
+            ),
+        ];
+        let p = plan_zram_generator(&files, 1000.0).unwrap();
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].size_bytes, p[0].priority), (1000 << 20, 50));
+        assert!(plan_zram_generator(
+            &[("x".into(), "[zram0]\nswap-priority = 99999\n".into())],
+            1.0
+        )
+        .is_err());
+        assert!(
+            plan_zram_generator(&[("x".into(), "[zram0]\nzram-size = ram +\n".into())], 1.0)
+                .is_err()
+        );
+    }
+
+    /// zram-tools' /etc/default/zramswap as shipped (every line commented), and with its
+    /// documented settings: ALGO, PERCENT (overrides SIZE), SIZE in MiB, PRIORITY.
+    #[test]
+    fn zramswap() {
+        let shipped =
+            "# Compression algorithm selection\n#ALGO=lz4\n#PERCENT=50\n#SIZE=256\n#PRIORITY=100\n";
+        let p = plan_zramswap("zramswap", shipped, 4096.0).unwrap();
+        assert_eq!(
+            p[0].line(),
+            "device=/dev/ublkb0 size_bytes=2147483648 algorithm=lz4 params=none recomp=none recompress=none mem_limit=0 writeback=none priority=100 fs=swap mount=none options=discard"
+        );
+        let set = "ALGO=zstd\nSIZE=256\nPRIORITY=10\n";
+        let p = plan_zramswap("zramswap", set, 4096.0).unwrap();
+        assert_eq!(
+            (p[0].algorithm.as_deref(), p[0].size_bytes, p[0].priority),
+            (Some("zstd"), 256 << 20, 10)
+        );
+        let both = "PERCENT=25\nSIZE=256\nALGO=lzo\n";
+        let p = plan_zramswap("zramswap", both, 4096.0).unwrap();
+        assert_eq!(p[0].size_bytes, 1024 << 20);
+        assert_eq!(p[0].algorithm.as_deref(), Some("lz4"));
+        assert!(plan_zramswap("zramswap", "SIZE=lots\n", 1.0).is_err());
+    }
+}
