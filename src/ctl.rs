@@ -294,6 +294,119 @@ pub fn attr(id: u32, name: &str, value: Option<&str>) -> Result<String, CtlError
     })
 }
 
+/// Runs a system command for `uzram setup`, with its error output in the error.
+fn run(cmd: &str, args: &[&str]) -> Result<(), CtlError> {
+    let out = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| err(format!("cannot run {cmd}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(err(format!(
+            "{cmd} {}: {} {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+fn is_swap(dev: &str) -> bool {
+    std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .any(|l| l.split_whitespace().next() == Some(dev))
+}
+
+/// Creates and activates the devices of `plan`, skipping what is already done (a device that
+/// exists, swap that is on, a file system that is mounted): running it twice changes nothing.
+/// Returns one line per device saying what was done.
+pub fn setup(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError> {
+    let mut done = Vec::new();
+    for d in plan {
+        let id = parse_device(&d.device)?;
+        let mut what = Vec::new();
+        if kernel_knows(id) {
+            what.push("exists");
+        } else {
+            create(&CreateArgs {
+                size: d.size_bytes.to_string(),
+                algorithm: d.algorithm.clone(),
+                algorithm_params: d.params.clone(),
+                recomp_algorithm: d.recomp.clone(),
+                backing_dev: d.writeback.as_ref().map(PathBuf::from),
+                streams: None,
+                mem_limit: (d.mem_limit > 0).then(|| d.mem_limit.to_string()),
+                id: Some(id),
+                log: None,
+            })?;
+            what.push("created");
+        }
+        if d.fs == "swap" {
+            if is_swap(&d.device) {
+                what.push("swap already on");
+            } else {
+                run("mkswap", &[&d.device])?;
+                let prio = d.priority.to_string();
+                let mut args = vec!["-p", prio.as_str()];
+                if !d.options.is_empty() {
+                    args.extend(["-o", d.options.as_str()]);
+                }
+                args.push(&d.device);
+                run("swapon", &args)?;
+                what.push("swap on");
+            }
+        } else {
+            let mount = d.mount.as_deref().ok_or_else(|| {
+                err(format!(
+                    "{}: fs-type {} without mount-point",
+                    d.section, d.fs
+                ))
+            })?;
+            if !crate::listing::mountpoint(&d.device).is_empty() {
+                what.push("already mounted");
+            } else {
+                run(&format!("mkfs.{}", d.fs), &[&d.device])?;
+                std::fs::create_dir_all(mount).map_err(|e| err(format!("{mount}: {e}")))?;
+                let mut args = vec!["-t", d.fs.as_str()];
+                if !d.options.is_empty() {
+                    args.extend(["-o", d.options.as_str()]);
+                }
+                args.extend([d.device.as_str(), mount]);
+                run("mount", &args)?;
+                what.push("mounted");
+            }
+        }
+        done.push(format!("{}: {}", d.device, what.join(", ")));
+    }
+    Ok(done)
+}
+
+/// Undoes [`setup`]: swapoff or umount, then reset, for every device of `plan` that exists.
+pub fn teardown(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError> {
+    let mut done = Vec::new();
+    for d in plan {
+        let id = parse_device(&d.device)?;
+        if !kernel_knows(id) {
+            done.push(format!("{}: not there", d.device));
+            continue;
+        }
+        if is_swap(&d.device) {
+            run("swapoff", &[&d.device])?;
+        }
+        let mounted = crate::listing::mountpoint(&d.device);
+        if !mounted.is_empty() && mounted != "[SWAP]" {
+            run("umount", &[&d.device])?;
+        }
+        reset(id)?;
+        done.push(format!("{}: removed", d.device));
+    }
+    Ok(done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

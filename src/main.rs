@@ -117,10 +117,12 @@ enum Command {
         /// The value to write (omit to read)
         value: Option<String>,
     },
-    /// Plan (with --dry-run) the devices that zram-generator.conf (and its .conf.d drop-ins) or
-    /// /etc/default/zramswap describe, as uzram devices: one `key=value` line per device
+    /// Set up the devices that zram-generator.conf (and its .conf.d drop-ins) or
+    /// /etc/default/zramswap describe, as uzram devices ([zramN] is /dev/ublkbN): create, mkswap,
+    /// swapon with the priority and options (or mkfs and mount); what is done already is skipped.
+    /// With --dry-run, print the plan (one `key=value` line per device) and change nothing
     Setup {
-        /// Print the plan and change nothing (the only mode so far)
+        /// Print the plan and change nothing
         #[arg(long)]
         dry_run: bool,
         /// The configuration file (zram-generator.conf syntax, or zramswap's when its name says
@@ -130,6 +132,12 @@ enum Command {
         /// MemTotal to plan for, in MiB (default: this machine's)
         #[arg(long, value_name = "N")]
         ram_mib: Option<f64>,
+    },
+    /// Undo `uzram setup` for the same configuration: swapoff or umount, then reset each device
+    Teardown {
+        /// The configuration file (as for setup)
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
     },
     /// Measure the engine against the raw codec on realistic pages: write and read rates at 1 and
     /// N threads, and the memory it takes (mm_stat). Without --corpus or --pid it uses the
@@ -246,13 +254,10 @@ fn zramctl(a: CtlArgs) -> Outcome {
     Ok(())
 }
 
-fn setup(dry_run: bool, config: Option<&std::path::Path>, ram_mib: Option<f64>) -> Outcome {
-    if !dry_run {
-        return Err(CtlError(
-            "only `uzram setup --dry-run` exists so far: it prints the plan; creating the devices from it is not built yet".into(),
-        )
-        .into());
-    }
+fn plan(
+    config: Option<&std::path::Path>,
+    ram_mib: Option<f64>,
+) -> Result<Vec<uzram::setup::DevicePlan>, Box<dyn std::error::Error>> {
     let ram = match ram_mib.or_else(uzram::setup::ram_mib) {
         Some(r) => r,
         None => {
@@ -269,7 +274,33 @@ fn setup(dry_run: bool, config: Option<&std::path::Path>, ram_mib: Option<f64>) 
         for w in &device.warnings {
             eprintln!("uzram: [{}] {w}", device.section);
         }
-        println!("{}", device.line());
+    }
+    Ok(plan)
+}
+
+fn setup(dry_run: bool, config: Option<&std::path::Path>, ram_mib: Option<f64>) -> Outcome {
+    let plan = plan(config, ram_mib)?;
+    if dry_run {
+        for device in &plan {
+            println!("{}", device.line());
+        }
+        return Ok(());
+    }
+    if config.is_none() && uzram::setup::zram_generator_installed() {
+        return Err(CtlError(
+            "zram-generator is installed and acts on the same zram-generator.conf: disable it first, or give --config FILE".into(),
+        )
+        .into());
+    }
+    for line in ctl::setup(&plan)? {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn teardown(config: Option<&std::path::Path>) -> Outcome {
+    for line in ctl::teardown(&plan(config, None)?)? {
+        println!("{line}");
     }
     Ok(())
 }
@@ -307,6 +338,7 @@ fn main() -> ExitCode {
             config,
             ram_mib,
         }) => setup(dry_run, config.as_deref(), ram_mib),
+        Some(Command::Teardown { config }) => teardown(config.as_deref()),
         Some(Command::Bench(args)) => uzram::bench::run(&args)
             .map(|r| {
                 if args.json {

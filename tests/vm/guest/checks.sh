@@ -710,3 +710,37 @@ check_writeback() {
     fi
     pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), file ${a1} KiB (0600, no plain text), bd_stat $(echo $bd); verified under swap load; a flipped byte fails its read; discarding half left ${a2} KiB"
 }
+
+# check_setup: `uzram setup --config` turns a zram-generator.conf into swap with its priority and
+# algorithm, again changes nothing, and `uzram teardown` removes it.
+check_setup() {
+    local name=setup log=$UZ_TMP/setup.log conf=$UZ_TMP/zram-generator.conf line again
+    note "$name: uzram setup from a zram-generator.conf"
+    uzram_reset
+    printf '[zram3]\nzram-size = 96\ncompression-algorithm = zstd lz4\nswap-priority = 42\n' >"$conf"
+    : >"$log"
+    "$UZRAM_BIN" setup --dry-run --config "$conf" >>"$log" 2>&1
+    if ! "$UZRAM_BIN" setup --config "$conf" >>"$log" 2>&1; then
+        fail_log "$name" "$log" "uzram setup failed"
+        return
+    fi
+    line=$(awk '$1 == "/dev/ublkb3" { print $3, $5 }' /proc/swaps)
+    echo "/proc/swaps: $line; comp_algorithm $("$UZRAM_BIN" attr /dev/ublkb3 comp_algorithm); recomp $("$UZRAM_BIN" attr /dev/ublkb3 recomp_algorithm)" >>"$log"
+    local bad=
+    [ "$line" = "partition 42" ] || bad="$bad; /proc/swaps says '$line' for /dev/ublkb3, not 'partition 42'"
+    "$UZRAM_BIN" attr /dev/ublkb3 comp_algorithm | grep -q '\[zstd\]' || bad="$bad; not zstd"
+    "$UZRAM_BIN" attr /dev/ublkb3 recomp_algorithm | grep -q '#1: \[lz4\]' || bad="$bad; no lz4 recompression"
+    [ "$("$UZRAM_BIN" attr /dev/ublkb3 disksize)" = $((96 * 1048576)) ] || bad="$bad; disksize"
+    again=$("$UZRAM_BIN" setup --config "$conf" 2>>"$log")
+    echo "again: $again" >>"$log"
+    echo "$again" | grep -q 'exists, swap already on' || bad="$bad; a second setup did something: '$again'"
+    [ "$(ls /sys/class/ublk-char | wc -l)" = 1 ] || bad="$bad; $(ls /sys/class/ublk-char | wc -l) ublk devices after two setups"
+    "$UZRAM_BIN" teardown --config "$conf" >>"$log" 2>&1 || bad="$bad; teardown failed"
+    grep -q '^/dev/ublkb3 ' /proc/swaps && bad="$bad; still swap after teardown"
+    [ -e /sys/class/ublk-char/ublkc3 ] && bad="$bad; device still there after teardown"
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "${bad#; }"
+        return
+    fi
+    pass "$name" "zram-generator.conf [zram3] -> /dev/ublkb3: swap at priority 42, zstd with lz4 recompression, 96 MiB; setup twice is idempotent; teardown removes it"
+}
