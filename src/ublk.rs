@@ -28,8 +28,10 @@ const PR_GET_IO_FLUSHER: libc::c_int = 58;
 /// block layer merges neighbours up to this size; larger requests would only cost locked memory.
 pub const MAX_IO_BYTES: u32 = 128 << 10;
 /// Longest a write waits for the memory thread to refill the pool's reserve before it fails
-/// with ENOMEM (swap then keeps the page and retries it later).
-const RESERVE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// with ENOMEM (swap then keeps the page and retries it later). Long enough for a slow refill
+/// (100 ms failed ext4 writes in the VM); short enough that a memory thread stuck in reclaim
+/// cannot stall swap-out for long.
+const RESERVE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Default queue depth.
 pub const DEFAULT_DEPTH: u16 = 64;
@@ -53,7 +55,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = DEFAULT_DEPTH)]
     pub depth: u16,
     /// Pool memory to map (and lock) up front and keep mapped, so that swap-out does not have to
-    /// ask the kernel for memory while it is short of it (default: 1/64 of the size, 2M..16M)
+    /// ask the kernel for memory while it is short of it (default: 1/64 of the size, 8M..16M)
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,
     /// Device id N for /dev/ublkbN (default: the first free one)
@@ -456,7 +458,9 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     let disksize = crate::parse_size(&args.size)?;
     let reserve = match &args.reserve {
         Some(r) => crate::parse_size(r)?,
-        None => (disksize / 64).clamp(2 << 20, 16 << 20),
+        // Smaller reserves ran dry under an ext4 write burst in the VM (TCG maps slowly): 8 MiB
+        // is the floor.
+        None => (disksize / 64).clamp(8 << 20, 16 << 20),
     };
     setup.set_pool_reserve(reserve);
     setup.set_pool_growth(crate::Growth::Reserve { wait: RESERVE_WAIT });
