@@ -177,6 +177,8 @@ uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
 
 uzram_reset() { # uzram --reset: the daemon deletes its device and exits
     [ -n "$UZRAM_DEV" ] || return 0
+    # a check that failed half way may have left the device mounted or as swap
+    type check_cleanup >/dev/null 2>&1 && check_cleanup
     "$UZRAM_BIN" --reset "$UZRAM_DEV" >/tmp/uzram-reset.err 2>&1 ||
         fail uzram-reset "uzram --reset $UZRAM_DEV failed: $(cat /tmp/uzram-reset.err)"
     [ -b "$UZRAM_DEV" ] && fail uzram-reset "$UZRAM_DEV still there after uzram --reset"
