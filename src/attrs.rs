@@ -164,6 +164,12 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
     line("daemon_pid", u64::from(info.pid));
     line("stored_pages", s.stored_pages);
     line("huge_threshold", device.huge_threshold() as u64);
+    if let Some(b) = device.backing() {
+        let (failed_writes, failed_reads) = b.failures();
+        line("bd_bytes_written", b.bytes_written());
+        line("bd_failed_write_batches", failed_writes);
+        line("bd_failed_reads", failed_reads);
+    }
     out
 }
 

@@ -337,6 +337,15 @@ impl BackingStore {
         self.counters.bytes_written.load(Ordering::Relaxed)
     }
 
+    /// Batches whose write failed (their pages stayed in RAM), and reads that failed (I/O error
+    /// or a record that failed authentication).
+    pub fn failures(&self) -> (u64, u64) {
+        (
+            self.counters.failed_writes.load(Ordering::Relaxed),
+            self.counters.failed_reads.load(Ordering::Relaxed),
+        )
+    }
+
     /// zram's `writeback_limit_enable` and `writeback_limit` (4 KiB units).
     pub fn limit(&self) -> (bool, u64) {
         *self.limit.lock()
