@@ -724,7 +724,7 @@ check_setup() {
         fail_log "$name" "$log" "uzram setup failed"
         return
     fi
-    line=$(awk '$1 == "/dev/ublkb3" { print $3, $5 }' /proc/swaps)
+    line=$(awk '$1 == "/dev/ublkb3" { print $2, $5 }' /proc/swaps)
     echo "/proc/swaps: $line; comp_algorithm $("$UZRAM_BIN" attr /dev/ublkb3 comp_algorithm); recomp $("$UZRAM_BIN" attr /dev/ublkb3 recomp_algorithm)" >>"$log"
     local bad=
     [ "$line" = "partition 42" ] || bad="$bad; /proc/swaps says '$line' for /dev/ublkb3, not 'partition 42'"
