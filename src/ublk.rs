@@ -650,7 +650,7 @@ fn control_thread(id: u32, device: Arc<Device>, streams: usize) -> Result<(), Se
 }
 
 /// Watches whether the device is swap (`/proc/swaps`, once a second) and, when a swapoff has
-/// ended, frees everything but the swap header: the kernel tells a ublk disk nothing when swap
+/// ended, frees the swap area's old pages (not the header, nothing written since): the kernel tells a ublk disk nothing when swap
 /// slots are freed (kernel zram has a private hook for it), and clusters freed during swapoff are
 /// not discarded either, so without this a swapped-off device would keep every page it ever held.
 /// The kernel has read every page back in before it drops the device from /proc/swaps; the
@@ -663,18 +663,25 @@ fn swap_watch_thread(id: u32, device: Arc<Device>) {
             // SAFETY: prctl with integer arguments; this thread serves no I/O.
             unsafe { libc::prctl(PR_SET_IO_FLUSHER, 0, 0, 0, 0) };
             let path = format!("/dev/ublkb{id}");
-            let mut was_swap = false;
+            // The device clock's second when the device was last seen as swap: every page the
+            // swap area wrote is older; anything written after the swapoff is not.
+            let mut last_seen_swap: Option<u32> = None;
             loop {
-                std::thread::sleep(std::time::Duration::from_secs(1));
+                let now = device.clock_secs();
                 let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
                 let is_swap = swaps
                     .lines()
                     .skip(1)
                     .any(|l| l.split_whitespace().next() == Some(path.as_str()));
-                if was_swap && !is_swap {
-                    reclaim_after_swapoff(id, &device);
+                match (is_swap, last_seen_swap) {
+                    (true, _) => last_seen_swap = Some(now),
+                    (false, Some(seen)) => {
+                        reclaim_after_swapoff(id, &device, seen);
+                        last_seen_swap = None;
+                    }
+                    (false, None) => {}
                 }
-                was_swap = is_swap;
+                std::thread::sleep(std::time::Duration::from_secs(1));
             }
         });
     if let Err(e) = spawned {
@@ -682,7 +689,10 @@ fn swap_watch_thread(id: u32, device: Arc<Device>) {
     }
 }
 
-fn reclaim_after_swapoff(id: u32, device: &Device) {
+/// Frees the pages swap left behind: those last written or read no later than `seen` (the
+/// clock's second when the device was last seen as swap), keeping the swap header and anything
+/// written after that second. Holds the device's exclusive claim meanwhile and requires the swap signature on page 0.
+fn reclaim_after_swapoff(id: u32, device: &Device, seen: u32) {
     let claim = match claim_unused(id) {
         Ok(c) => c,
         Err(why) => {
@@ -700,17 +710,13 @@ fn reclaim_after_swapoff(id: u32, device: &Device) {
     if !signed {
         return log("after swapoff: page 0 is no longer a swap header; leaving the contents alone");
     }
-    let before = device.usage().0;
-    let page_size = crate::PAGE_SIZE as u64;
-    match device.discard(page_size, device.disksize() - page_size) {
-        Ok(()) => log(&format!(
-            "/dev/ublkb{id}: swapoff: freed the old swap pages ({} bytes of data)",
-            before.saturating_sub(device.usage().0)
-        )),
-        Err(e) => log(&format!(
-            "after swapoff: discarding the old swap pages failed: {e}"
-        )),
-    }
+    // Through the second of the last sighting: swapoff itself reads (and so stamps) every page
+    // just before the device leaves /proc/swaps. A write in that same second by someone who
+    // neither holds the device exclusively nor touches page 0 is the one case not told apart.
+    let freed = device.free_pages_older_than(crate::PageIndex(1), seen.saturating_add(1));
+    log(&format!(
+        "/dev/ublkb{id}: swapoff: freed {freed} old swap pages"
+    ));
     drop(claim);
 }
 
