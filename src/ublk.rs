@@ -689,9 +689,9 @@ fn swap_watch_thread(id: u32, device: Arc<Device>) {
     }
 }
 
-/// Frees the pages swap left behind: those last written or read no later than `seen` (the
-/// clock's second when the device was last seen as swap), keeping the swap header and anything
-/// written after that second. Holds the device's exclusive claim meanwhile and requires the swap signature on page 0.
+/// Frees the pages swap left behind: those last written or read no later than the second after
+/// `seen` (the clock's second when the device was last seen as swap; the watcher samples once a
+/// second), keeping the swap header and anything written later. Holds the device's exclusive claim meanwhile and requires the swap signature on page 0.
 fn reclaim_after_swapoff(id: u32, device: &Device, seen: u32) {
     let claim = match claim_unused(id) {
         Ok(c) => c,
@@ -710,10 +710,11 @@ fn reclaim_after_swapoff(id: u32, device: &Device, seen: u32) {
     if !signed {
         return log("after swapoff: page 0 is no longer a swap header; leaving the contents alone");
     }
-    // Through the second of the last sighting: swapoff itself reads (and so stamps) every page
-    // just before the device leaves /proc/swaps. A write in that same second by someone who
-    // neither holds the device exclusively nor touches page 0 is the one case not told apart.
-    let freed = device.free_pages_older_than(crate::PageIndex(1), seen.saturating_add(1));
+    // Swapoff reads (and so stamps) every page before the device leaves /proc/swaps, and it
+    // ended before the next sample, at most a second after the last sighting: pages stamped up to
+    // the second after `seen` are swap's. A write in that window by someone who neither holds the
+    // device exclusively nor touches page 0 is the one case not told apart.
+    let freed = device.free_pages_older_than(crate::PageIndex(1), seen.saturating_add(2));
     log(&format!(
         "/dev/ublkb{id}: swapoff: freed {freed} old swap pages"
     ));
