@@ -352,10 +352,12 @@ check_swap() {
         return
     fi
     held=$(echo "$line" | sed 's/.*VmSwap \([0-9]*\) kB.*/\1/')
-    # zram frees at once; uzram's daemon notices the swapoff within about a second
+    # zram frees at once; uzram's daemon notices the swapoff within about a second, then frees
+    # page by page: wait (up to 10 s) for one mm_stat that shows both given back
     for _ in $(seq 1 20); do
-        used_off=$(dev_mem_used "$dev") orig_off=$(dev_stat_field "$dev" 1)
-        [ "$orig_off" -le 1048576 ] && break
+        line=$(dev_mm_stat "$dev")
+        orig_off=$(echo "$line" | awk '{ print $1 }') used_off=$(echo "$line" | awk '{ print $3 }')
+        [ "$orig_off" -le 1048576 ] && [ "$used_off" -le $((peak / 20 + 1048576)) ] && break
         sleep 0.5
     done
     echo "after swapoff: mm_stat $(dev_mm_stat "$dev")" >>"$log"
