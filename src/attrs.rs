@@ -96,20 +96,7 @@ pub fn read(device: &Device, info: &DaemonInfo, name: &str) -> Result<String, At
         ));
     }
     Ok(match name {
-        "comp_algorithm" => {
-            // zram lists every backend, the current one in brackets, each followed by a space.
-            let current = device.algorithm();
-            let mut out = String::new();
-            for a in uzram_codecs::Algorithm::ALL {
-                if *a == current {
-                    out.push_str(&format!("[{}] ", a.name()));
-                } else {
-                    out.push_str(&format!("{} ", a.name()));
-                }
-            }
-            out.push('\n');
-            out
-        }
+        "comp_algorithm" => algorithm_list(device.algorithm()),
         // "version: 1", then writestall and miss_free, as Linux 6.12 prints them (uzram never
         // stalls writes for memory and frees every slot it is told to: both 0).
         "debug_stat" => format!("version: 1\n{:>8} {:>8}\n", 0, 0),
@@ -130,27 +117,33 @@ pub fn read(device: &Device, info: &DaemonInfo, name: &str) -> Result<String, At
         "initstate" => "1\n".to_string(),
         "io_stat" => device.io_stat(),
         "max_comp_streams" => format!("{}\n", info.streams),
-        // One line per secondary algorithm: "#PRIO: " and the algorithms, the chosen one in
-        // brackets, as comp_algorithm lists them.
-        "recomp_algorithm" => {
-            let mut out = String::new();
-            for (prio, chosen) in device.recomp_algorithms() {
-                out.push_str(&format!("#{prio}: "));
-                for a in uzram_codecs::Algorithm::ALL {
-                    if *a == chosen {
-                        out.push_str(&format!("[{}] ", a.name()));
-                    } else {
-                        out.push_str(&format!("{} ", a.name()));
-                    }
-                }
-                out.push('\n');
-            }
-            out
-        }
+        // One line per secondary algorithm: "#PRIO: " and the list comp_algorithm prints.
+        "recomp_algorithm" => device
+            .recomp_algorithms()
+            .into_iter()
+            .map(|(prio, chosen)| format!("#{prio}: {}", algorithm_list(chosen)))
+            .collect(),
         "mm_stat" => device.mm_stat(),
         "uzram_stat" => uzram_stat(device, info),
         _ => unreachable!("every readable attribute is handled"),
     })
+}
+
+/// zram's list of algorithms: every one, `chosen` in brackets, each followed by a space, then a
+/// newline.
+fn algorithm_list(chosen: uzram_codecs::Algorithm) -> String {
+    let mut out: String = uzram_codecs::Algorithm::ALL
+        .iter()
+        .map(|&a| {
+            if a == chosen {
+                format!("[{}] ", a.name())
+            } else {
+                format!("{} ", a.name())
+            }
+        })
+        .collect();
+    out.push('\n');
+    out
 }
 
 /// uzram's own figures, one `key value` per line (bytes unless the name says otherwise).

@@ -313,14 +313,6 @@ fn run(cmd: &str, args: &[&str]) -> Result<(), CtlError> {
     }
 }
 
-fn is_swap(dev: &str) -> bool {
-    std::fs::read_to_string("/proc/swaps")
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .any(|l| l.split_whitespace().next() == Some(dev))
-}
-
 /// Creates and activates the devices of `plan`, skipping what is already done (a device that
 /// exists, swap that is on, a file system that is mounted): running it twice changes nothing.
 /// Returns one line per device saying what was done.
@@ -346,7 +338,7 @@ pub fn setup(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
             what.push("created");
         }
         if d.fs == "swap" {
-            if is_swap(&d.device) {
+            if crate::listing::is_swap(&d.device) {
                 what.push("swap already on");
             } else {
                 run("mkswap", &[&d.device])?;
@@ -394,11 +386,10 @@ pub fn teardown(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlErr
             done.push(format!("{}: not there", d.device));
             continue;
         }
-        if is_swap(&d.device) {
+        if crate::listing::is_swap(&d.device) {
             run("swapoff", &[&d.device])?;
         }
-        let mounted = crate::listing::mountpoint(&d.device);
-        if !mounted.is_empty() && mounted != "[SWAP]" {
+        if crate::listing::mount_point(&d.device).is_some() {
             run("umount", &[&d.device])?;
         }
         reset(id)?;

@@ -106,9 +106,10 @@ pub enum Error {
         /// The priority.
         priority: u8,
     },
-    /// A `recomp_algorithm` or `recompress` request zram would refuse.
+    /// A `recomp_algorithm`, `recompress` or `writeback` request zram would refuse, or one this
+    /// device cannot carry out (no recompression algorithm, no backing device).
     #[error("{text:?}: {why}")]
-    RecompSyntax {
+    InvalidRequest {
         /// The request.
         text: String,
         /// What is wrong with it.

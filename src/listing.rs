@@ -252,30 +252,38 @@ pub fn render(rows: &[DeviceRow], columns: &[Column], format: Format) -> String 
     out
 }
 
-/// What `/dev/...` is used for, as zramctl's MOUNTPOINT shows it: `[SWAP]`, a mount point, or "".
-pub fn mountpoint(dev: &str) -> String {
-    use std::os::unix::fs::MetadataExt;
-    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-    if swaps
+/// Whether `dev` is active swap (listed in /proc/swaps).
+pub fn is_swap(dev: &str) -> bool {
+    std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
         .lines()
         .skip(1)
         .any(|l| l.split_whitespace().next() == Some(dev))
-    {
-        return "[SWAP]".into();
-    }
-    let Ok(meta) = std::fs::metadata(dev) else {
-        return String::new();
-    };
-    let rdev = meta.rdev();
-    let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mounts
+}
+
+/// Where block device `dev` is mounted, if it is: found by its device number in
+/// /proc/self/mountinfo.
+pub fn mount_point(dev: &str) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(dev)
+        .ok()
+        .filter(|m| m.file_type().is_block_device())?;
+    let want = format!("{}:{}", libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
         .lines()
         .find_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             (f.get(2) == Some(&want.as_str())).then(|| f.get(4).copied().unwrap_or("").to_string())
         })
-        .unwrap_or_default()
+}
+
+/// What `/dev/...` is used for, as zramctl's MOUNTPOINT shows it: `[SWAP]`, a mount point, or "".
+pub fn mountpoint(dev: &str) -> String {
+    if is_swap(dev) {
+        return "[SWAP]".into();
+    }
+    mount_point(dev).unwrap_or_default()
 }
 
 #[cfg(test)]

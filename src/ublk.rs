@@ -528,7 +528,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
 /// exclusively by someone. Returns the exclusive claim it took when free, to hold while the
 /// device is stopped (no one can swapon or mount it meanwhile).
 pub fn claim_unused(id: u32) -> Result<std::fs::File, String> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let path = format!("/dev/ublkb{id}");
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -541,27 +541,11 @@ pub fn claim_unused(id: u32) -> Result<std::fs::File, String> {
     if err.raw_os_error() != Some(libc::EBUSY) {
         return Err(format!("{path}: {err}"));
     }
-    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-    if swaps
-        .lines()
-        .skip(1)
-        .any(|l| l.split_whitespace().next() == Some(path.as_str()))
-    {
+    if crate::listing::is_swap(&path) {
         return Err(format!("{path} is in use as swap: swapoff {path} first"));
     }
-    let rdev = std::fs::metadata(&path)
-        .ok()
-        .filter(|m| m.file_type().is_block_device())
-        .map(|m| m.rdev());
-    if let Some(rdev) = rdev {
-        let dev = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        if let Some(point) = mounts.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.get(2) == Some(&dev.as_str())).then(|| f.get(4).copied().unwrap_or("?").to_string())
-        }) {
-            return Err(format!("{path} is mounted on {point}: umount it first"));
-        }
+    if let Some(point) = crate::listing::mount_point(&path) {
+        return Err(format!("{path} is mounted on {point}: umount it first"));
     }
     Err(format!(
         "{path} is in use (held open exclusively by another program)"
@@ -579,11 +563,6 @@ pub fn remove_dead(id: u32) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Ublk(format!("deleting /dev/ublkc{id}: {e}")))?;
     let _ = std::fs::remove_file(crate::control::socket_path(id));
     Ok(())
-}
-
-/// Whether the kernel knows device `id` (its control device exists, live or dead).
-pub fn exists(id: u32) -> bool {
-    Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
 }
 
 /// The daemon's resident memory in bytes.
@@ -668,12 +647,7 @@ fn swap_watch_thread(id: u32, device: Arc<Device>) {
             let mut last_seen_swap: Option<u32> = None;
             loop {
                 let now = device.clock_secs();
-                let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-                let is_swap = swaps
-                    .lines()
-                    .skip(1)
-                    .any(|l| l.split_whitespace().next() == Some(path.as_str()));
-                match (is_swap, last_seen_swap) {
+                match (crate::listing::is_swap(&path), last_seen_swap) {
                     (true, _) => last_seen_swap = Some(now),
                     (false, Some(seen)) => {
                         reclaim_after_swapoff(id, &device, seen);
@@ -691,7 +665,8 @@ fn swap_watch_thread(id: u32, device: Arc<Device>) {
 
 /// Frees the pages swap left behind: those last written or read no later than the second after
 /// `seen` (the clock's second when the device was last seen as swap; the watcher samples once a
-/// second), keeping the swap header and anything written later. Holds the device's exclusive claim meanwhile and requires the swap signature on page 0.
+/// second), keeping the swap header and anything written later. Holds the device's exclusive
+/// claim meanwhile and requires the swap signature on page 0.
 fn reclaim_after_swapoff(id: u32, device: &Device, seen: u32) {
     let claim = match claim_unused(id) {
         Ok(c) => c,

@@ -137,13 +137,13 @@ impl DeviceSetup {
         };
         let text = text.as_str();
         let p: AlgorithmParams = text.parse()?;
-        let algorithm = p.algo.ok_or(Error::RecompSyntax {
+        let algorithm = p.algo.ok_or(Error::InvalidRequest {
             text: text.to_string(),
             why: "algo=NAME is required",
         })?;
         let prio = p.priority.unwrap_or(1);
         if prio == 0 {
-            return Err(Error::RecompSyntax {
+            return Err(Error::InvalidRequest {
                 text: text.to_string(),
                 why: "priority 0 is the primary algorithm (comp_algorithm)",
             });
@@ -244,6 +244,26 @@ fn fill(page: &mut [u8; PAGE_SIZE], word: u64) {
     for w in page.chunks_exact_mut(8) {
         w.copy_from_slice(&word.to_ne_bytes());
     }
+}
+
+/// Decompresses page `index`'s stored bytes `src` into `out` with the stream of codec priority
+/// `prio` (the one its slot records).
+fn decompress_with(
+    streams: &mut [Option<Stream>],
+    index: PageIndex,
+    prio: u8,
+    src: &[u8],
+    out: &mut [u8; PAGE_SIZE],
+) -> Result<(), Error> {
+    streams
+        .get_mut(usize::from(prio))
+        .and_then(Option::as_mut)
+        .ok_or(Error::NoCodec {
+            index,
+            priority: prio,
+        })?
+        .decompress(src, out)
+        .map_err(|source| Error::Corrupt { index, source })
 }
 
 impl Device {
@@ -569,16 +589,7 @@ impl Device {
                 // Copy the object out and decompress outside the pool's class lock, so threads
                 // reading pages of the same size class do not wait on each other's codec.
                 let n = self.pool.read_into(handle, buf).map_err(lost)?;
-                let stream = streams
-                    .get_mut(usize::from(s.prio))
-                    .and_then(Option::as_mut)
-                    .ok_or(Error::NoCodec {
-                        index,
-                        priority: s.prio,
-                    })?;
-                stream
-                    .decompress(&buf[..n], out)
-                    .map_err(|source| Error::Corrupt { index, source })?;
+                decompress_with(streams, index, s.prio, &buf[..n], out)?;
             }
         } else if s.flags.contains(SlotFlags::WB) {
             self.load_written_back(streams, buf, index, s, out)?;

@@ -39,7 +39,7 @@ impl FromStr for RecompressRequest {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self, Error> {
-        let bad = |why| Error::RecompSyntax {
+        let bad = |why| Error::InvalidRequest {
             text: text.to_string(),
             why,
         };
@@ -172,7 +172,7 @@ impl Device {
             .map(|(p, _)| p)
             .collect();
         let Some(&last) = prios.last() else {
-            return Err(Error::RecompSyntax {
+            return Err(Error::InvalidRequest {
                 text: format!("{req:?}"),
                 why: "no recompression algorithm matches (set recomp_algorithm when creating the device)",
             });

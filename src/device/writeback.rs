@@ -391,7 +391,7 @@ impl FromStr for WritebackRequest {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self, Error> {
-        let bad = |why| Error::RecompSyntax {
+        let bad = |why| Error::InvalidRequest {
             text: text.to_string(),
             why,
         };
@@ -466,16 +466,7 @@ impl Device {
             out.copy_from_slice(&buf[..PAGE_SIZE]);
             return Ok(());
         }
-        let stream = streams
-            .get_mut(usize::from(s.prio))
-            .and_then(Option::as_mut)
-            .ok_or(Error::NoCodec {
-                index,
-                priority: s.prio,
-            })?;
-        stream
-            .decompress(&buf[..len], out)
-            .map_err(|source| Error::Corrupt { index, source })
+        super::decompress_with(streams, index, s.prio, &buf[..len], out)
     }
 
     /// Frees the backing space of a written-back slot state.
@@ -508,7 +499,7 @@ impl Device {
         req: WritebackRequest,
     ) -> Result<WritebackStats, Error> {
         let Some(backing) = self.backing.as_ref() else {
-            return Err(Error::RecompSyntax {
+            return Err(Error::InvalidRequest {
                 text: "writeback".into(),
                 why: "the device has no backing device (create it with --backing-dev FILE)",
             });
@@ -516,7 +507,7 @@ impl Device {
         self.adopt(ctx)?;
         if let WritebackRequest::Pages { last, .. } = req {
             if last >= self.pages() {
-                return Err(Error::RecompSyntax {
+                return Err(Error::InvalidRequest {
                     text: format!("{req:?}"),
                     why: "page index beyond the device",
                 });
