@@ -243,7 +243,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
     // freed objects make room for new ones).
     // The timed devices have no backing file (only the slow path writes back).
     let fast = crate::DeviceConfig {
-        backing_dev: None,
+        backing_devs: Vec::new(),
         ..config.clone()
     };
     let devices = thread_counts
@@ -284,7 +284,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
     let raw_compress = by_threads(0);
     let raw_decompress = by_threads(1);
     let (recompress, writeback) =
-        if config.secondary.iter().any(Option::is_some) || config.backing_dev.is_some() {
+        if config.secondary.iter().any(Option::is_some) || !config.backing_devs.is_empty() {
             slow_path(&config, disksize, &pages)?
         } else {
             (None, None)

@@ -459,7 +459,7 @@ impl Harness {
         let config = DeviceConfig {
             algorithm,
             secondary: [Some((other, CodecParams::default())), None, None],
-            backing_dev: Some(backing.clone()),
+            backing_devs: vec![backing.clone()],
             ..DeviceConfig::default()
         };
         let device = Device::new(config, DEVICE_PAGES * PAGE_SIZE as u64).expect("device");

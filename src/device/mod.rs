@@ -4,14 +4,16 @@
 //! one slot lock. Compression happens outside any lock for whole-page writes; a partial-page write
 //! holds its slot's lock across its read-modify-write.
 
+pub mod policy;
 mod recompress;
 pub mod slot;
 mod stats;
 pub mod writeback;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+pub use policy::{PolicyConfig, PolicyStats, Pressure};
 pub use recompress::{RecompressRequest, RecompressStats, RecompressType};
 pub use uzram_allocator::{Growth, Maintenance};
 use uzram_allocator::{Handle, Pool, PoolConfig};
@@ -52,9 +54,11 @@ pub struct DeviceConfig {
     /// zram's `recomp_algorithm`: the secondary algorithms by priority 1..=3 (`[0]` is
     /// priority 1), each with its parameters.
     pub secondary: [Option<(Algorithm, CodecParams)>; 3],
-    /// zram's `backing_dev`: a file (created 0600 if missing, sized to the disksize if empty) or
-    /// a block device that written-back pages go to.
-    pub backing_dev: Option<std::path::PathBuf>,
+    /// zram's `backing_dev`: files (created 0600 if missing, sized to the disksize if empty) or
+    /// block devices that written-back pages go to; more than one are striped.
+    pub backing_devs: Vec<std::path::PathBuf>,
+    /// The automatic tiering policy (uzram's `policy` attribute).
+    pub policy: PolicyConfig,
 }
 
 impl Default for DeviceConfig {
@@ -65,7 +69,8 @@ impl Default for DeviceConfig {
             mem_limit: None,
             pool: PoolConfig::default(),
             secondary: Default::default(),
-            backing_dev: None,
+            backing_devs: Vec::new(),
+            policy: PolicyConfig::default(),
         }
     }
 }
@@ -121,8 +126,20 @@ impl DeviceSetup {
     }
 
     /// zram's `backing_dev`: where `writeback` puts pages. Opened (and checked) at init.
+    /// Replaces any file given before.
     pub fn set_backing_dev(&mut self, path: &std::path::Path) {
-        self.config.backing_dev = Some(path.to_path_buf());
+        self.config.backing_devs = vec![path.to_path_buf()];
+    }
+
+    /// Adds a backing file to stripe over (at most [`writeback::MAX_FILES`]).
+    pub fn add_backing_dev(&mut self, path: &std::path::Path) {
+        self.config.backing_devs.push(path.to_path_buf());
+    }
+
+    /// The tiering policy (see [`PolicyConfig`]): `key=value ...` as the `policy` attribute
+    /// takes it.
+    pub fn set_policy(&mut self, text: &str) -> Result<(), Error> {
+        self.config.policy.update(text)
     }
 
     /// zram's `recomp_algorithm`: `algo=NAME [priority=1..3] [level=N] [dict=PATH]` adds (or
@@ -187,8 +204,11 @@ pub struct IoContext {
     shard: usize,
     /// By codec priority; `None` where the device has no codec of that priority.
     streams: Vec<Option<Stream>>,
-    buf: Box<[u8]>,
+    /// Compressed bytes, and written-back records read by direct I/O: aligned.
+    buf: writeback::AlignedBuf,
     page: Box<[u8; PAGE_SIZE]>,
+    /// Eviction's batch buffers (devices with a backing store only).
+    evict: Option<writeback::WbBuffers>,
 }
 
 impl std::fmt::Debug for IoContext {
@@ -214,6 +234,10 @@ pub struct Device {
     /// Where written-back pages live.
     backing: Option<writeback::BackingStore>,
     epoch: Instant,
+    /// Seconds added to the clock (tests: [`Device::advance_clock`]).
+    clock_skew: AtomicU32,
+    /// The tiering policy's settings, budget and counters.
+    tier: policy::Tier,
     counters: Counters,
     next_shard: AtomicUsize,
 }
@@ -292,10 +316,8 @@ impl Device {
                     .transpose()?,
             );
         }
-        let backing = config
-            .backing_dev
-            .as_deref()
-            .map(|p| writeback::BackingStore::open(p, disksize))
+        let backing = (!config.backing_devs.is_empty())
+            .then(|| writeback::BackingStore::open_all(&config.backing_devs, disksize))
             .transpose()?;
         let pool = Pool::new(config.pool.clone()).map_err(Error::OutOfMemory)?;
         pool.set_limit(config.mem_limit);
@@ -313,6 +335,8 @@ impl Device {
             huge_threshold,
             backing,
             epoch: Instant::now(),
+            clock_skew: AtomicU32::new(0),
+            tier: policy::Tier::new(config.policy),
             next_shard: AtomicUsize::new(0),
             counters: Counters::new(
                 (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4)
@@ -367,8 +391,12 @@ impl Device {
             device: self.id,
             shard: self.next_shard.fetch_add(1, Ordering::Relaxed),
             streams,
-            buf: vec![0; MAX_COMPRESSED_LEN].into_boxed_slice(),
+            buf: writeback::AlignedBuf::new(MAX_COMPRESSED_LEN.max(writeback::READ_WINDOW)),
             page: Box::new([0; PAGE_SIZE]),
+            evict: self
+                .backing
+                .as_ref()
+                .map(|_| writeback::WbBuffers::new(policy::EVICT_BATCH)),
         };
         let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
         for stream in ctx.streams.iter_mut().flatten() {
@@ -389,7 +417,7 @@ impl Device {
     }
 
     fn now(&self) -> u32 {
-        self.epoch.elapsed().as_secs() as u32
+        (self.epoch.elapsed().as_secs() as u32).wrapping_add(self.clock_skew.load(Ordering::Relaxed))
     }
 
     fn slot(&self, index: PageIndex) -> &Slot {
@@ -460,7 +488,7 @@ impl Device {
             done += len;
             if let Ok(page) = <&[u8; PAGE_SIZE]>::try_from(chunk) {
                 // Compress and allocate before taking the slot lock.
-                let new = self.encode(&mut ctx.streams, &mut ctx.buf, index, page)?;
+                let new = self.encode(&mut ctx.streams, &mut ctx.buf, ctx.evict.as_mut(), index, page)?;
                 let mut g = self.slot(index).lock();
                 self.replace(index, &mut g, new);
             } else {
@@ -468,7 +496,8 @@ impl Device {
                 let mut g = self.slot(index).lock();
                 self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, &mut ctx.page)?;
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
-                let new = self.encode(&mut ctx.streams, &mut ctx.buf, index, &ctx.page)?;
+                let new =
+                    self.encode(&mut ctx.streams, &mut ctx.buf, ctx.evict.as_mut(), index, &ctx.page)?;
                 self.replace(index, &mut g, new);
             }
         }
@@ -600,11 +629,14 @@ impl Device {
     }
 
     /// Stores `page` (same-filled in the slot, else compressed or raw in the pool) and returns
-    /// the slot state that names it. Nothing changes on error.
+    /// the slot state that names it. When the pool has no room (its limit, or no memory), cold
+    /// pages are evicted to the backing store with `evict`'s buffers and the store retried, a
+    /// few rounds at most. Nothing changes on error.
     fn encode(
         &self,
         streams: &mut [Option<Stream>],
         buf: &mut [u8],
+        mut evict: Option<&mut writeback::WbBuffers>,
         index: PageIndex,
         page: &[u8; PAGE_SIZE],
     ) -> Result<SlotState, Error> {
@@ -628,12 +660,36 @@ impl Device {
         } else {
             (&buf[..n], SlotFlags::STORED)
         };
-        let handle = self.pool.store(bytes).map_err(|e| match e {
-            uzram_allocator::Error::LimitExceeded { limit_bytes, .. } => {
-                Error::MemLimit { index, limit_bytes }
+        let mut rounds = 0;
+        let handle = loop {
+            let e = match self.pool.store(bytes) {
+                Ok(h) => break h,
+                Err(e) => e,
+            };
+            let no_room = matches!(
+                e,
+                uzram_allocator::Error::LimitExceeded { .. }
+                    | uzram_allocator::Error::ReserveExhausted { .. }
+                    | uzram_allocator::Error::OutOfMemory { .. }
+            );
+            if no_room && rounds < policy::EVICT_TRIES {
+                if let Some(bufs) = evict.as_deref_mut() {
+                    rounds += 1;
+                    if self.evict(bufs, bytes.len()) {
+                        continue;
+                    }
+                }
             }
-            e => Error::OutOfMemory(e),
-        })?;
+            if rounds > 0 {
+                self.count_evict_failed();
+            }
+            return Err(match e {
+                uzram_allocator::Error::LimitExceeded { limit_bytes, .. } => {
+                    Error::MemLimit { index, limit_bytes }
+                }
+                e => Error::OutOfMemory(e),
+            });
+        };
         Ok(SlotState {
             word: handle.to_raw(),
             flags,

@@ -162,7 +162,28 @@ impl Device {
         ctx: &mut IoContext,
         req: &RecompressRequest,
     ) -> Result<RecompressStats, Error> {
+        self.recompress_filtered(ctx, req, None)
+    }
+
+    /// [`Device::recompress`] of the pages `req` selects that have not been accessed for
+    /// `min_age` seconds (the policy's idle recompression; zram's IDLE marks are left alone).
+    pub fn recompress_older(
+        &self,
+        ctx: &mut IoContext,
+        req: &RecompressRequest,
+        min_age: u32,
+    ) -> Result<RecompressStats, Error> {
+        self.recompress_filtered(ctx, req, Some(min_age))
+    }
+
+    fn recompress_filtered(
+        &self,
+        ctx: &mut IoContext,
+        req: &RecompressRequest,
+        min_age: Option<u32>,
+    ) -> Result<RecompressStats, Error> {
         self.adopt(ctx)?;
+        let now = self.now();
         let prios: Vec<u8> = self
             .recomp_algorithms()
             .into_iter()
@@ -181,7 +202,7 @@ impl Device {
         let mut candidates: Vec<(u16, u64)> = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let s = slot.peek();
-            if self.eligible(&s, req, &prios) {
+            if self.eligible(&s, req, &prios, min_age, now) {
                 candidates.push((s.size, i as u64));
             }
         }
@@ -195,7 +216,7 @@ impl Device {
             ..RecompressStats::default()
         };
         for &(_, index) in &candidates {
-            match self.recompress_page(ctx, PageIndex(index), req, &prios, all_last) {
+            match self.recompress_page(ctx, PageIndex(index), req, &prios, all_last, min_age) {
                 Outcome::Recompressed { before, after } => {
                     stats.recompressed += 1;
                     stats.bytes_before += before as u64;
@@ -211,11 +232,19 @@ impl Device {
         Ok(stats)
     }
 
-    fn eligible(&self, s: &SlotState, req: &RecompressRequest, prios: &[u8]) -> bool {
+    fn eligible(
+        &self,
+        s: &SlotState,
+        req: &RecompressRequest,
+        prios: &[u8],
+        min_age: Option<u32>,
+        now: u32,
+    ) -> bool {
         let f = s.flags;
         if !f.contains(SlotFlags::STORED)
             || f.contains(SlotFlags::INCOMPRESSIBLE)
             || f.contains(SlotFlags::WB)
+            || min_age.is_some_and(|a| now.saturating_sub(s.atime) < a)
         {
             return false;
         }
@@ -238,11 +267,12 @@ impl Device {
         req: &RecompressRequest,
         prios: &[u8],
         all_last: bool,
+        min_age: Option<u32>,
     ) -> Outcome {
         let mut g = self.slot(index).lock();
         let s = g.get();
         // The page may have changed since the scan.
-        if !self.eligible(&s, req, prios) {
+        if !self.eligible(&s, req, prios, min_age, self.now()) {
             return Outcome::Skipped;
         }
         if self

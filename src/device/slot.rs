@@ -176,6 +176,19 @@ impl Slot {
         }
     }
 
+    /// Locks the slot if nobody holds it. For background work that takes other pages' locks
+    /// while its caller may hold one (eviction inside a write): it skips a busy page rather than
+    /// wait, so two threads can never wait on each other.
+    pub fn try_lock(&self) -> Option<SlotGuard<'_>> {
+        let m = self.meta.load(Ordering::Relaxed);
+        (m & LOCK == 0
+            && self
+                .meta
+                .compare_exchange(m, m | LOCK, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok())
+        .then_some(SlotGuard { slot: self })
+    }
+
     fn unlock(&self) {
         let prev = self.meta.fetch_and(!(LOCK | WAITERS), Ordering::Release);
         if prev & WAITERS != 0 {

@@ -2,31 +2,42 @@
 //! encrypted.
 //!
 //! # On disk
-//! The backing store is an array of 512-byte sectors. A written-back page is one record of
-//! `12 + n + 16` bytes (nonce, the page's stored bytes encrypted, the Poly1305 tag), starting on a
-//! sector boundary; records of one writeback batch lie back to back in one extent, written with
-//! one `pwrite`. The stored bytes are what the pool held: the compressed object (its codec priority
-//! stays in the slot) or the raw page of a huge one, so a page costs its compressed size on disk,
-//! not 4 KiB.
+//! The backing store is one file (or block device), or several striped: an array of 512-byte
+//! sectors each. A written-back page is one record of `12 + n + 16` bytes (nonce, the page's
+//! stored bytes encrypted, the Poly1305 tag), starting on a sector boundary; records of one batch
+//! lie back to back in one extent that starts on a 4 KiB boundary, written with one `pwrite`. The
+//! stored bytes are what the pool held: the compressed object (its codec priority stays in the
+//! slot) or the raw page of a huge one, so a page costs its compressed size on disk, not 4 KiB.
+//! A slot names its record by a location word: the file's number in the top byte, the sector
+//! below.
+//!
+//! Files are opened `O_DIRECT` where the filesystem allows it: written-back pages must leave RAM,
+//! not move into the page cache (and a write under memory pressure must not need page cache
+//! memory). Batches are written and records read in 4 KiB-aligned windows from aligned buffers,
+//! which satisfies any device's logical block size.
+//!
+//! # Striping
+//! With several files, each batch goes to the file with the most free space (ties in turn), so
+//! two files on two disks share the writes and the reads.
 //!
 //! # Secrets
 //! Swap holds secrets. Every record is sealed with ChaCha20-Poly1305 under a key drawn from the
 //! OS at device creation and kept only in the daemon's (locked) memory; the nonce is a counter
 //! (never reused under one key), and the additional data binds a record to its page index and
-//! sector, so a record copied elsewhere in the file fails to open. A stolen backing file reveals
-//! nothing; a flipped byte makes that page's read fail with EIO. The file is created 0600 and
+//! location, so a record copied elsewhere fails to open. A stolen backing file reveals
+//! nothing; a flipped byte makes that page's read fail with EIO. A file is created 0600 and
 //! refused if others may write it.
 //!
 //! # Space
-//! A bitmap of sectors, first fit from a rotating cursor. Freeing a record (the page overwritten,
-//! discarded, or the device reset) clears its sectors and punches a hole for every 4 KiB block
-//! that became wholly free, so a regular file gives the space back to its filesystem.
+//! A bitmap of sectors per file, first fit from a rotating cursor. Freeing a record (the page
+//! overwritten, discarded, or the device reset) clears its sectors and punches a hole for every
+//! 4 KiB block that became wholly free, so a regular file gives the space back to its filesystem.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use chacha20poly1305::aead::{AeadInPlace, KeyInit, OsRng};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce, Tag};
@@ -41,8 +52,47 @@ const NONCE: usize = 12;
 const TAG: usize = 16;
 /// Largest record: a raw page, sealed.
 pub const MAX_RECORD: usize = NONCE + PAGE_SIZE + TAG;
-/// Pages per writeback batch (one extent, one write).
-const BATCH: usize = 256;
+/// Pages per writeback batch of a pass (one extent, one write).
+pub(super) const BATCH: usize = 256;
+/// Alignment of direct I/O: offsets, lengths and buffers.
+const ALIGN: usize = 4096;
+const ALIGN_SECTORS: u64 = ALIGN as u64 / SECTOR;
+/// Bytes a record read may span: a record of at most 9 sectors starting anywhere in a 4 KiB
+/// block covers two blocks.
+pub(super) const READ_WINDOW: usize = 2 * ALIGN;
+/// Most files a store stripes over (the location word keeps the file in its top byte).
+pub const MAX_FILES: usize = 16;
+const FILE_SHIFT: u32 = 56;
+
+/// A byte buffer whose start is aligned for direct I/O: an over-long `Vec` and the aligned
+/// window inside it (no `unsafe`; the heap block never moves).
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` zeroed bytes starting on a 4 KiB boundary.
+    pub fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + ALIGN];
+        let start = (ALIGN - raw.as_ptr() as usize % ALIGN) % ALIGN;
+        AlignedBuf { raw, start, len }
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
 
 /// Why the backing store failed.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +115,9 @@ pub enum BackingError {
         /// Its mode.
         mode: u32,
     },
+    /// No file, or more than [`MAX_FILES`], or one named twice.
+    #[error("backing devices: {0}")]
+    Config(&'static str),
     /// A read or write of the store failed.
     #[error("backing device I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -81,7 +134,7 @@ pub enum BackingError {
     Full,
 }
 
-/// The sector bitmap.
+/// The sector bitmap of one file.
 struct Space {
     used: Vec<u64>,
     sectors: u64,
@@ -119,28 +172,31 @@ impl Space {
         }
     }
 
-    /// First fit of `n` contiguous sectors, from the cursor round to it.
-    fn alloc(&mut self, n: u64) -> Option<u64> {
+    /// First fit of `n` contiguous sectors starting on a multiple of `align`, from the cursor
+    /// round to it.
+    fn alloc(&mut self, n: u64, align: u64) -> Option<u64> {
         if n == 0 || n > self.free {
             return None;
         }
-        let mut start = self.cursor;
+        let mut start = self.cursor.next_multiple_of(align);
         let mut scanned = 0;
-        while scanned < self.sectors + n {
+        while scanned < self.sectors + n + align {
             if start + n > self.sectors {
-                scanned += self.sectors - start;
+                scanned += self.sectors.saturating_sub(start);
                 start = 0;
                 continue;
             }
-            match (start..start + n).find(|&s| self.is_used(s)) {
+            // The last used sector in the window: the next start is past it.
+            match (start..start + n).rev().find(|&s| self.is_used(s)) {
                 None => {
                     self.set(start, n, true);
                     self.cursor = start + n;
                     return Some(start);
                 }
                 Some(busy) => {
-                    scanned += busy + 1 - start;
-                    start = busy + 1;
+                    let next = (busy + 1).next_multiple_of(align);
+                    scanned += next - start;
+                    start = next;
                 }
             }
         }
@@ -160,45 +216,42 @@ struct BdCounters {
     failed_reads: AtomicU64,
 }
 
-/// A backing file or block device, with its key and its space map.
-pub struct BackingStore {
+/// One file of the store.
+struct BackingFile {
     file: File,
     path: PathBuf,
-    cipher: ChaCha20Poly1305,
-    nonce: AtomicU64,
+    /// Opened `O_DIRECT`.
+    direct: bool,
     space: Mutex<Space>,
-    counters: BdCounters,
-    /// zram's `writeback_limit_enable` and `writeback_limit` (4 KiB units).
-    limit: Mutex<(bool, u64)>,
-    /// Tests: every write fails.
-    fail_writes: AtomicBool,
+    writes: AtomicU64,
 }
 
-impl std::fmt::Debug for BackingStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BackingStore")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
-}
-
-impl BackingStore {
+impl BackingFile {
     /// Opens (creating it 0600 if need be) `path`. A regular file of size 0 is sized to
     /// `default_bytes` (sparse); an existing file or block device keeps its size.
-    pub fn open(path: &Path, default_bytes: u64) -> Result<BackingStore, BackingError> {
+    fn open(path: &Path, default_bytes: u64) -> Result<BackingFile, BackingError> {
         let open_err = |source| BackingError::Open {
             path: path.to_path_buf(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(open_err)?;
+        let open = |direct: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(
+                    libc::O_CLOEXEC | libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 },
+                )
+                .open(path)
+        };
+        // A filesystem without direct I/O (tmpfs before Linux 6.6) refuses O_DIRECT with EINVAL.
+        let (file, direct) = match open(true) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false).map_err(open_err)?, false),
+            Err(e) => return Err(open_err(e)),
+        };
         let meta = file.metadata().map_err(open_err)?;
         if meta.mode() & 0o022 != 0 {
             return Err(BackingError::Unsafe {
@@ -213,40 +266,153 @@ impl BackingStore {
             (&file).seek(SeekFrom::End(0)).map_err(open_err)?
         };
         if bytes == 0 && meta.file_type().is_file() {
-            file.set_len(default_bytes).map_err(open_err)?;
-            bytes = default_bytes;
+            bytes = default_bytes.next_multiple_of(ALIGN as u64);
+            file.set_len(bytes).map_err(open_err)?;
+        }
+        Ok(BackingFile {
+            file,
+            path: path.to_path_buf(),
+            direct,
+            space: Mutex::new(Space::new(bytes / SECTOR)),
+            writes: AtomicU64::new(0),
+        })
+    }
+}
+
+/// The backing files (or block devices), with the key and the space maps.
+pub struct BackingStore {
+    files: Vec<BackingFile>,
+    cipher: ChaCha20Poly1305,
+    nonce: AtomicU64,
+    counters: BdCounters,
+    /// zram's `writeback_limit_enable` and `writeback_limit` (4 KiB units).
+    limit: Mutex<(bool, u64)>,
+    /// Which file a tie of free space goes to next.
+    turn: AtomicUsize,
+    /// Tests: every write fails.
+    fail_writes: AtomicBool,
+}
+
+impl std::fmt::Debug for BackingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackingStore")
+            .field("paths", &self.files.iter().map(|f| &f.path).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where one batch landed.
+struct Extent {
+    file: usize,
+    start: u64,
+    /// Sectors the records use (the write is rounded up to 4 KiB).
+    sectors: u64,
+}
+
+/// One file's figures, for `policy_stat` and the listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileUsage {
+    /// The file.
+    pub path: PathBuf,
+    /// Bytes its records use (sector-rounded).
+    pub used_bytes: u64,
+    /// Its size.
+    pub size_bytes: u64,
+    /// Batches written to it.
+    pub writes: u64,
+    /// Opened with `O_DIRECT`.
+    pub direct: bool,
+}
+
+impl BackingStore {
+    /// Opens one backing file: see [`BackingStore::open_all`].
+    pub fn open(path: &Path, default_bytes: u64) -> Result<BackingStore, BackingError> {
+        BackingStore::open_all(&[path.to_path_buf()], default_bytes)
+    }
+
+    /// Opens (creating them 0600 if need be) the files to stripe over. A regular file of size 0
+    /// is sized to `default_bytes` (sparse); an existing file or block device keeps its size.
+    pub fn open_all(paths: &[PathBuf], default_bytes: u64) -> Result<BackingStore, BackingError> {
+        if paths.is_empty() || paths.len() > MAX_FILES {
+            return Err(BackingError::Config("between 1 and 16 files"));
+        }
+        let files = paths
+            .iter()
+            .map(|p| BackingFile::open(p, default_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, a) in files.iter().enumerate() {
+            let ma = a.file.metadata()?;
+            if files[..i].iter().any(|b| {
+                b.file
+                    .metadata()
+                    .is_ok_and(|mb| (mb.dev(), mb.ino(), mb.rdev()) == (ma.dev(), ma.ino(), ma.rdev()))
+            }) {
+                return Err(BackingError::Config("the same file named twice"));
+            }
         }
         let key = ChaCha20Poly1305::generate_key(&mut OsRng);
         Ok(BackingStore {
-            file,
-            path: path.to_path_buf(),
+            files,
             cipher: ChaCha20Poly1305::new(&key),
             nonce: AtomicU64::new(1),
-            space: Mutex::new(Space::new(bytes / SECTOR)),
             counters: BdCounters::default(),
             limit: Mutex::new((false, 0)),
+            turn: AtomicUsize::new(0),
             fail_writes: AtomicBool::new(false),
         })
     }
 
-    /// The file's path.
+    /// The first file's path (zram's `backing_dev` shows one).
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.files[0].path
+    }
+
+    /// Every file's figures.
+    pub fn files(&self) -> Vec<FileUsage> {
+        self.files
+            .iter()
+            .map(|f| {
+                let s = f.space.lock();
+                FileUsage {
+                    path: f.path.clone(),
+                    used_bytes: (s.sectors - s.free) * SECTOR,
+                    size_bytes: s.sectors * SECTOR,
+                    writes: f.writes.load(Ordering::Relaxed),
+                    direct: f.direct,
+                }
+            })
+            .collect()
+    }
+
+    /// Free bytes over all files.
+    pub fn free_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.space.lock().free * SECTOR).sum()
     }
 
     fn sectors_for(len: usize) -> u64 {
         ((NONCE + len + TAG) as u64).div_ceil(SECTOR)
     }
 
-    fn aad(index: PageIndex, sector: u64) -> [u8; 16] {
+    fn location(file: usize, sector: u64) -> u64 {
+        (file as u64) << FILE_SHIFT | sector
+    }
+
+    fn split(location: u64) -> (usize, u64) {
+        (
+            (location >> FILE_SHIFT) as usize,
+            location & ((1 << FILE_SHIFT) - 1),
+        )
+    }
+
+    fn aad(index: PageIndex, location: u64) -> [u8; 16] {
         let mut aad = [0u8; 16];
         aad[..8].copy_from_slice(&index.0.to_le_bytes());
-        aad[8..].copy_from_slice(&sector.to_le_bytes());
+        aad[8..].copy_from_slice(&location.to_le_bytes());
         aad
     }
 
-    /// Seals `data` (page `index`'s stored bytes) into `out` as the record at `sector`.
-    fn seal(&self, index: PageIndex, sector: u64, data: &[u8], out: &mut [u8]) {
+    /// Seals `data` (page `index`'s stored bytes) into `out` as the record at `location`.
+    fn seal(&self, index: PageIndex, location: u64, data: &[u8], out: &mut [u8]) {
         let n = self.nonce.fetch_add(1, Ordering::Relaxed);
         let mut nonce = [0u8; NONCE];
         nonce[..8].copy_from_slice(&n.to_le_bytes());
@@ -255,64 +421,139 @@ impl BackingStore {
         body.copy_from_slice(data);
         let tag = self
             .cipher
-            .encrypt_in_place_detached(Nonce::from_slice(&nonce), &Self::aad(index, sector), body)
+            .encrypt_in_place_detached(Nonce::from_slice(&nonce), &Self::aad(index, location), body)
             .expect("a page is far below the AEAD's length limit");
         out[NONCE + data.len()..NONCE + data.len() + TAG].copy_from_slice(&tag);
     }
 
-    /// Reads and opens page `index`'s record of `len` stored bytes at `sector` into
-    /// `buf[..len]`; `buf` is at least [`MAX_RECORD`] bytes.
+    /// Reserves an extent for `sectors` of records on the file with the most free space, its
+    /// start 4 KiB-aligned and its length rounded up to 4 KiB (the rounding is given back by
+    /// [`BackingStore::release_padding`] once written).
+    fn reserve(&self, sectors: u64) -> Option<Extent> {
+        let rounded = sectors.next_multiple_of(ALIGN_SECTORS);
+        let n = self.files.len();
+        let first = self.turn.fetch_add(1, Ordering::Relaxed) % n;
+        let mut order: Vec<(u64, usize)> = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            order.push((self.files[i].space.lock().free, i));
+        }
+        // Most free first; a stable sort keeps the turn's order among equals.
+        order.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, file) in order {
+            if let Some(start) = self.files[file].space.lock().alloc(rounded, ALIGN_SECTORS) {
+                return Some(Extent {
+                    file,
+                    start,
+                    sectors,
+                });
+            }
+        }
+        None
+    }
+
+    /// Frees the rounding at the end of a written extent.
+    fn release_padding(&self, e: &Extent) {
+        let rounded = e.sectors.next_multiple_of(ALIGN_SECTORS);
+        if rounded > e.sectors {
+            self.files[e.file]
+                .space
+                .lock()
+                .set(e.start + e.sectors, rounded - e.sectors, false);
+        }
+    }
+
+    /// Writes `data` (4 KiB-rounded) at the extent; on failure gives the extent back.
+    fn write_extent(&self, e: &Extent, data: &[u8]) -> Result<(), std::io::Error> {
+        let f = &self.files[e.file];
+        let written = if self.fail_writes.load(Ordering::Relaxed) {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            f.file.write_all_at(data, e.start * SECTOR)
+        };
+        match written {
+            Ok(()) => {
+                f.writes.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .bytes_written
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                self.release_padding(e);
+                Ok(())
+            }
+            Err(err) => {
+                self.counters.failed_writes.fetch_add(1, Ordering::Relaxed);
+                let rounded = e.sectors.next_multiple_of(ALIGN_SECTORS);
+                f.space.lock().set(e.start, rounded, false);
+                Err(err)
+            }
+        }
+    }
+
+    /// Reads and opens page `index`'s record of `len` stored bytes at `location` into
+    /// `buf[..len]`. `buf` starts 4 KiB-aligned and holds at least [`READ_WINDOW`] bytes.
     fn read(
         &self,
         index: PageIndex,
-        sector: u64,
+        location: u64,
         len: usize,
         buf: &mut [u8],
     ) -> Result<(), BackingError> {
+        let (file, sector) = Self::split(location);
+        let f = self.files.get(file).ok_or(BackingError::Tampered { sector })?;
         let total = NONCE + len + TAG;
-        let record = &mut buf[..total];
-        self.file
-            .read_exact_at(record, sector * SECTOR)
+        let byte = sector * SECTOR;
+        let window_start = byte / ALIGN as u64 * ALIGN as u64;
+        let skip = (byte - window_start) as usize;
+        let window = (skip + total).next_multiple_of(ALIGN);
+        if window > buf.len() {
+            return Err(BackingError::Tampered { sector });
+        }
+        f.file
+            .read_exact_at(&mut buf[..window], window_start)
             .inspect_err(|_| {
                 self.counters.failed_reads.fetch_add(1, Ordering::Relaxed);
             })?;
+        let record = &mut buf[skip..skip + total];
         let nonce = *Nonce::from_slice(&record[..NONCE]);
         let tag = *Tag::from_slice(&record[NONCE + len..total]);
         let body = &mut record[NONCE..NONCE + len];
         self.cipher
-            .decrypt_in_place_detached(&nonce, &Self::aad(index, sector), body, &tag)
+            .decrypt_in_place_detached(&nonce, &Self::aad(index, location), body, &tag)
             .map_err(|_| {
                 self.counters.failed_reads.fetch_add(1, Ordering::Relaxed);
                 BackingError::Tampered { sector }
             })?;
-        buf.copy_within(NONCE..NONCE + len, 0);
+        buf.copy_within(skip + NONCE..skip + NONCE + len, 0);
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Frees the record of `len` stored bytes at `sector`, punching holes where whole 4 KiB
+    /// Frees the record of `len` stored bytes at `location`, punching holes where whole 4 KiB
     /// blocks became free.
-    fn free(&self, sector: u64, len: usize) {
+    fn free(&self, location: u64, len: usize) {
+        let (file, sector) = Self::split(location);
+        let Some(f) = self.files.get(file) else {
+            return;
+        };
         let n = Self::sectors_for(len);
-        let mut space = self.space.lock();
+        let mut space = f.space.lock();
         space.set(sector, n, false);
         // The 4 KiB blocks the record touched that are now wholly free.
-        let per_block = PAGE_SIZE as u64 / SECTOR;
-        let first = sector / per_block;
-        let last = (sector + n - 1) / per_block;
+        let first = sector / ALIGN_SECTORS;
+        let last = (sector + n - 1) / ALIGN_SECTORS;
         for block in first..=last {
-            let start = block * per_block;
-            if start + per_block <= space.sectors
-                && (start..start + per_block).all(|s| !space.is_used(s))
+            let start = block * ALIGN_SECTORS;
+            if start + ALIGN_SECTORS <= space.sectors
+                && (start..start + ALIGN_SECTORS).all(|s| !space.is_used(s))
             {
                 // SAFETY: fallocate on our own fd with plain integers; a failure (e.g. a block
                 // device or a filesystem without hole punching) only leaves the space allocated.
                 unsafe {
                     libc::fallocate(
-                        std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                        std::os::fd::AsRawFd::as_raw_fd(&f.file),
                         libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                         (start * SECTOR) as libc::off_t,
-                        PAGE_SIZE as libc::off_t,
+                        ALIGN as libc::off_t,
                     );
                 }
             }
@@ -332,7 +573,12 @@ impl BackingStore {
         )
     }
 
-    /// Bytes written to the store so far (sealed records, sector-rounded).
+    /// Pages on the store now.
+    pub fn pages(&self) -> u64 {
+        self.counters.count.load(Ordering::Relaxed)
+    }
+
+    /// Bytes written to the store so far (4 KiB-rounded extents).
     pub fn bytes_written(&self) -> u64 {
         self.counters.bytes_written.load(Ordering::Relaxed)
     }
@@ -361,10 +607,71 @@ impl BackingStore {
         self.limit.lock().1 = pages;
     }
 
+    /// How many of `want` pages zram's writeback limit lets through now.
+    pub(super) fn limit_allows(&self, want: usize) -> usize {
+        let (on, left) = self.limit();
+        if on {
+            usize::try_from(left).unwrap_or(usize::MAX).min(want)
+        } else {
+            want
+        }
+    }
+
+    fn charge_limit(&self, pages: u64) {
+        let mut limit = self.limit.lock();
+        if limit.0 {
+            limit.1 = limit.1.saturating_sub(pages);
+        }
+    }
+
     /// Tests and fault drills: make every write fail (the pages must stay in RAM).
     pub fn set_fail_writes(&self, on: bool) {
         self.fail_writes.store(on, Ordering::Relaxed);
     }
+}
+
+/// The buffers of one writeback batch, made once and reused: eviction inside a write must not
+/// allocate.
+pub(super) struct WbBuffers {
+    plain: Box<[u8; PAGE_SIZE]>,
+    out: AlignedBuf,
+    taken: Vec<(PageIndex, SlotState, u64)>,
+    /// Candidates, for callers that pick pages without allocating (eviction).
+    pub(super) pages: Vec<PageIndex>,
+    capacity: usize,
+}
+
+impl WbBuffers {
+    pub(super) fn new(capacity: usize) -> WbBuffers {
+        WbBuffers {
+            plain: Box::new([0; PAGE_SIZE]),
+            out: AlignedBuf::new(
+                (capacity * MAX_RECORD.next_multiple_of(SECTOR as usize)).next_multiple_of(ALIGN),
+            ),
+            taken: Vec::with_capacity(capacity),
+            pages: Vec::with_capacity(capacity),
+            capacity,
+        }
+    }
+
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct BatchStats {
+    /// Pages now on the store.
+    pub written: u64,
+    /// Their stored bytes (what left the pool).
+    pub object_bytes: u64,
+    /// Bytes written to the file.
+    pub bytes: u64,
+    /// Pages left in RAM because the write failed.
+    pub failed: u64,
+    /// No room on the store.
+    pub full: bool,
 }
 
 /// Which pages a writeback pass takes (zram's `writeback` syntax).
@@ -477,6 +784,16 @@ impl Device {
     }
 
     fn wb_eligible(s: &SlotState, req: WritebackRequest, index: u64) -> bool {
+        match req {
+            WritebackRequest::Pages { first, last } => {
+                (first..=last).contains(&index) && s.flags.contains(SlotFlags::STORED)
+            }
+            _ => Self::wb_eligible_flags(s, req),
+        }
+    }
+
+    /// The flag part of [`Device::wb_eligible`] (a page range is checked by the caller).
+    fn wb_eligible_flags(s: &SlotState, req: WritebackRequest) -> bool {
         let f = s.flags;
         if !f.contains(SlotFlags::STORED) {
             return false;
@@ -486,8 +803,108 @@ impl Device {
             WritebackRequest::Huge => f.contains(SlotFlags::HUGE),
             WritebackRequest::HugeIdle => f.contains(SlotFlags::HUGE | SlotFlags::IDLE),
             WritebackRequest::Incompressible => f.contains(SlotFlags::INCOMPRESSIBLE),
-            WritebackRequest::Pages { first, last } => (first..=last).contains(&index),
+            WritebackRequest::Pages { .. } => true,
         }
+    }
+
+    /// Writes back, as one batch, those of `pages` (at most the buffers' capacity) whose state
+    /// `keep` accepts under their lock, and swaps their slots over to the records. With `wait`
+    /// false a page whose lock is busy is skipped (eviction inside a write, which may hold a slot
+    /// lock itself). Allocates nothing.
+    pub(super) fn write_batch(
+        &self,
+        backing: &BackingStore,
+        bufs: &mut WbBuffers,
+        pages: &[PageIndex],
+        keep: &dyn Fn(&SlotState) -> bool,
+        wait: bool,
+    ) -> BatchStats {
+        let mut stats = BatchStats::default();
+        bufs.taken.clear();
+        let mut sectors = 0u64;
+        for &index in pages {
+            if bufs.taken.len() == bufs.capacity {
+                break;
+            }
+            let slot = self.slot(index);
+            let g = if wait {
+                slot.lock()
+            } else {
+                match slot.try_lock() {
+                    Some(g) => g,
+                    None => continue,
+                }
+            };
+            let s = g.get();
+            drop(g);
+            if !s.flags.contains(SlotFlags::STORED) || !keep(&s) {
+                continue;
+            }
+            bufs.taken.push((index, s, sectors));
+            sectors += BackingStore::sectors_for(usize::from(s.size));
+        }
+        if bufs.taken.is_empty() {
+            return stats;
+        }
+        let Some(extent) = backing.reserve(sectors) else {
+            stats.full = true;
+            return stats;
+        };
+        let bytes = (sectors * SECTOR) as usize;
+        let out = &mut bufs.out[..bytes.next_multiple_of(ALIGN)];
+        out.fill(0);
+        for &(index, s, off) in &bufs.taken {
+            // Read the object under its lock; a page that changed since is left out at commit.
+            let slot = self.slot(index);
+            let Some(g) = (if wait { Some(slot.lock()) } else { slot.try_lock() }) else {
+                continue;
+            };
+            let n = usize::from(s.size);
+            let ok = g.get() == s
+                && uzram_allocator::Handle::from_raw(s.word)
+                    .is_some_and(|h| self.pool.read_into(h, &mut bufs.plain[..]).is_ok());
+            drop(g);
+            if ok {
+                let at = (off * SECTOR) as usize;
+                let location = BackingStore::location(extent.file, extent.start + off);
+                backing.seal(index, location, &bufs.plain[..n], &mut out[at..]);
+            }
+        }
+        if backing.write_extent(&extent, out).is_err() {
+            stats.failed = bufs.taken.len() as u64;
+            return stats;
+        }
+        stats.bytes = out.len() as u64;
+        let mut written = 0;
+        for &(index, s, off) in &bufs.taken {
+            let sector = extent.start + off;
+            let n = BackingStore::sectors_for(usize::from(s.size));
+            let slot = self.slot(index);
+            let g = if wait { Some(slot.lock()) } else { slot.try_lock() };
+            let Some(mut g) = g.filter(|g| g.get() == s) else {
+                backing.files[extent.file].space.lock().set(sector, n, false);
+                continue;
+            };
+            let wb = SlotState {
+                word: BackingStore::location(extent.file, sector),
+                flags: s
+                    .flags
+                    .difference(SlotFlags::STORED)
+                    .difference(SlotFlags::IDLE)
+                    | SlotFlags::WB,
+                prio: s.prio,
+                size: s.size,
+                atime: s.atime,
+            };
+            backing.counters.count.fetch_add(1, Ordering::Relaxed);
+            backing.counters.writes.fetch_add(1, Ordering::Relaxed);
+            self.replace(index, &mut g, wb);
+            written += 1;
+            stats.object_bytes += u64::from(s.size);
+        }
+        stats.written = written;
+        backing.charge_limit(written);
+        stats
     }
 
     /// zram's `writeback`: moves the pages `req` selects to the backing store, compressed and
@@ -517,124 +934,29 @@ impl Device {
             WritebackRequest::Pages { first, last } => first..=last,
             _ => 0..=self.pages() - 1,
         };
-        let candidates: Vec<u64> = range
+        let candidates: Vec<PageIndex> = range
             .filter(|&i| Self::wb_eligible(&self.slot(PageIndex(i)).peek(), req, i))
+            .map(PageIndex)
             .collect();
         let mut stats = WritebackStats {
             candidates: candidates.len() as u64,
             ..WritebackStats::default()
         };
-        let mut plain = vec![0u8; PAGE_SIZE];
-        let mut batch_buf = vec![0u8; BATCH * MAX_RECORD.next_multiple_of(SECTOR as usize)];
+        let mut bufs = WbBuffers::new(BATCH);
         for chunk in candidates.chunks(BATCH) {
-            // Within the writeback limit.
-            let allowed = {
-                let (on, left) = backing.limit();
-                if on {
-                    usize::try_from(left).unwrap_or(usize::MAX).min(chunk.len())
-                } else {
-                    chunk.len()
-                }
-            };
+            let allowed = backing.limit_allows(chunk.len());
             if allowed == 0 {
                 stats.stopped = true;
                 break;
             }
-            // Copy the objects out (slot by slot) and seal them back to back.
-            let mut taken: Vec<(PageIndex, SlotState, u64)> = Vec::with_capacity(allowed);
-            let mut offset_sectors = 0u64;
-            for &i in &chunk[..allowed] {
-                let index = PageIndex(i);
-                let g = self.slot(index).lock();
-                let s = g.get();
-                if !Self::wb_eligible(&s, req, i) {
-                    continue;
-                }
-                let Some(h) = uzram_allocator::Handle::from_raw(s.word) else {
-                    continue;
-                };
-                let Ok(n) = self.pool.read_into(h, &mut plain) else {
-                    continue;
-                };
-                drop(g);
-                taken.push((index, s, offset_sectors));
-                offset_sectors += BackingStore::sectors_for(n);
-                debug_assert_eq!(n, usize::from(s.size));
-            }
-            if taken.is_empty() {
-                continue;
-            }
-            let Some(start) = backing.space.lock().alloc(offset_sectors) else {
+            let keep = |s: &SlotState| Self::wb_eligible_flags(s, req);
+            let b = self.write_batch(backing, &mut bufs, &chunk[..allowed], &keep, true);
+            stats.written += b.written;
+            stats.bytes += b.bytes;
+            stats.failed += b.failed;
+            if b.full {
                 stats.stopped = true;
                 break;
-            };
-            let bytes = (offset_sectors * SECTOR) as usize;
-            let out = &mut batch_buf[..bytes];
-            out.fill(0);
-            for &(index, s, off) in &taken {
-                // Read the object again under its lock: sealing binds the final sector.
-                let g = self.slot(index).lock();
-                let now = g.get();
-                let n = usize::from(s.size);
-                let ok = now == s
-                    && uzram_allocator::Handle::from_raw(s.word)
-                        .is_some_and(|h| self.pool.read_into(h, &mut plain).is_ok());
-                drop(g);
-                let at = (off * SECTOR) as usize;
-                if ok {
-                    backing.seal(index, start + off, &plain[..n], &mut out[at..]);
-                }
-            }
-            let written = if backing.fail_writes.load(Ordering::Relaxed) {
-                Err(std::io::Error::from_raw_os_error(libc::EIO))
-            } else {
-                backing.file.write_all_at(out, start * SECTOR)
-            };
-            if written.is_err() {
-                backing
-                    .counters
-                    .failed_writes
-                    .fetch_add(1, Ordering::Relaxed);
-                backing.space.lock().set(start, offset_sectors, false);
-                stats.failed += taken.len() as u64;
-                continue;
-            }
-            stats.bytes += bytes as u64;
-            backing
-                .counters
-                .bytes_written
-                .fetch_add(bytes as u64, Ordering::Relaxed);
-            // Swap each slot over to its record, unless the page changed meanwhile.
-            for &(index, s, off) in &taken {
-                let sector = start + off;
-                let n = BackingStore::sectors_for(usize::from(s.size));
-                let mut g = self.slot(index).lock();
-                if g.get() != s {
-                    drop(g);
-                    backing.space.lock().set(sector, n, false);
-                    continue;
-                }
-                let wb = SlotState {
-                    word: sector,
-                    flags: s
-                        .flags
-                        .difference(SlotFlags::STORED)
-                        .difference(SlotFlags::IDLE)
-                        | SlotFlags::WB,
-                    prio: s.prio,
-                    size: s.size,
-                    atime: s.atime,
-                };
-                backing.counters.count.fetch_add(1, Ordering::Relaxed);
-                backing.counters.writes.fetch_add(1, Ordering::Relaxed);
-                self.replace(index, &mut g, wb);
-                stats.written += 1;
-            }
-            {
-                let mut limit = backing.limit.lock();
-                if limit.0 {
-                    limit.1 = limit.1.saturating_sub(taken.len() as u64);
-                }
             }
         }
         if stats.written > 0 {
@@ -773,10 +1095,10 @@ mod tests {
             .writeback(&mut ctx, WritebackRequest::Pages { first: 0, last: 19 })
             .unwrap();
         assert_eq!(s.written, 20);
-        let free_before = d.backing().unwrap().space.lock().free;
+        let free_before = d.backing().unwrap().free_bytes();
         d.discard(0, 10 * 4096).unwrap();
         d.write(&mut ctx, 10 * 4096, &text_page(99)).unwrap();
-        let free_after = d.backing().unwrap().space.lock().free;
+        let free_after = d.backing().unwrap().free_bytes();
         assert!(
             free_after > free_before,
             "discard and overwrite free backing space"
