@@ -37,6 +37,8 @@ pub const ATTRIBUTES: &[(&str, Access)] = &[
     ("mem_limit", Access::Write),
     ("mem_used_max", Access::Write),
     ("mm_stat", Access::Read),
+    ("policy", Access::ReadWrite),
+    ("policy_stat", Access::Read),
     ("recomp_algorithm", Access::ReadWrite),
     ("recompress", Access::Write),
     ("reset", Access::Write),
@@ -125,6 +127,8 @@ pub fn read(device: &Device, info: &DaemonInfo, name: &str) -> Result<String, At
             .collect(),
         "mm_stat" => device.mm_stat(),
         "uzram_stat" => uzram_stat(device, info),
+        "policy" => format!("{}\n", device.policy()),
+        "policy_stat" => device.policy_stats().to_string(),
         _ => unreachable!("every readable attribute is handled"),
     })
 }
@@ -162,6 +166,12 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
         line("bd_bytes_written", b.bytes_written());
         line("bd_failed_write_batches", failed_writes);
         line("bd_failed_reads", failed_reads);
+        for (i, f) in b.files().iter().enumerate() {
+            line(&format!("bd_file{i}_used"), f.used_bytes);
+            line(&format!("bd_file{i}_size"), f.size_bytes);
+            line(&format!("bd_file{i}_batches"), f.writes);
+            line(&format!("bd_file{i}_direct_io"), u64::from(f.direct));
+        }
     }
     out
 }
@@ -254,6 +264,9 @@ pub fn write(device: &Device, name: &str, value: &str) -> Result<(), AttrError> 
                 b.set_limit_enable(n != 0);
             }
         }
+        "policy" => device
+            .set_policy(value)
+            .map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?,
         "recompress" => {
             let request: crate::RecompressRequest = value
                 .parse()

@@ -16,9 +16,14 @@ pub struct CodecArgs {
     #[arg(long, value_name = "SPEC")]
     pub recomp_algorithm: Vec<String>,
     /// zram's backing_dev: a file (created 0600, sized to the device if empty) or a block device
-    /// that `writeback` moves pages to, compressed and encrypted
+    /// that writeback and eviction move pages to, compressed and encrypted; repeat to stripe
+    /// over several (e.g. on two disks)
     #[arg(long, value_name = "FILE")]
-    pub backing_dev: Option<std::path::PathBuf>,
+    pub backing_dev: Vec<std::path::PathBuf>,
+    /// The tiering policy, uzram's `policy` attribute: "key=value ..." of recompress_after,
+    /// writeback_after, high_watermark, low_watermark, min_free, psi, budget, evict
+    #[arg(long, value_name = "SETTINGS")]
+    pub policy: Option<String>,
 }
 
 impl CodecArgs {
@@ -33,8 +38,11 @@ impl CodecArgs {
         if let Some(p) = &self.algorithm_params {
             setup.set_algorithm_params(p)?;
         }
-        if let Some(b) = &self.backing_dev {
-            setup.set_backing_dev(b);
+        for b in &self.backing_dev {
+            setup.add_backing_dev(b);
+        }
+        if let Some(p) = &self.policy {
+            setup.set_policy(p)?;
         }
         Ok(())
     }

@@ -45,8 +45,10 @@ pub struct CreateArgs {
     pub algorithm_params: Option<String>,
     /// `--recomp-algorithm`, each.
     pub recomp_algorithm: Vec<String>,
-    /// `--backing-dev`.
-    pub backing_dev: Option<PathBuf>,
+    /// `--backing-dev`, each.
+    pub backing_dev: Vec<PathBuf>,
+    /// `--policy`.
+    pub policy: Option<String>,
     /// `--streams` (queues).
     pub streams: Option<u16>,
     /// `--mem-limit`.
@@ -77,6 +79,12 @@ pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
     }
     if let Some(l) = &args.mem_limit {
         parse_size(l).map_err(|e| err(e.to_string()))?;
+    }
+    if let Some(p) = &args.policy {
+        setup.set_policy(p).map_err(|e| err(e.to_string()))?;
+    }
+    if args.backing_dev.len() > crate::device::writeback::MAX_FILES {
+        return Err(err("at most 16 backing devices"));
     }
     if args.streams == Some(0) {
         return Err(err("--streams must be at least 1"));
@@ -110,10 +118,13 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
     for r in &args.recomp_algorithm {
         cmd.args(["--recomp-algorithm", r]);
     }
-    if let Some(b) = &args.backing_dev {
+    for b in &args.backing_dev {
         // The daemon runs with / as its directory: give it an absolute path.
         let b = std::path::absolute(b).map_err(|e| err(format!("{}: {e}", b.display())))?;
         cmd.arg("--backing-dev").arg(b);
+    }
+    if let Some(p) = &args.policy {
+        cmd.args(["--policy", p]);
     }
     if let Some(s) = args.streams {
         cmd.args(["--queues", &s.to_string()]);
@@ -329,7 +340,8 @@ pub fn setup(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
                 algorithm: d.algorithm.clone(),
                 algorithm_params: d.params.clone(),
                 recomp_algorithm: d.recomp.clone(),
-                backing_dev: d.writeback.as_ref().map(PathBuf::from),
+                backing_dev: d.writeback.iter().map(PathBuf::from).collect(),
+                policy: d.policy.clone(),
                 streams: None,
                 mem_limit: (d.mem_limit > 0).then(|| d.mem_limit.to_string()),
                 id: Some(id),

@@ -460,6 +460,12 @@ impl Harness {
             algorithm,
             secondary: [Some((other, CodecParams::default())), None, None],
             backing_devs: vec![backing.clone()],
+            // The model is zram's: a write past mem_limit fails. Eviction (which writes pages
+            // back instead) has its own model tests in device::policy.
+            policy: crate::PolicyConfig {
+                evict: false,
+                ..crate::PolicyConfig::default()
+            },
             ..DeviceConfig::default()
         };
         let device = Device::new(config, DEVICE_PAGES * PAGE_SIZE as u64).expect("device");

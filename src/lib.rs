@@ -44,8 +44,8 @@ pub mod ublk;
 
 pub use device::{
     Device, DeviceConfig, DeviceSetup, DeviceStats, Growth, IoContext, IoStat, Maintenance, MmStat,
-    PageIndex, RecompressRequest, RecompressStats, RecompressType, SlotFlags, SlotState, PAGE_SIZE,
-    SECTOR_SIZE,
+    PageIndex, Policy, PolicyConfig, PolicyStats, Pressure, RecompressRequest, RecompressStats,
+    RecompressType, SlotFlags, SlotState, PAGE_SIZE, SECTOR_SIZE,
 };
 pub use error::Error;
 pub use size::{format_size, parse_size};

@@ -51,6 +51,26 @@ pub const COLUMNS: &[Column] = &[
     ),
     col("PID", "the daemon's process id", true),
     col(
+        "BD-USED",
+        "bytes the written-back pages take on the backing files",
+        true,
+    ),
+    col(
+        "WRITTEN-BACK",
+        "pages the policy wrote back (idle, above the watermark, host pressure)",
+        true,
+    ),
+    col(
+        "EVICTED",
+        "pages evicted to the backing files so that a write did not fail",
+        true,
+    ),
+    col(
+        "RECOMPRESSED",
+        "pages the policy recompressed with the secondary algorithm",
+        true,
+    ),
+    col(
         "STATE",
         "live, or dead when the daemon is gone (uzram --reset removes it)",
         false,
@@ -96,6 +116,14 @@ pub struct DeviceRow {
     pub rss: u64,
     /// The nine mm_stat fields.
     pub mm: [u64; 9],
+    /// Bytes on the backing files.
+    pub bd_used: u64,
+    /// Pages the policy wrote back.
+    pub written_back: u64,
+    /// Pages evicted.
+    pub evicted: u64,
+    /// Pages the policy recompressed.
+    pub recompressed: u64,
     /// `[SWAP]`, a mount point, or empty.
     pub mountpoint: String,
 }
@@ -131,6 +159,10 @@ impl DeviceRow {
                 "disksize" => row.disksize = num(k, v)?,
                 "streams" => row.streams = num(k, v)?,
                 "rss" => row.rss = num(k, v)?,
+                "bd_used" => row.bd_used = num(k, v)?,
+                "written_back" => row.written_back = num(k, v)?,
+                "evicted" => row.evicted = num(k, v)?,
+                "recompressed" => row.recompressed = num(k, v)?,
                 "mm_stat" => {
                     let fields: Vec<u64> = v
                         .split_whitespace()
@@ -183,6 +215,10 @@ impl DeviceRow {
             "MOUNTPOINT" => self.mountpoint.clone(),
             "RSS" => size(self.rss),
             "PID" => self.pid.to_string(),
+            "BD-USED" => size(self.bd_used),
+            "WRITTEN-BACK" => self.written_back.to_string(),
+            "EVICTED" => self.evicted.to_string(),
+            "RECOMPRESSED" => self.recompressed.to_string(),
             "STATE" => if self.live { "live" } else { "dead" }.into(),
             _ => String::new(),
         }
@@ -293,6 +329,7 @@ mod tests {
     fn row() -> DeviceRow {
         DeviceRow::parse(
             "name=/dev/ublkb0\npid=42\nalgorithm=lz4\ndisksize=4294967296\nstreams=2\nrss=50331648\n\
+             bd_used=1048576\nevicted=96\nrecompressed=300\nwritten_back=256\n\
              mm_stat=13000704  2621440  3457024        0  3457024      123        0        7        7\n",
         )
         .unwrap()
@@ -330,5 +367,23 @@ mod tests {
         assert!(column("nope").is_none());
         assert!(DeviceRow::parse("pid=1\n").is_err());
         assert!(DeviceRow::parse("name=x\nmm_stat=1 2\n").is_err());
+    }
+
+    #[test]
+    fn the_policy_columns_show_what_the_policy_did() {
+        let cols: Vec<Column> = ["NAME", "BD-USED", "WRITTEN-BACK", "EVICTED", "RECOMPRESSED"]
+            .iter()
+            .map(|n| column(n).unwrap())
+            .collect();
+        let out = render(
+            &[row()],
+            &cols,
+            Format {
+                raw: true,
+                noheadings: true,
+                ..Format::default()
+            },
+        );
+        assert_eq!(out, "/dev/ublkb0 1M 256 96 300\n");
     }
 }

@@ -67,9 +67,14 @@ struct CtlArgs {
     #[arg(long, value_name = "SPEC")]
     recomp_algorithm: Vec<String>,
     /// zram's backing_dev for the new device: a file (created 0600) or block device that
-    /// `uzram attr DEV writeback ...` moves pages to, compressed and encrypted
+    /// writeback and eviction move pages to, compressed and encrypted; repeat the option to
+    /// stripe over several files
     #[arg(long, value_name = "FILE")]
-    backing_dev: Option<std::path::PathBuf>,
+    backing_dev: Vec<std::path::PathBuf>,
+    /// The new device's tiering policy: "key=value ..." of recompress_after, writeback_after,
+    /// high_watermark, low_watermark, min_free, psi, budget, evict (see `uzram attr DEV policy`)
+    #[arg(long, value_name = "SETTINGS")]
+    policy: Option<String>,
     /// Number of compression streams (the daemon's I/O queues; default one per CPU)
     #[arg(short = 't', long, value_name = "NUMBER")]
     streams: Option<u16>,
@@ -107,7 +112,8 @@ enum Command {
     /// Read or write a zram attribute of a device: mm_stat, io_stat, debug_stat, comp_algorithm,
     /// recomp_algorithm, disksize, initstate, max_comp_streams, mem_limit, mem_used_max, idle,
     /// recompress, backing_dev, writeback, writeback_limit, writeback_limit_enable, bd_stat,
-    /// compact, reset, and uzram's own uzram_stat. A read prints the attribute's exact
+    /// compact, reset, and uzram's own uzram_stat, policy (the tiering settings) and
+    /// policy_stat (what the policy did). A read prints the attribute's exact
     /// bytes.
     Attr {
         /// The device, /dev/ublkbN
@@ -207,6 +213,7 @@ fn zramctl(a: CtlArgs) -> Outcome {
             algorithm_params: a.algorithm_params,
             recomp_algorithm: a.recomp_algorithm,
             backing_dev: a.backing_dev,
+            policy: a.policy,
             streams: a.streams,
             mem_limit: a.mem_limit,
             id: ids.first().copied(),

@@ -55,6 +55,9 @@ pub struct DevicePlan {
     pub mount: Option<String>,
     /// Options for swapon or mount.
     pub options: String,
+    /// uzram's tiering policy (`uzram-policy = key=value ...`; zram-generator has no such key and
+    /// ignores it with a warning).
+    pub policy: Option<String>,
     /// What was changed to fit uzram.
     pub warnings: Vec<String>,
 }
@@ -71,6 +74,7 @@ impl DevicePlan {
             recompress: None,
             mem_limit: 0,
             writeback: None,
+            policy: None,
             priority: 100,
             fs: "swap".into(),
             mount: None,
@@ -80,8 +84,8 @@ impl DevicePlan {
     }
 
     /// The plan's line: `device= size_bytes= algorithm= params= recomp= recompress= mem_limit=
-    /// writeback= priority= fs= mount= options=`, values with blanks in double quotes, `none`
-    /// for nothing.
+    /// writeback= priority= fs= mount= options= policy=`, values with blanks in double quotes,
+    /// `none` for nothing (`policy=none`: the defaults).
     pub fn line(&self) -> String {
         let q = |v: &str| {
             if v.is_empty() {
@@ -94,7 +98,7 @@ impl DevicePlan {
         };
         let opt = |v: &Option<String>| q(v.as_deref().unwrap_or(""));
         format!(
-            "device={} size_bytes={} algorithm={} params={} recomp={} recompress={} mem_limit={} writeback={} priority={} fs={} mount={} options={}",
+            "device={} size_bytes={} algorithm={} params={} recomp={} recompress={} mem_limit={} writeback={} priority={} fs={} mount={} options={} policy={}",
             self.device,
             self.size_bytes,
             q(self.algorithm.as_deref().unwrap_or("default")),
@@ -107,6 +111,7 @@ impl DevicePlan {
             q(&self.fs),
             opt(&self.mount),
             q(&self.options),
+            opt(&self.policy),
         )
     }
 }
@@ -347,6 +352,12 @@ pub fn plan_zram_generator(
                 }
                 "compression-algorithm" => apply_algorithms(&mut plan, v),
                 "writeback-device" => plan.writeback = (!v.is_empty()).then(|| v.to_string()),
+                "uzram-policy" => {
+                    crate::PolicyConfig::default()
+                        .update(v)
+                        .map_err(|e| bad(e.to_string()))?;
+                    plan.policy = (!v.is_empty()).then(|| v.to_string());
+                }
                 "swap-priority" => {
                     let p: i32 = v.parse().map_err(|_| bad("a number".into()))?;
                     if !(-1..=32767).contains(&p) {
@@ -522,7 +533,7 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert_eq!(
             p[0].line(),
-            "device=/dev/ublkb0 size_bytes=1073741824 algorithm=default params=none recomp=none recompress=none mem_limit=0 writeback=none priority=100 fs=swap mount=none options=discard"
+            "device=/dev/ublkb0 size_bytes=1073741824 algorithm=default params=none recomp=none recompress=none mem_limit=0 writeback=none priority=100 fs=swap mount=none options=discard policy=none"
         );
         assert_eq!(plan("[zram0]\n", 16384.0)[0].size_bytes, 4096 << 20);
     }
@@ -554,7 +565,7 @@ mod tests {
         assert!(p[0].warnings[0].contains("lzo-rle"), "{:?}", p[0].warnings);
         assert_eq!(
             p[0].line(),
-            "device=/dev/ublkb0 size_bytes=838860800 algorithm=lz4 params=none recomp=\"algo=zstd priority=1 level=3\" recompress=type=idle mem_limit=6442450944 writeback=/dev/zvol/tarta-zoot/swap-writeback priority=100 fs=swap mount=none options=none"
+            "device=/dev/ublkb0 size_bytes=838860800 algorithm=lz4 params=none recomp=\"algo=zstd priority=1 level=3\" recompress=type=idle mem_limit=6442450944 writeback=/dev/zvol/tarta-zoot/swap-writeback priority=100 fs=swap mount=none options=none policy=none"
         );
         assert_eq!(
             (p[1].fs.as_str(), p[1].mount.as_deref()),
@@ -610,7 +621,7 @@ mod tests {
         let p = plan_zramswap("zramswap", shipped, 4096.0).unwrap();
         assert_eq!(
             p[0].line(),
-            "device=/dev/ublkb0 size_bytes=2147483648 algorithm=lz4 params=none recomp=none recompress=none mem_limit=0 writeback=none priority=100 fs=swap mount=none options=discard"
+            "device=/dev/ublkb0 size_bytes=2147483648 algorithm=lz4 params=none recomp=none recompress=none mem_limit=0 writeback=none priority=100 fs=swap mount=none options=discard policy=none"
         );
         let set = "ALGO=zstd\nSIZE=256\nPRIORITY=10\n";
         let p = plan_zramswap("zramswap", set, 4096.0).unwrap();
@@ -623,5 +634,20 @@ mod tests {
         assert_eq!(p[0].size_bytes, 1024 << 20);
         assert_eq!(p[0].algorithm.as_deref(), Some("lz4"));
         assert!(plan_zramswap("zramswap", "SIZE=lots\n", 1.0).is_err());
+    }
+
+    #[test]
+    fn uzram_policy_is_planned_and_checked() {
+        let conf = "[zram0]\nwriteback-device = /var/lib/uzram/zram0.img\nuzram-policy = writeback_after=2h budget=1G\n";
+        let p = plan_zram_generator(&[("x".into(), conf.into())], 4096.0).unwrap();
+        assert_eq!(p[0].policy.as_deref(), Some("writeback_after=2h budget=1G"));
+        assert!(
+            p[0].line()
+                .ends_with(" policy=\"writeback_after=2h budget=1G\""),
+            "{}",
+            p[0].line()
+        );
+        let bad = "[zram0]\nuzram-policy = writeback_after=soon\n";
+        assert!(plan_zram_generator(&[("x".into(), bad.into())], 4096.0).is_err());
     }
 }

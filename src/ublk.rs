@@ -403,6 +403,52 @@ fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
         })
 }
 
+/// The tiering policy's thread: once a second, a round of [`crate::Policy::tick`] with the
+/// host's memory figures; in between, it serves the evictions that writes hand it (a regular
+/// backing file: see `Device::make_room`). An I/O flusher, like the queue threads: its writes to
+/// the backing file (and its filesystem's journal) must not wait for swap, which may be this
+/// device; a write it serves waits for it at most `EVICT_WAIT`.
+fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
+    std::thread::Builder::new()
+        .name("uzram-policy".into())
+        .spawn(move || {
+            if let Err(e) = io_flusher() {
+                return log(&format!("policy: {e}"));
+            }
+            crate::pin::prefault_stack();
+            let mut ctx = match device.context() {
+                Ok(ctx) => ctx,
+                Err(e) => return log(&format!("policy: {e}")),
+            };
+            let mut policy = crate::Policy::new();
+            let mut last_report: Option<std::time::Instant> = None;
+            let second = std::time::Duration::from_secs(1);
+            let mut next_tick = std::time::Instant::now() + second;
+            loop {
+                let now = std::time::Instant::now();
+                if now < next_tick {
+                    // Wake at least every 100 ms: between ticks it also keeps the pool under
+                    // the high watermark.
+                    let wait = (next_tick - now).min(std::time::Duration::from_millis(100));
+                    policy.serve_evictions(&device, wait);
+                    continue;
+                }
+                next_tick = now + second;
+                if let Err(e) = policy.tick(&device, &mut ctx, &crate::Pressure::read()) {
+                    if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 60) {
+                        log(&format!("policy: {e}"));
+                        last_report = Some(std::time::Instant::now());
+                    }
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|source| ServeError::Setup {
+            what: "start the policy thread",
+            source,
+        })
+}
+
 fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
     if let Err(e) = io_flusher() {
         log(&format!("queue {qid}: {e}"));
@@ -469,10 +515,14 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         setup.set_mem_limit(Some(crate::parse_size(l)?));
     }
     let device = Arc::new(setup.init(disksize)?);
+    // A regular backing file: the I/O threads never write to it (its filesystem may wait for
+    // swap); the policy thread evicts for them.
+    device.set_evict_hand_off(device.backing().is_some_and(|b| !b.all_block_devices()));
     let signals = block_stop_signals()?;
     pin_memory()?;
     crate::pin::refill_heap();
     memory_thread(Arc::clone(&device))?;
+    policy_thread(Arc::clone(&device))?;
     progress_log(Arc::clone(&device));
     io_flusher()?;
     let queues = args.queues.unwrap_or_else(|| {
@@ -611,13 +661,20 @@ fn control_thread(id: u32, device: Arc<Device>, streams: usize) -> Result<(), Se
                     Request::Reset => reset(id),
                     Request::Info => {
                         let i = info();
+                        let p = device.policy_stats();
+                        let bd_used: u64 = device
+                            .backing()
+                            .map_or(0, |b| b.files().iter().map(|f| f.used_bytes).sum());
                         Ok(format!(
-                            "name=/dev/ublkb{id}\npid={}\nalgorithm={}\ndisksize={}\nstreams={}\nrss={}\nmm_stat={}",
+                            "name=/dev/ublkb{id}\npid={}\nalgorithm={}\ndisksize={}\nstreams={}\nrss={}\nbd_used={bd_used}\nevicted={}\nrecompressed={}\nwritten_back={}\nmm_stat={}",
                             i.pid,
                             device.algorithm().name(),
                             device.disksize(),
                             i.streams,
                             i.rss_bytes,
+                            p.evicted_pages,
+                            p.recompressed_pages,
+                            p.age_wb_pages + p.watermark_wb_pages + p.host_wb_pages,
                             device.mm_stat()
                         ))
                     }

@@ -94,7 +94,7 @@ fn setup_dry_run_plans_both_formats() {
     assert_eq!(rc, 0, "{err}");
     assert_eq!(
         out,
-        "device=/dev/ublkb0 size_bytes=1073741824 algorithm=zstd params=none recomp=\"algo=lz4 priority=1\" recompress=none mem_limit=0 writeback=none priority=20 fs=swap mount=none options=discard\n"
+        "device=/dev/ublkb0 size_bytes=1073741824 algorithm=zstd params=none recomp=\"algo=lz4 priority=1\" recompress=none mem_limit=0 writeback=none priority=20 fs=swap mount=none options=discard policy=none\n"
     );
     let zs = dir.join("zramswap");
     std::fs::write(&zs, "ALGO=deflate\nPERCENT=25\n").unwrap();

@@ -1016,18 +1016,6 @@ impl Pool {
         Ok(self.table.classes()[self.table.class_of(size)].size)
     }
 
-    /// Compacts the class of objects of `size` bytes, moving at most `max_moves` objects (a
-    /// bounded compaction for a caller that just freed objects of that class). Returns zspage
-    /// pages freed.
-    pub fn compact_class(&self, size: usize, max_moves: usize) -> Result<u64, Error> {
-        Self::check_size(size)?;
-        let shared = self.shared();
-        let freed = self.classes[self.table.class_of(size)]
-            .lock()
-            .compact(max_moves, &shared);
-        Ok(freed)
-    }
-
     /// The size classes, smallest first.
     pub fn classes(&self) -> &[ClassSpec] {
         self.table.classes()

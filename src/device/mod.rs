@@ -13,7 +13,7 @@ pub mod writeback;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-pub use policy::{PolicyConfig, PolicyStats, Pressure};
+pub use policy::{Policy, PolicyConfig, PolicyStats, Pressure, TickReport};
 pub use recompress::{RecompressRequest, RecompressStats, RecompressType};
 pub use uzram_allocator::{Growth, Maintenance};
 use uzram_allocator::{Handle, Pool, PoolConfig};
@@ -417,7 +417,8 @@ impl Device {
     }
 
     fn now(&self) -> u32 {
-        (self.epoch.elapsed().as_secs() as u32).wrapping_add(self.clock_skew.load(Ordering::Relaxed))
+        (self.epoch.elapsed().as_secs() as u32)
+            .wrapping_add(self.clock_skew.load(Ordering::Relaxed))
     }
 
     fn slot(&self, index: PageIndex) -> &Slot {
@@ -488,7 +489,13 @@ impl Device {
             done += len;
             if let Ok(page) = <&[u8; PAGE_SIZE]>::try_from(chunk) {
                 // Compress and allocate before taking the slot lock.
-                let new = self.encode(&mut ctx.streams, &mut ctx.buf, ctx.evict.as_mut(), index, page)?;
+                let new = self.encode(
+                    &mut ctx.streams,
+                    &mut ctx.buf,
+                    ctx.evict.as_mut(),
+                    index,
+                    page,
+                )?;
                 let mut g = self.slot(index).lock();
                 self.replace(index, &mut g, new);
             } else {
@@ -496,8 +503,13 @@ impl Device {
                 let mut g = self.slot(index).lock();
                 self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, &mut ctx.page)?;
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
-                let new =
-                    self.encode(&mut ctx.streams, &mut ctx.buf, ctx.evict.as_mut(), index, &ctx.page)?;
+                let new = self.encode(
+                    &mut ctx.streams,
+                    &mut ctx.buf,
+                    ctx.evict.as_mut(),
+                    index,
+                    &ctx.page,
+                )?;
                 self.replace(index, &mut g, new);
             }
         }
@@ -672,12 +684,10 @@ impl Device {
                     | uzram_allocator::Error::ReserveExhausted { .. }
                     | uzram_allocator::Error::OutOfMemory { .. }
             );
-            if no_room && rounds < policy::EVICT_TRIES {
-                if let Some(bufs) = evict.as_deref_mut() {
-                    rounds += 1;
-                    if self.evict(bufs, bytes.len()) {
-                        continue;
-                    }
+            if no_room && rounds < policy::EVICT_TRIES && self.backing.is_some() {
+                rounds += 1;
+                if self.make_room(evict.as_deref_mut(), bytes.len()) {
+                    continue;
                 }
             }
             if rounds > 0 {

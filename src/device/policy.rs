@@ -8,7 +8,10 @@
 //!   `some avg10` at or above `psi`). Compaction follows each pass.
 //! - A write that finds no room (the limit, or no pool memory) evicts cold pages to the backing
 //!   store and retries, instead of failing: a bounded batch, with buffers made when the I/O
-//!   context was, on the I/O thread itself (see [`Device::evict`]).
+//!   context was, on the I/O thread itself (see [`Device::evict`]); or, in hand-off mode (the
+//!   daemon with a regular file as backing store, whose writes may wait on the filesystem's
+//!   journal), by the policy thread while the write waits at most [`EVICT_WAIT`] (see
+//!   [`Device::make_room`]).
 //! - A budget of bytes per day (`budget`) caps everything the policy and eviction write, to
 //!   spare flash; when it is spent, the device behaves as zram does at its limit (writes fail)
 //!   until the budget refills.
@@ -18,14 +21,19 @@
 //! ([`Device::advance_clock`]) and fake [`Pressure`].
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::writeback::{BatchStats, WbBuffers, BATCH};
 use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, RecompressRequest};
 
+/// Longest a write waits for the policy thread to make room (hand-off mode) before it fails
+/// with ENOMEM as zram's would (swap keeps the page and retries); until a later round makes
+/// progress, further writes that find no room fail at once instead of each waiting.
+pub const EVICT_WAIT: Duration = Duration::from_secs(1);
 /// Pages one eviction writes at most (one batch, one `pwrite`).
 pub const EVICT_BATCH: usize = 32;
 /// Slots one eviction looks at, from a clock hand that goes round the device.
@@ -34,8 +42,8 @@ const EVICT_SCAN: u64 = 16 * 1024;
 pub(super) const EVICT_TRIES: usize = 4;
 /// Most object bytes one tick writes back (the policy yields between ticks).
 const TICK_BYTES: u64 = 64 << 20;
-/// Most pages one tick recompresses.
-const TICK_RECOMPRESS: u64 = 16 * 1024;
+/// Most pages one tick recompresses (a tick should not keep evictions waiting long).
+const TICK_RECOMPRESS: u64 = 2 * 1024;
 /// Seconds between the age scans (recompression and age writeback look at every slot).
 const AGE_SCAN_SECS: u32 = 10;
 /// Histogram buckets of page age (log-scaled, see [`age_bucket`]).
@@ -317,6 +325,22 @@ struct Counters {
     pages_compacted: AtomicU64,
 }
 
+/// Room asked of the policy thread by writes that found none (hand-off mode).
+#[derive(Debug, Default)]
+struct Requests {
+    /// Object sizes asked for (distinct; more are dropped, the round frees room anyway).
+    sizes: [u16; 8],
+    n: usize,
+    /// Rounds that took the sizes asked so far; a request pushed now is taken by round
+    /// `taken + 1`.
+    taken: u64,
+    /// The last round finished.
+    done: u64,
+    /// A write timed out waiting: until then, or until the policy makes progress, the next
+    /// ones fail at once instead of each waiting.
+    starved_until: Option<Instant>,
+}
+
 /// The policy's shared state, part of every [`Device`].
 #[derive(Debug, Default)]
 pub(super) struct Tier {
@@ -325,6 +349,13 @@ pub(super) struct Tier {
     counters: Counters,
     /// The eviction clock hand.
     hand: AtomicU64,
+    /// Writes hand eviction to the policy thread instead of doing it themselves.
+    hand_off: AtomicBool,
+    requests: Mutex<Requests>,
+    /// The policy thread waits here for requests.
+    wake: Condvar,
+    /// Writes wait here for a round.
+    served: Condvar,
 }
 
 impl Tier {
@@ -459,6 +490,57 @@ impl Policy {
         }
     }
 
+    /// Waits up to `timeout` for writes that ask for room (hand-off mode), and serves them:
+    /// evicts for each object size asked with the policy's buffers, then wakes the writers.
+    /// Returns whether any asked.
+    pub fn serve_evictions(&mut self, device: &Device, timeout: Duration) -> bool {
+        {
+            let tier = &device.tier;
+            let mut r = tier.requests.lock();
+            if r.n == 0 {
+                let _ = tier.wake.wait_for(&mut r, timeout);
+            }
+        }
+        let asked = serve_pending(&mut self.bufs, device);
+        // Between ticks, keep the margin under the limit too: the second between ticks is
+        // long under a swap storm.
+        self.relieve(device);
+        asked
+    }
+
+    /// Above the high watermark of `mem_limit`, writes back the coldest pages until the pool
+    /// is under the low one. Returns pages written back.
+    fn relieve(&mut self, device: &Device) -> u64 {
+        if device.backing().is_none() {
+            return 0;
+        }
+        let cfg = *device.tier.config.lock();
+        let Some(bytes) = watermark_excess(device, &cfg) else {
+            return 0;
+        };
+        let now = device.now();
+        if !device.tier.budget.lock().allows(now) {
+            device
+                .tier
+                .counters
+                .budget_denied
+                .fetch_add(1, Ordering::Relaxed);
+            return 0;
+        }
+        let done = self.write_back_coldest(device, bytes.min(TICK_BYTES), 0, now);
+        let c = &device.tier.counters;
+        c.watermark_wb_pages
+            .fetch_add(done.written, Ordering::Relaxed);
+        c.watermark_wb_bytes
+            .fetch_add(done.object_bytes, Ordering::Relaxed);
+        if done.written > 0 {
+            c.pages_compacted
+                .fetch_add(device.compact(), Ordering::Relaxed);
+            device.tier.progress();
+        }
+        done.written
+    }
+
     /// One round of the policy on `device`, with `ctx`'s codec streams and the host's
     /// `pressure`: recompression and writeback of idle pages (every few seconds), writeback of
     /// the coldest pages above the watermark or under host pressure (every tick).
@@ -505,23 +587,16 @@ impl Policy {
         };
         // How many stored bytes to move out, and why: the most pressing reason first.
         let used = device.pool.pages_used();
-        let limit = device.pool.stats().limit_pages;
-        let mut want: Option<(Reason, u64, u32)> = None;
-        if limit > 0 && used * 100 > limit * u64::from(cfg.high_watermark) {
-            let target = limit * u64::from(cfg.low_watermark) / 100;
-            want = Some((
-                Reason::Watermark,
-                (used - target) * PAGE_SIZE as u64,
-                0,
-            ));
-        }
+        let mut want: Option<(Reason, u64, u32)> =
+            watermark_excess(device, &cfg).map(|bytes| (Reason::Watermark, bytes, 0));
         let host_short = pressure.mem_total > 0
             && cfg.min_free > 0
             && pressure.mem_available * 100 < pressure.mem_total * u64::from(cfg.min_free);
         let psi_high = matches!((cfg.psi, pressure.psi_some_avg10), (Some(t), Some(v)) if v >= t);
         if want.is_none() && (host_short || psi_high) && used > 0 {
-            // An eighth of the pool per tick, at least 4 MiB.
-            let bytes = (used * PAGE_SIZE as u64 / 8).max(4 << 20);
+            // A thirty-second of the pool per tick, at least 4 MiB: pressure that lasts moves
+            // the coldest pages out steadily rather than the whole pool at once.
+            let bytes = (used * PAGE_SIZE as u64 / 32).max(4 << 20);
             want = Some((Reason::Host, bytes, 0));
         }
         if want.is_none() && age_scan {
@@ -554,6 +629,7 @@ impl Policy {
             tier.counters
                 .pages_compacted
                 .fetch_add(freed, Ordering::Relaxed);
+            tier.progress();
         }
         Ok(report)
     }
@@ -626,15 +702,12 @@ impl Policy {
             if allowed == 0 {
                 break;
             }
-            let b = device.write_batch(
-                backing,
-                &mut self.bufs,
-                &self.pages[..allowed],
-                &keep,
-                true,
-            );
+            let b =
+                device.write_batch(backing, &mut self.bufs, &self.pages[..allowed], &keep, true);
             device.tier.budget.lock().charge(b.bytes);
             self.pages.clear();
+            // Writes waiting for room come first (hand-off mode).
+            serve_pending(&mut self.bufs, device);
             total.written += b.written;
             total.object_bytes += b.object_bytes;
             total.bytes += b.bytes;
@@ -644,6 +717,52 @@ impl Policy {
             }
         }
         total
+    }
+}
+
+/// Bytes above the low watermark when the pool is above the high watermark of `mem_limit`.
+fn watermark_excess(device: &Device, cfg: &PolicyConfig) -> Option<u64> {
+    let used = device.pool.pages_used();
+    let limit = device.pool.stats().limit_pages;
+    (limit > 0 && used * 100 > limit * u64::from(cfg.high_watermark)).then(|| {
+        let target = limit * u64::from(cfg.low_watermark) / 100;
+        used.saturating_sub(target) * PAGE_SIZE as u64
+    })
+}
+
+/// Serves the evictions writes have asked for (hand-off mode), without waiting for any: evicts
+/// for each object size asked, then wakes the writers. Returns whether any asked.
+fn serve_pending(bufs: &mut WbBuffers, device: &Device) -> bool {
+    let tier = &device.tier;
+    let (sizes, n, round) = {
+        let mut r = tier.requests.lock();
+        if r.n == 0 {
+            return false;
+        }
+        r.taken += 1;
+        let taken = (r.sizes, r.n, r.taken);
+        r.n = 0;
+        taken
+    };
+    let mut served = 0;
+    for &size in &sizes[..n] {
+        if device.evict(bufs, usize::from(size)) {
+            served += 1;
+        }
+    }
+    let mut r = tier.requests.lock();
+    r.done = round;
+    if served > 0 {
+        r.starved_until = None;
+    }
+    tier.served.notify_all();
+    true
+}
+
+impl Tier {
+    /// The policy made room: writes that find none wait for it again.
+    fn progress(&self) {
+        self.requests.lock().starved_until = None;
     }
 }
 
@@ -685,6 +804,54 @@ impl Device {
         }
     }
 
+    /// Hand-off mode: a write that finds no room asks the policy thread (which must be running
+    /// [`Policy::serve_evictions`]) to evict, instead of writing to the backing store itself.
+    /// The daemon turns it on when a backing file is a regular file.
+    pub fn set_evict_hand_off(&self, on: bool) {
+        self.tier.hand_off.store(on, Ordering::Relaxed);
+    }
+
+    /// Makes room for an object of `size` bytes: inline with `bufs` ([`Device::evict`]), or in
+    /// hand-off mode by asking the policy thread and waiting at most [`EVICT_WAIT`] for its
+    /// round. Returns whether room was made (the store is worth retrying).
+    pub(super) fn make_room(&self, bufs: Option<&mut WbBuffers>, size: usize) -> bool {
+        let tier = &self.tier;
+        if !tier.hand_off.load(Ordering::Relaxed) {
+            return bufs.is_some_and(|b| self.evict(b, size));
+        }
+        if self.backing.is_none() || !tier.config.lock().evict {
+            return false;
+        }
+        let mut r = tier.requests.lock();
+        let size = size.min(PAGE_SIZE) as u16;
+        if !r.sizes[..r.n].contains(&size) && r.n < r.sizes.len() {
+            let n = r.n;
+            r.sizes[n] = size;
+            r.n += 1;
+        }
+        tier.wake.notify_one();
+        let now = Instant::now();
+        if r.starved_until.is_some_and(|t| now < t) {
+            return false;
+        }
+        // The round that takes this request (pushed above, or by another write for the same
+        // size since the last take) is the next one.
+        let ticket = r.taken + 1;
+        let deadline = now + EVICT_WAIT;
+        while r.done < ticket {
+            if tier.served.wait_until(&mut r, deadline).timed_out() {
+                break;
+            }
+        }
+        if r.done < ticket {
+            r.starved_until = Some(Instant::now() + EVICT_WAIT);
+            return false;
+        }
+        // Retry the store even if the round found nothing to evict: room may have been made
+        // meanwhile (the watermark, another round); the caller's rounds are bounded.
+        true
+    }
+
     /// Tests: moves the device's clock (the one page access times use) `secs` forward.
     #[doc(hidden)]
     pub fn advance_clock(&self, secs: u32) {
@@ -693,9 +860,11 @@ impl Device {
 
     /// Makes room for an object of `size` bytes by writing cold pages back: first pages whose
     /// objects share its size class (each one written back frees a slot the new object can
-    /// take, without a new zspage), else any cold pages, whose classes are then compacted. A
+    /// take, without a new zspage), else huge pages (each frees a pool page), else any cold
+    /// pages, after which the pool is compacted. A
     /// bounded scan from a clock hand, one batch, one `pwrite`, no allocation; busy slots are
-    /// skipped. Returns whether anything was written back.
+    /// skipped. Returns whether the store is worth retrying: pages were written back, or there
+    /// were none to write (room was made meanwhile).
     pub(super) fn evict(&self, bufs: &mut WbBuffers, size: usize) -> bool {
         let Some(backing) = self.backing.as_ref() else {
             return false;
@@ -719,10 +888,11 @@ impl Device {
         let start = tier.hand.fetch_add(scan, Ordering::Relaxed) % n;
         let mut pages = std::mem::take(&mut bufs.pages);
         let mut any_class = false;
-        // Passes: same class and not touched for 10 s; same class; any class.
-        for pass in 0..3 {
+        // Passes: same class and not touched for 10 s; same class; huge pages (each one written
+        // back frees a whole pool page at once); any class (then compaction frees zspages).
+        for pass in 0..4 {
             pages.clear();
-            any_class = pass == 2;
+            any_class = pass == 3;
             for k in 0..scan {
                 if pages.len() >= allowed {
                     break;
@@ -737,6 +907,7 @@ impl Device {
                 if match pass {
                     0 => same && cold,
                     1 => same,
+                    2 => usize::from(s.size) == PAGE_SIZE,
                     _ => true,
                 } {
                     pages.push(i);
@@ -759,11 +930,14 @@ impl Device {
         };
         tier.budget.lock().charge(b.bytes);
         if any_class && b.written > 0 {
-            // Objects of other classes went: compact those classes so their zspages free up.
-            for &i in &pages {
-                let _ = self.pool.compact_class(usize::from(self.slot(i).peek().size).max(1), 64);
-            }
+            // Objects of other classes went: compact so their zspages free up. Rare (the
+            // watermark keeps a margin), and bounded by the pool's size.
+            self.tier
+                .counters
+                .pages_compacted
+                .fetch_add(self.pool.compact().pages_freed, Ordering::Relaxed);
         }
+        let found = !pages.is_empty();
         bufs.pages = pages;
         if b.written > 0 {
             tier.counters.evictions.fetch_add(1, Ordering::Relaxed);
@@ -774,7 +948,8 @@ impl Device {
                 .evicted_bytes
                 .fetch_add(b.object_bytes, Ordering::Relaxed);
         }
-        b.written > 0
+        // Nothing stored to evict means the pool is (nearly) empty: room was made meanwhile.
+        b.written > 0 || !found
     }
 
     /// Counts a write that failed although eviction was tried.
@@ -876,7 +1051,8 @@ mod tests {
 
     #[test]
     fn pressure_reads_meminfo_and_psi() {
-        let meminfo = "MemTotal:        8000000 kB\nMemFree:  100 kB\nMemAvailable:     400000 kB\n";
+        let meminfo =
+            "MemTotal:        8000000 kB\nMemFree:  100 kB\nMemAvailable:     400000 kB\n";
         let psi = "some avg10=31.50 avg60=10.00 avg300=2.00 total=123\nfull avg10=1.00 avg60=0.00 avg300=0.00 total=9\n";
         let p = Pressure::parse(meminfo, Some(psi));
         assert_eq!(p.mem_total, 8_000_000 * 1024);
@@ -919,7 +1095,11 @@ mod tests {
     #[test]
     fn idle_pages_are_recompressed_then_written_back_by_age() {
         let dir = tempdir("age");
-        let d = device(&dir, 512, "recompress_after=10m writeback_after=1h min_free=0 psi=off");
+        let d = device(
+            &dir,
+            512,
+            "recompress_after=10m writeback_after=1h min_free=0 psi=off",
+        );
         let mut ctx = d.context().unwrap();
         let mut policy = Policy::new();
         let model: Vec<(u64, Vec<u8>)> = (0..200).map(|i| (i, text_page(i))).collect();
@@ -953,8 +1133,18 @@ mod tests {
         let s = d.policy_stats();
         assert_eq!(s.age_wb_pages, 100);
         assert_eq!(d.backing().unwrap().pages(), 100);
-        assert_eq!(d.slot_state(PageIndex(0)).unwrap().flags.contains(SlotFlags::WB), true);
-        assert!(!d.slot_state(PageIndex(150)).unwrap().flags.contains(SlotFlags::WB));
+        assert_eq!(
+            d.slot_state(PageIndex(0))
+                .unwrap()
+                .flags
+                .contains(SlotFlags::WB),
+            true
+        );
+        assert!(!d
+            .slot_state(PageIndex(150))
+            .unwrap()
+            .flags
+            .contains(SlotFlags::WB));
         check_all(&d, &mut ctx, &model);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -981,7 +1171,14 @@ mod tests {
             }
             d.advance_clock(3600);
         }
-        assert_eq!(policy.tick(&d, &mut ctx, &Pressure::none()).unwrap().written_back, 0, "360 of 400 pages is under 90 %");
+        assert_eq!(
+            policy
+                .tick(&d, &mut ctx, &Pressure::none())
+                .unwrap()
+                .written_back,
+            0,
+            "360 of 400 pages is under 90 %"
+        );
         for k in 120..150 {
             let i = 3000 + k;
             let p = noise_page(i);
@@ -995,7 +1192,12 @@ mod tests {
         let after = d.stats().mm.mem_used_total / PAGE_SIZE as u64;
         assert!(after <= 320, "under the low watermark: {after}");
         // The oldest generation went, the newest stayed.
-        let wb = |i: u64| d.slot_state(PageIndex(i)).unwrap().flags.contains(SlotFlags::WB);
+        let wb = |i: u64| {
+            d.slot_state(PageIndex(i))
+                .unwrap()
+                .flags
+                .contains(SlotFlags::WB)
+        };
         assert!((0..120).all(wb), "the oldest generation is written back");
         assert!(!(2000..2120).any(wb), "the newest generation stays in RAM");
         assert_eq!(d.policy_stats().watermark_wb_pages, r.written_back);
@@ -1006,7 +1208,11 @@ mod tests {
     #[test]
     fn host_pressure_and_psi_write_back_a_slice() {
         let dir = tempdir("host");
-        let d = device(&dir, 2048, "recompress_after=off writeback_after=off min_free=10 psi=15");
+        let d = device(
+            &dir,
+            2048,
+            "recompress_after=off writeback_after=off min_free=10 psi=15",
+        );
         let mut ctx = d.context().unwrap();
         let mut policy = Policy::new();
         let model: Vec<(u64, Vec<u8>)> = (0..1500).map(|i| (i, noise_page(i))).collect();
@@ -1048,7 +1254,11 @@ mod tests {
         let mut model = Vec::new();
         // Mixed pages, five times the limit, rewritten in part: nothing fails.
         for i in 0..1200u64 {
-            let p = if i % 3 == 0 { noise_page(i) } else { text_page(i) };
+            let p = if i % 3 == 0 {
+                noise_page(i)
+            } else {
+                text_page(i)
+            };
             d.write(&mut ctx, (i % 900) * PAGE_SIZE as u64, &p).unwrap();
             model.retain(|(j, _)| *j != i % 900);
             model.push((i % 900, p));
@@ -1064,7 +1274,13 @@ mod tests {
         d.set_policy("evict=0").unwrap();
         let mut failed = 0;
         for i in 0..200u64 {
-            if d.write(&mut ctx, (900 + i) * PAGE_SIZE as u64, &noise_page(5000 + i)).is_err() {
+            if d.write(
+                &mut ctx,
+                (900 + i) * PAGE_SIZE as u64,
+                &noise_page(5000 + i),
+            )
+            .is_err()
+            {
                 failed += 1;
             }
         }
@@ -1118,20 +1334,95 @@ mod tests {
         }
         d.writeback(
             &mut ctx,
-            crate::device::writeback::WritebackRequest::Pages { first: 0, last: 1999 },
+            crate::device::writeback::WritebackRequest::Pages {
+                first: 0,
+                last: 1999,
+            },
         )
         .unwrap();
         let files = d.backing().unwrap().files();
         assert_eq!(files.len(), 2);
-        assert!(files.iter().all(|f| f.writes >= 3 && f.used_bytes > 0), "{files:?}");
+        assert!(
+            files.iter().all(|f| f.writes >= 3 && f.used_bytes > 0),
+            "{files:?}"
+        );
         let diff = files[0].used_bytes.abs_diff(files[1].used_bytes);
-        assert!(diff * 4 < files[0].used_bytes, "balanced by free space: {files:?}");
+        assert!(
+            diff * 4 < files[0].used_bytes,
+            "balanced by free space: {files:?}"
+        );
         check_all(&d, &mut ctx, &model);
         // The same file twice is refused.
         let mut twice = DeviceSetup::new();
         twice.set_backing_dev(&dir.join("a2"));
         twice.add_backing_dev(&dir.join("a2"));
         assert!(twice.init(1 << 20).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn in_hand_off_mode_the_policy_thread_evicts_for_the_writes() {
+        let dir = tempdir("handoff");
+        let d = std::sync::Arc::new(device(&dir, 4096, ""));
+        d.set_mem_limit(Some(64 * PAGE_SIZE as u64));
+        d.set_evict_hand_off(true);
+        let mut ctx = d.context().unwrap();
+        // Without a policy thread, a write at the limit waits EVICT_WAIT once, then fails at
+        // once until a round makes progress.
+        for i in 0..64u64 {
+            d.write(&mut ctx, i * PAGE_SIZE as u64, &noise_page(i))
+                .unwrap();
+        }
+        let t = Instant::now();
+        assert!(d
+            .write(&mut ctx, 64 * PAGE_SIZE as u64, &noise_page(64))
+            .is_err());
+        assert!(t.elapsed() >= EVICT_WAIT, "{:?}", t.elapsed());
+        let t = Instant::now();
+        assert!(d
+            .write(&mut ctx, 65 * PAGE_SIZE as u64, &noise_page(65))
+            .is_err());
+        assert!(t.elapsed() < EVICT_WAIT / 2, "starved: fails at once");
+        // With one, nothing fails.
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let server = {
+            let (d, stop) = (std::sync::Arc::clone(&d), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut policy = Policy::new();
+                while !stop.load(Ordering::Relaxed) {
+                    policy.serve_evictions(&d, Duration::from_millis(20));
+                }
+            })
+        };
+        let mut model: Vec<(u64, Vec<u8>)> = (0..64).map(|i| (i, noise_page(i))).collect();
+        // Until the thread's first round the device is starved from above: writes fail at once.
+        let t = Instant::now();
+        while d
+            .write(&mut ctx, 64 * PAGE_SIZE as u64, &noise_page(64))
+            .is_err()
+        {
+            assert!(t.elapsed() < Duration::from_secs(5), "no round in 5 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        model.push((64, noise_page(64)));
+        let mut failed = 0;
+        for i in 65..600u64 {
+            let p = if i % 2 == 0 {
+                noise_page(i)
+            } else {
+                text_page(i)
+            };
+            match d.write(&mut ctx, i * PAGE_SIZE as u64, &p) {
+                Ok(()) => model.push((i, p)),
+                Err(_) => failed += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap();
+        assert_eq!(failed, 0, "writes failed with the policy thread serving");
+        let s = d.policy_stats();
+        assert!(s.evicted_pages > 0, "{s:?}");
+        check_all(&d, &mut ctx, &model);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

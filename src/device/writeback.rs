@@ -30,8 +30,15 @@
 //!
 //! # Space
 //! A bitmap of sectors per file, first fit from a rotating cursor. Freeing a record (the page
-//! overwritten, discarded, or the device reset) clears its sectors and punches a hole for every
-//! 4 KiB block that became wholly free, so a regular file gives the space back to its filesystem.
+//! overwritten, discarded, or the device reset) clears its sectors for reuse.
+//!
+//! A regular file is allocated in full when opened (`fallocate`), as a swap file must be, and
+//! no hole is ever punched in it: a write into a hole allocates blocks, and both that and hole
+//! punching take the inode's lock exclusively and start journal transactions, which under memory
+//! pressure can wait for a task that waits for swap, that is, for this device. With every block
+//! allocated, a direct write is an overwrite under the inode's shared lock, and a direct read
+//! never waits for it. (The I/O threads still never write to a regular file: see
+//! `Device::make_room`.)
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -249,7 +256,9 @@ impl BackingFile {
         // A filesystem without direct I/O (tmpfs before Linux 6.6) refuses O_DIRECT with EINVAL.
         let (file, direct) = match open(true) {
             Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false).map_err(open_err)?, false),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                (open(false).map_err(open_err)?, false)
+            }
             Err(e) => return Err(open_err(e)),
         };
         let meta = file.metadata().map_err(open_err)?;
@@ -268,6 +277,28 @@ impl BackingFile {
         if bytes == 0 && meta.file_type().is_file() {
             bytes = default_bytes.next_multiple_of(ALIGN as u64);
             file.set_len(bytes).map_err(open_err)?;
+        }
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        // SAFETY: fcntl and fallocate on our own fd with plain integers.
+        unsafe {
+            // Reads must not dirty the inode (an atime update is a journal transaction). Needs
+            // the file's owner or CAP_FOWNER; without it, atime updates stay.
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NOATIME);
+            }
+        }
+        if meta.file_type().is_file() {
+            // Allocate every block now (see the module docs). A filesystem without fallocate
+            // keeps a sparse file; one without room for it is an error now, not at swap-out.
+            // SAFETY: fallocate on our own fd with plain integers.
+            let rc = unsafe { libc::fallocate(fd, 0, 0, bytes as libc::off_t) };
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                    return Err(open_err(e));
+                }
+            }
         }
         Ok(BackingFile {
             file,
@@ -296,7 +327,10 @@ pub struct BackingStore {
 impl std::fmt::Debug for BackingStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BackingStore")
-            .field("paths", &self.files.iter().map(|f| &f.path).collect::<Vec<_>>())
+            .field(
+                "paths",
+                &self.files.iter().map(|f| &f.path).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -343,9 +377,9 @@ impl BackingStore {
         for (i, a) in files.iter().enumerate() {
             let ma = a.file.metadata()?;
             if files[..i].iter().any(|b| {
-                b.file
-                    .metadata()
-                    .is_ok_and(|mb| (mb.dev(), mb.ino(), mb.rdev()) == (ma.dev(), ma.ino(), ma.rdev()))
+                b.file.metadata().is_ok_and(|mb| {
+                    (mb.dev(), mb.ino(), mb.rdev()) == (ma.dev(), ma.ino(), ma.rdev())
+                })
             }) {
                 return Err(BackingError::Config("the same file named twice"));
             }
@@ -386,7 +420,10 @@ impl BackingStore {
 
     /// Free bytes over all files.
     pub fn free_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.space.lock().free * SECTOR).sum()
+        self.files
+            .iter()
+            .map(|f| f.space.lock().free * SECTOR)
+            .sum()
     }
 
     fn sectors_for(len: usize) -> u64 {
@@ -499,7 +536,10 @@ impl BackingStore {
         buf: &mut [u8],
     ) -> Result<(), BackingError> {
         let (file, sector) = Self::split(location);
-        let f = self.files.get(file).ok_or(BackingError::Tampered { sector })?;
+        let f = self
+            .files
+            .get(file)
+            .ok_or(BackingError::Tampered { sector })?;
         let total = NONCE + len + TAG;
         let byte = sector * SECTOR;
         let window_start = byte / ALIGN as u64 * ALIGN as u64;
@@ -528,38 +568,26 @@ impl BackingStore {
         Ok(())
     }
 
-    /// Frees the record of `len` stored bytes at `location`, punching holes where whole 4 KiB
-    /// blocks became free.
+    /// Frees the record of `len` stored bytes at `location` for reuse (no hole is punched:
+    /// see the module docs).
     fn free(&self, location: u64, len: usize) {
         let (file, sector) = Self::split(location);
         let Some(f) = self.files.get(file) else {
             return;
         };
-        let n = Self::sectors_for(len);
-        let mut space = f.space.lock();
-        space.set(sector, n, false);
-        // The 4 KiB blocks the record touched that are now wholly free.
-        let first = sector / ALIGN_SECTORS;
-        let last = (sector + n - 1) / ALIGN_SECTORS;
-        for block in first..=last {
-            let start = block * ALIGN_SECTORS;
-            if start + ALIGN_SECTORS <= space.sectors
-                && (start..start + ALIGN_SECTORS).all(|s| !space.is_used(s))
-            {
-                // SAFETY: fallocate on our own fd with plain integers; a failure (e.g. a block
-                // device or a filesystem without hole punching) only leaves the space allocated.
-                unsafe {
-                    libc::fallocate(
-                        std::os::fd::AsRawFd::as_raw_fd(&f.file),
-                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                        (start * SECTOR) as libc::off_t,
-                        ALIGN as libc::off_t,
-                    );
-                }
-            }
-        }
-        drop(space);
+        f.space.lock().set(sector, Self::sectors_for(len), false);
         self.counters.count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether every file is a block device: then an I/O thread may write to the store itself
+    /// (a block device has no journal or inode lock to wait behind).
+    pub fn all_block_devices(&self) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        self.files.iter().all(|f| {
+            f.file
+                .metadata()
+                .is_ok_and(|m| m.file_type().is_block_device())
+        })
     }
 
     /// zram's `bd_stat`: pages on the store, pages read, pages written.
@@ -856,7 +884,11 @@ impl Device {
         for &(index, s, off) in &bufs.taken {
             // Read the object under its lock; a page that changed since is left out at commit.
             let slot = self.slot(index);
-            let Some(g) = (if wait { Some(slot.lock()) } else { slot.try_lock() }) else {
+            let Some(g) = (if wait {
+                Some(slot.lock())
+            } else {
+                slot.try_lock()
+            }) else {
                 continue;
             };
             let n = usize::from(s.size);
@@ -880,9 +912,16 @@ impl Device {
             let sector = extent.start + off;
             let n = BackingStore::sectors_for(usize::from(s.size));
             let slot = self.slot(index);
-            let g = if wait { Some(slot.lock()) } else { slot.try_lock() };
+            let g = if wait {
+                Some(slot.lock())
+            } else {
+                slot.try_lock()
+            };
             let Some(mut g) = g.filter(|g| g.get() == s) else {
-                backing.files[extent.file].space.lock().set(sector, n, false);
+                backing.files[extent.file]
+                    .space
+                    .lock()
+                    .set(sector, n, false);
                 continue;
             };
             let wb = SlotState {

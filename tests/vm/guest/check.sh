@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap discard attrs recompress writeback setup badinput sigterm kill}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap discard attrs recompress writeback tier setup badinput sigterm kill}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
@@ -76,6 +76,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         zram_setup lz4 256M && check_writeback
         zram_reset
     fi
+    want tier && check_tier
     want setup && check_setup
     want badinput && check_badinput
     want sigterm && check_sigterm
