@@ -321,6 +321,8 @@ struct Counters {
     evicted_pages: AtomicU64,
     evicted_bytes: AtomicU64,
     evict_failed: AtomicU64,
+    evict_timeouts: AtomicU64,
+    evict_fast_fails: AtomicU64,
     budget_denied: AtomicU64,
     pages_compacted: AtomicU64,
 }
@@ -398,6 +400,10 @@ pub struct PolicyStats {
     pub evicted_bytes: u64,
     /// Writes that failed although eviction was tried.
     pub evict_failed: u64,
+    /// Of those, waits for the policy thread that timed out (hand-off mode).
+    pub evict_timeouts: u64,
+    /// And writes that failed at once because a wait had just timed out.
+    pub evict_fast_fails: u64,
     /// Writebacks the budget held back.
     pub budget_denied: u64,
     /// Bytes the budget has left (`None`: no budget).
@@ -409,7 +415,7 @@ pub struct PolicyStats {
 impl fmt::Display for PolicyStats {
     /// One `key value` per line, as `uzram_stat`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rows: [(&str, u64); 15] = [
+        let rows: [(&str, u64); 17] = [
             ("ticks", self.ticks),
             ("recompressed_pages", self.recompressed_pages),
             ("recompress_saved_bytes", self.recompress_saved),
@@ -423,6 +429,8 @@ impl fmt::Display for PolicyStats {
             ("evicted_pages", self.evicted_pages),
             ("evicted_bytes", self.evicted_bytes),
             ("evict_failed", self.evict_failed),
+            ("evict_timeouts", self.evict_timeouts),
+            ("evict_fast_fails", self.evict_fast_fails),
             ("budget_denied", self.budget_denied),
             ("pages_compacted", self.pages_compacted),
         ];
@@ -798,6 +806,8 @@ impl Device {
             evicted_pages: get(&c.evicted_pages),
             evicted_bytes: get(&c.evicted_bytes),
             evict_failed: get(&c.evict_failed),
+            evict_timeouts: get(&c.evict_timeouts),
+            evict_fast_fails: get(&c.evict_fast_fails),
             budget_denied: get(&c.budget_denied),
             budget_left: self.tier.budget.lock().left(),
             pages_compacted: get(&c.pages_compacted),
@@ -832,6 +842,9 @@ impl Device {
         tier.wake.notify_one();
         let now = Instant::now();
         if r.starved_until.is_some_and(|t| now < t) {
+            tier.counters
+                .evict_fast_fails
+                .fetch_add(1, Ordering::Relaxed);
             return false;
         }
         // The round that takes this request (pushed above, or by another write for the same
@@ -844,6 +857,7 @@ impl Device {
             }
         }
         if r.done < ticket {
+            tier.counters.evict_timeouts.fetch_add(1, Ordering::Relaxed);
             r.starved_until = Some(Instant::now() + EVICT_WAIT);
             return false;
         }

@@ -828,6 +828,7 @@ check_tier() {
         "$UZRAM_BIN" attr "$dev" uzram_stat
         "$UZRAM_BIN" -o NAME,DATA,TOTAL,MEM-LIMIT,BD-USED,WRITTEN-BACK,EVICTED,RECOMPRESSED "$dev"
     } >>"$log" 2>&1
+    note "uzram policy_stat: $(echo $ps)"
     swapoff "$dev" >>"$log" 2>&1
     SWAP_DEV=
     uzram_reset
