@@ -31,9 +31,12 @@ use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, RecompressRequest};
 
 /// Longest a write waits for the policy thread to make room (hand-off mode) before it fails
-/// with ENOMEM as zram's would (swap keeps the page and retries); until a later round makes
-/// progress, further writes that find no room fail at once instead of each waiting.
-pub const EVICT_WAIT: Duration = Duration::from_secs(1);
+/// with ENOMEM as zram's would (swap keeps the page and retries). A policy thread stuck in its
+/// filesystem thus slows swap-out down but cannot stop it.
+pub const EVICT_WAIT: Duration = Duration::from_secs(2);
+/// After a wait timed out, how long further writes that find no room fail at once (unless
+/// the policy makes progress first).
+const EVICT_FAST_FAIL: Duration = Duration::from_millis(250);
 /// Pages one eviction writes at most (one batch, one `pwrite`).
 pub const EVICT_BATCH: usize = 32;
 /// Slots one eviction looks at, from a clock hand that goes round the device.
@@ -479,6 +482,8 @@ pub struct TickReport {
 pub struct Policy {
     bufs: WbBuffers,
     pages: Vec<PageIndex>,
+    /// Recompression's candidate list, kept between rounds.
+    candidates: Vec<(u16, u64)>,
     last_age_scan: Option<u32>,
 }
 
@@ -494,6 +499,7 @@ impl Policy {
         Policy {
             bufs: WbBuffers::new(BATCH),
             pages: Vec::with_capacity(BATCH),
+            candidates: Vec::new(),
             last_age_scan: None,
         }
     }
@@ -575,7 +581,7 @@ impl Policy {
                         max_pages: Some(TICK_RECOMPRESS),
                         ..RecompressRequest::default()
                     };
-                    let s = device.recompress_older(ctx, &req, after)?;
+                    let s = device.recompress_older(ctx, &req, after, &mut self.candidates)?;
                     tier.counters
                         .recompressed_pages
                         .fetch_add(s.recompressed, Ordering::Relaxed);
@@ -858,7 +864,7 @@ impl Device {
         }
         if r.done < ticket {
             tier.counters.evict_timeouts.fetch_add(1, Ordering::Relaxed);
-            r.starved_until = Some(Instant::now() + EVICT_WAIT);
+            r.starved_until = Some(Instant::now() + EVICT_FAST_FAIL);
             return false;
         }
         // Retry the store even if the round found nothing to evict: room may have been made

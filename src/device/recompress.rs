@@ -162,18 +162,21 @@ impl Device {
         ctx: &mut IoContext,
         req: &RecompressRequest,
     ) -> Result<RecompressStats, Error> {
-        self.recompress_filtered(ctx, req, None)
+        self.recompress_filtered(ctx, req, None, &mut Vec::new())
     }
 
     /// [`Device::recompress`] of the pages `req` selects that have not been accessed for
     /// `min_age` seconds (the policy's idle recompression; zram's IDLE marks are left alone).
+    /// `candidates` is scratch space the caller keeps, so that a thread under memory pressure
+    /// does not grow a new list each time.
     pub fn recompress_older(
         &self,
         ctx: &mut IoContext,
         req: &RecompressRequest,
         min_age: u32,
+        candidates: &mut Vec<(u16, u64)>,
     ) -> Result<RecompressStats, Error> {
-        self.recompress_filtered(ctx, req, Some(min_age))
+        self.recompress_filtered(ctx, req, Some(min_age), candidates)
     }
 
     fn recompress_filtered(
@@ -181,6 +184,7 @@ impl Device {
         ctx: &mut IoContext,
         req: &RecompressRequest,
         min_age: Option<u32>,
+        candidates: &mut Vec<(u16, u64)>,
     ) -> Result<RecompressStats, Error> {
         self.adopt(ctx)?;
         let now = self.now();
@@ -199,7 +203,7 @@ impl Device {
             });
         };
         let all_last = self.recomp_algorithms().last().map(|&(p, _)| p) == Some(last);
-        let mut candidates: Vec<(u16, u64)> = Vec::new();
+        candidates.clear();
         for (i, slot) in self.slots.iter().enumerate() {
             let s = slot.peek();
             if self.eligible(&s, req, &prios, min_age, now) {
@@ -215,7 +219,7 @@ impl Device {
             candidates: candidates.len() as u64,
             ..RecompressStats::default()
         };
-        for &(_, index) in &candidates {
+        for &(_, index) in candidates.iter() {
             match self.recompress_page(ctx, PageIndex(index), req, &prios, all_last, min_age) {
                 Outcome::Recompressed { before, after } => {
                     stats.recompressed += 1;
