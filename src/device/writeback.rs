@@ -262,7 +262,13 @@ impl BackingFile {
             Err(e) => return Err(open_err(e)),
         };
         let meta = file.metadata().map_err(open_err)?;
-        if meta.mode() & 0o022 != 0 {
+        // A block device belongs to group disk, which may write it (0660); a file must be ours.
+        let forbidden = if meta.file_type().is_file() {
+            0o022
+        } else {
+            0o002
+        };
+        if meta.mode() & forbidden != 0 {
             return Err(BackingError::Unsafe {
                 path: path.to_path_buf(),
                 mode: meta.mode() & 0o7777,
