@@ -42,7 +42,7 @@ pub const EVICT_BATCH: usize = 32;
 /// Slots one eviction looks at, from a clock hand that goes round the device.
 const EVICT_SCAN: u64 = 16 * 1024;
 /// Rounds of eviction one page's store may take before the write fails.
-pub(super) const EVICT_TRIES: usize = 4;
+pub(super) const EVICT_TRIES: usize = 8;
 /// Most object bytes one tick writes back (the policy yields between ticks).
 const TICK_BYTES: u64 = 64 << 20;
 /// Most pages one tick recompresses (a tick should not keep evictions waiting long).

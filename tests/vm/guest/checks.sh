@@ -823,6 +823,7 @@ check_tier() {
         "$UZRAM_BIN" -o NAME,DATA,TOTAL,MEM-LIMIT,BD-USED,WRITTEN-BACK,EVICTED,RECOMPRESSED "$dev"
     } >>"$log" 2>&1
     note "uzram policy_stat: $(echo $ps)"
+    note "uzram io_stat: $io; uzram_stat: $("$UZRAM_BIN" attr "$dev" uzram_stat | tr '\n' ' ')"
     swapoff "$dev" >>"$log" 2>&1
     SWAP_DEV=
     uzram_reset
