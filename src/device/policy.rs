@@ -572,7 +572,7 @@ impl Policy {
         let mut report = TickReport::default();
         let age_scan = self
             .last_age_scan
-            .is_none_or(|t| now.saturating_sub(t) >= AGE_SCAN_SECS);
+            .map_or(true, |t| now.saturating_sub(t) >= AGE_SCAN_SECS);
         if age_scan {
             self.last_age_scan = Some(now);
             if let Some(after) = cfg.recompress_after {
@@ -1153,13 +1153,11 @@ mod tests {
         let s = d.policy_stats();
         assert_eq!(s.age_wb_pages, 100);
         assert_eq!(d.backing().unwrap().pages(), 100);
-        assert_eq!(
-            d.slot_state(PageIndex(0))
-                .unwrap()
-                .flags
-                .contains(SlotFlags::WB),
-            true
-        );
+        assert!(d
+            .slot_state(PageIndex(0))
+            .unwrap()
+            .flags
+            .contains(SlotFlags::WB));
         assert!(!d
             .slot_state(PageIndex(150))
             .unwrap()

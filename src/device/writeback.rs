@@ -482,7 +482,7 @@ impl BackingStore {
             order.push((self.files[i].space.lock().free, i));
         }
         // Most free first; a stable sort keeps the turn's order among equals.
-        order.sort_by(|a, b| b.0.cmp(&a.0));
+        order.sort_by_key(|&(free, _)| std::cmp::Reverse(free));
         for (_, file) in order {
             if let Some(start) = self.files[file].space.lock().alloc(rounded, ALIGN_SECTORS) {
                 return Some(Extent {
