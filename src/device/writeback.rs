@@ -669,7 +669,9 @@ impl BackingStore {
 pub(super) struct WbBuffers {
     plain: Box<[u8; PAGE_SIZE]>,
     out: AlignedBuf,
-    taken: Vec<(PageIndex, SlotState, u64)>,
+    /// Page, its state when picked, its record's sector offset in the batch, and whether its
+    /// record was sealed (only sealed records are committed).
+    taken: Vec<(PageIndex, SlotState, u64, bool)>,
     /// Candidates, for callers that pick pages without allocating (eviction).
     pub(super) pages: Vec<PageIndex>,
     capacity: usize,
@@ -874,7 +876,7 @@ impl Device {
             if !s.flags.contains(SlotFlags::STORED) || !keep(&s) {
                 continue;
             }
-            bufs.taken.push((index, s, sectors));
+            bufs.taken.push((index, s, sectors, false));
             sectors += BackingStore::sectors_for(usize::from(s.size));
         }
         if bufs.taken.is_empty() {
@@ -887,8 +889,10 @@ impl Device {
         let bytes = (sectors * SECTOR) as usize;
         let out = &mut bufs.out[..bytes.next_multiple_of(ALIGN)];
         out.fill(0);
-        for &(index, s, off) in &bufs.taken {
-            // Read the object under its lock; a page that changed since is left out at commit.
+        for (index, s, off, sealed) in bufs.taken.iter_mut() {
+            let (index, s, off) = (*index, *s, *off);
+            // Read the object under its lock; a page that changed since, or that was busy, is
+            // left out at commit (its record stays zeros, which never open).
             let slot = self.slot(index);
             let Some(g) = (if wait {
                 Some(slot.lock())
@@ -906,6 +910,7 @@ impl Device {
                 let at = (off * SECTOR) as usize;
                 let location = BackingStore::location(extent.file, extent.start + off);
                 backing.seal(index, location, &bufs.plain[..n], &mut out[at..]);
+                *sealed = true;
             }
         }
         if backing.write_extent(&extent, out).is_err() {
@@ -914,14 +919,14 @@ impl Device {
         }
         stats.bytes = out.len() as u64;
         let mut written = 0;
-        for &(index, s, off) in &bufs.taken {
+        for &(index, s, off, sealed) in &bufs.taken {
             let sector = extent.start + off;
             let n = BackingStore::sectors_for(usize::from(s.size));
             let slot = self.slot(index);
-            let g = if wait {
-                Some(slot.lock())
-            } else {
-                slot.try_lock()
+            let g = match (sealed, wait) {
+                (false, _) => None,
+                (true, true) => Some(slot.lock()),
+                (true, false) => slot.try_lock(),
             };
             let Some(mut g) = g.filter(|g| g.get() == s) else {
                 backing.files[extent.file]
