@@ -407,7 +407,7 @@ pub struct PolicyStats {
     pub evict_timeouts: u64,
     /// And writes that failed at once because a wait had just timed out.
     pub evict_fast_fails: u64,
-    /// Writebacks the budget held back.
+    /// Writebacks the budget (or zram's spent `writeback_limit`) held back.
     pub budget_denied: u64,
     /// Bytes the budget has left (`None`: no budget).
     pub budget_left: Option<u64>,
@@ -900,6 +900,11 @@ impl Device {
             return false;
         }
         let allowed = backing.limit_allows(bufs.capacity());
+        if allowed == 0 {
+            // zram's writeback_limit is spent.
+            tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
         let Ok(class) = self.pool.class_size(size) else {
             return false;
         };
