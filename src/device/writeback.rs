@@ -476,14 +476,16 @@ impl BackingStore {
         let rounded = sectors.next_multiple_of(ALIGN_SECTORS);
         let n = self.files.len();
         let first = self.turn.fetch_add(1, Ordering::Relaxed) % n;
-        let mut order: Vec<(u64, usize)> = Vec::new();
-        for k in 0..n {
+        // A fixed array, not a Vec: eviction on an I/O thread allocates nothing.
+        let mut order = [(0u64, 0usize); MAX_FILES];
+        for (k, slot) in order.iter_mut().enumerate().take(n) {
             let i = (first + k) % n;
-            order.push((self.files[i].space.lock().free, i));
+            *slot = (self.files[i].space.lock().free, i);
         }
+        let order = &mut order[..n];
         // Most free first; a stable sort keeps the turn's order among equals.
         order.sort_by_key(|&(free, _)| std::cmp::Reverse(free));
-        for (_, file) in order {
+        for &(_, file) in order.iter() {
             if let Some(start) = self.files[file].space.lock().alloc(rounded, ALIGN_SECTORS) {
                 return Some(Extent {
                     file,
