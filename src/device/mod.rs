@@ -8,6 +8,8 @@ pub mod policy;
 mod recompress;
 pub mod slot;
 mod stats;
+#[cfg(test)]
+mod testutil;
 pub mod writeback;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};

@@ -988,41 +988,9 @@ impl Device {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testutil::{noise_page, tempdir, text_page};
     use super::*;
     use crate::DeviceSetup;
-    use std::path::PathBuf;
-
-    fn text_page(i: u64) -> Vec<u8> {
-        let mut page = Vec::with_capacity(PAGE_SIZE);
-        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        while page.len() < PAGE_SIZE {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            page.extend_from_slice(format!("page {} word {} ", i, x % 1999).as_bytes());
-        }
-        page.truncate(PAGE_SIZE);
-        page
-    }
-
-    fn noise_page(i: u64) -> Vec<u8> {
-        let mut x = i.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
-        (0..PAGE_SIZE)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
-    fn tempdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("uzram-policy-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
 
     /// A device of `pages` with a backing file in `dir`, zstd as its secondary algorithm, and
     /// `policy` applied.
@@ -1119,7 +1087,7 @@ mod tests {
 
     #[test]
     fn idle_pages_are_recompressed_then_written_back_by_age() {
-        let dir = tempdir("age");
+        let dir = tempdir("policy-age");
         let d = device(
             &dir,
             512,
@@ -1174,7 +1142,7 @@ mod tests {
 
     #[test]
     fn above_the_watermark_the_coldest_pages_go_first() {
-        let dir = tempdir("wm");
+        let dir = tempdir("policy-wm");
         let d = device(
             &dir,
             4096,
@@ -1230,7 +1198,7 @@ mod tests {
 
     #[test]
     fn host_pressure_and_psi_write_back_a_slice() {
-        let dir = tempdir("host");
+        let dir = tempdir("policy-host");
         let d = device(
             &dir,
             2048,
@@ -1270,7 +1238,7 @@ mod tests {
 
     #[test]
     fn writes_at_the_limit_evict_instead_of_failing() {
-        let dir = tempdir("evict");
+        let dir = tempdir("policy-evict");
         let d = device(&dir, 4096, "");
         d.set_mem_limit(Some(64 * PAGE_SIZE as u64));
         let mut ctx = d.context().unwrap();
@@ -1313,7 +1281,7 @@ mod tests {
 
     #[test]
     fn the_budget_bounds_eviction_and_refills() {
-        let dir = tempdir("budget");
+        let dir = tempdir("policy-budget");
         let d = device(&dir, 4096, "budget=1M");
         d.set_mem_limit(Some(32 * PAGE_SIZE as u64));
         let mut ctx = d.context().unwrap();
@@ -1345,7 +1313,7 @@ mod tests {
 
     #[test]
     fn striping_spreads_batches_over_the_files() {
-        let dir = tempdir("stripe");
+        let dir = tempdir("policy-stripe");
         let mut setup = DeviceSetup::new();
         setup.set_backing_dev(&dir.join("a"));
         setup.add_backing_dev(&dir.join("b"));
@@ -1385,7 +1353,7 @@ mod tests {
 
     #[test]
     fn in_hand_off_mode_the_policy_thread_evicts_for_the_writes() {
-        let dir = tempdir("handoff");
+        let dir = tempdir("policy-handoff");
         let d = std::sync::Arc::new(device(&dir, 4096, ""));
         d.set_mem_limit(Some(64 * PAGE_SIZE as u64));
         d.set_evict_hand_off(true);

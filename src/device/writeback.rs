@@ -1020,21 +1020,9 @@ impl Device {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testutil::{tempdir, text_page};
     use super::*;
     use crate::DeviceSetup;
-
-    fn text_page(i: u64) -> Vec<u8> {
-        let mut page = Vec::with_capacity(PAGE_SIZE);
-        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        while page.len() < PAGE_SIZE {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            page.extend_from_slice(format!("secret-{} token {} ", i, x % 977).as_bytes());
-        }
-        page.truncate(PAGE_SIZE);
-        page
-    }
 
     fn setup(dir: &Path) -> (Device, PathBuf) {
         let path = dir.join("backing");
@@ -1043,16 +1031,9 @@ mod tests {
         (setup.init(4 << 20).unwrap(), path)
     }
 
-    fn tempdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("uzram-wb-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
     #[test]
     fn written_back_pages_read_back_sealed_and_packed() {
-        let dir = tempdir("rt");
+        let dir = tempdir("wb-rt");
         let (d, path) = setup(&dir);
         let mut ctx = d.context().unwrap();
         let pages: Vec<Vec<u8>> = (0..300).map(text_page).collect();
@@ -1094,7 +1075,7 @@ mod tests {
 
     #[test]
     fn a_flipped_byte_fails_that_read_with_an_error() {
-        let dir = tempdir("flip");
+        let dir = tempdir("wb-flip");
         let (d, path) = setup(&dir);
         let mut ctx = d.context().unwrap();
         d.write(&mut ctx, 0, &text_page(1)).unwrap();
@@ -1130,7 +1111,7 @@ mod tests {
 
     #[test]
     fn failed_writes_keep_pages_in_ram_and_frees_return_space() {
-        let dir = tempdir("fail");
+        let dir = tempdir("wb-fail");
         let (d, _path) = setup(&dir);
         let mut ctx = d.context().unwrap();
         for i in 0..20u64 {
@@ -1185,7 +1166,7 @@ mod tests {
     #[test]
     fn a_file_others_may_write_is_refused() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempdir("mode");
+        let dir = tempdir("wb-mode");
         let path = dir.join("open");
         std::fs::write(&path, b"").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
