@@ -128,6 +128,47 @@ pub fn errno(e: &Error) -> i32 {
     }
 }
 
+fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EIO => "EIO",
+        libc::ENOMEM => "ENOMEM",
+        libc::ENOSPC => "ENOSPC",
+        libc::EINVAL => "EINVAL",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        _ => "an error",
+    }
+}
+
+/// Why a request failed, in words that need no allocation (the I/O path records it; see
+/// [`note_failure`]).
+pub fn cause(e: &Error) -> &'static str {
+    use crate::device::writeback::BackingError;
+    use uzram_allocator::Error as PoolError;
+    match e {
+        Error::OutOfRange { .. } => "beyond the device's size",
+        Error::Misaligned { .. } => "not aligned to 512-byte sectors",
+        Error::MemLimit { .. } => "mem_limit reached",
+        Error::OutOfMemory(PoolError::ReserveExhausted { .. }) => {
+            "the pool's reserve ran out and was not refilled in time (memory short)"
+        }
+        Error::OutOfMemory(PoolError::OutOfMemory { .. }) => "no memory for the pool",
+        Error::OutOfMemory(_) => "out of memory",
+        Error::Corrupt { .. } => "a stored page failed to decompress",
+        Error::Compress { .. } => "a page failed to compress",
+        Error::Lost { .. } => "a page's object is missing from the pool",
+        Error::NoCodec { .. } => "a page's codec is gone",
+        Error::Backing { source, .. } => match source {
+            BackingError::Tampered { .. } => {
+                "a written-back record failed authentication (the backing file changed)"
+            }
+            BackingError::Full => "the backing device is full",
+            BackingError::Io(_) => "the backing device failed the I/O",
+            _ => "the backing device",
+        },
+        _ => "an internal error",
+    }
+}
+
 fn io_flusher() -> Result<(), ServeError> {
     // SAFETY: prctl with integer arguments only; the result is checked.
     let r = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
@@ -314,9 +355,97 @@ fn status_field(status: &[u8], name: &[u8]) -> u64 {
 fn handle(device: &Device, ctx: &mut IoContext, iod: &sys::ublksrv_io_desc, buf: &mut [u8]) -> i32 {
     let op = iod.op_flags & 0xff;
     STARTED[op_slot(op)].fetch_add(1, Ordering::Relaxed);
-    let res = serve_one(device, ctx, iod, buf, op);
+    // A bug that panics must cost one request (EIO), not the queue thread: a dead queue fails
+    // every later request on it, and its device can then only be deleted.
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve_one(device, ctx, iod, buf, op)
+    }))
+    .unwrap_or_else(|_| {
+        log(&format!(
+            "BUG: serving {} of {} sectors at sector {} panicked (see the message above); failed with EIO",
+            op_name(op),
+            iod.nr_sectors,
+            iod.start_sector
+        ));
+        -libc::EIO
+    });
     FINISHED[op_slot(op)].fetch_add(1, Ordering::Relaxed);
     res
+}
+
+fn op_name(op: u32) -> &'static str {
+    match op {
+        sys::UBLK_IO_OP_READ => "a read",
+        sys::UBLK_IO_OP_WRITE => "a write",
+        sys::UBLK_IO_OP_FLUSH => "a flush",
+        sys::UBLK_IO_OP_DISCARD => "a discard",
+        sys::UBLK_IO_OP_WRITE_ZEROES => "a write-zeroes",
+        _ => "a request",
+    }
+}
+
+/// The latest failed request, kept for [`report_failures`]. An I/O thread never logs: writing
+/// the log may need memory (the log file's page cache, a socket buffer), and under pressure that
+/// memory waits for swap writes, which may be this device's own, queued behind the writing thread.
+/// So the I/O path only counts and, when the mailbox is free, leaves the details (no allocation,
+/// never a wait); a thread that serves no I/O writes the log line.
+#[derive(Clone, Copy)]
+struct Failure {
+    op: u32,
+    offset: u64,
+    len: u64,
+    errno: i32,
+    cause: &'static str,
+}
+
+static FAILED_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static LATEST_FAILURE: parking_lot::Mutex<Option<Failure>> = parking_lot::Mutex::new(None);
+
+fn note_failure(op: u32, offset: u64, len: u64, e: &Error) {
+    FAILED_REQUESTS.fetch_add(1, Ordering::Relaxed);
+    if let Some(mut latest) = LATEST_FAILURE.try_lock() {
+        *latest = Some(Failure {
+            op,
+            offset,
+            len,
+            errno: errno(e),
+            cause: cause(e),
+        });
+    }
+}
+
+/// Logs the requests that failed since the last report, with the latest one's cause: at most
+/// one line per `min_gap`, so a device at its limit does not flood the log (zram's users
+/// complain of exactly that). `reported` is the count at the last report. For a thread that
+/// serves no I/O.
+fn report_failures(
+    reported: &mut u64,
+    last: &mut Option<std::time::Instant>,
+    min_gap: std::time::Duration,
+) {
+    let n = FAILED_REQUESTS.load(Ordering::Relaxed);
+    if n == *reported || last.is_some_and(|t| t.elapsed() < min_gap) {
+        return;
+    }
+    let Some(f) = *LATEST_FAILURE.lock() else {
+        return;
+    };
+    log(&format!(
+        "{} requests failed{}; the latest: {} of {} bytes at byte {}: {} ({})",
+        n - *reported,
+        if *reported == 0 {
+            ""
+        } else {
+            " since the last report"
+        },
+        op_name(f.op),
+        f.len,
+        f.offset,
+        errno_name(f.errno),
+        f.cause
+    ));
+    *reported = n;
+    *last = Some(std::time::Instant::now());
 }
 
 fn serve_one(
@@ -349,7 +478,10 @@ fn serve_one(
             }
             len as i32
         }
-        Err(e) => -errno(&e),
+        Err(e) => {
+            note_failure(op, offset, len, &e);
+            -errno(&e)
+        }
     }
 }
 
@@ -685,7 +817,8 @@ fn control_thread(id: u32, device: Arc<Device>, streams: usize) -> Result<(), Se
         .map_err(|e| setup("start the control thread", e))
 }
 
-/// Watches whether the device is swap (`/proc/swaps`, once a second) and, when a swapoff has
+/// Logs failed requests (see [`report_failures`]) and watches whether the device is swap
+/// (`/proc/swaps`, once a second) and, when a swapoff has
 /// ended, frees the swap area's old pages (not the header, nothing written since): the kernel tells a ublk disk nothing when swap
 /// slots are freed (kernel zram has a private hook for it), and clusters freed during swapoff are
 /// not discarded either, so without this a swapped-off device would keep every page it ever held.
@@ -702,7 +835,14 @@ fn swap_watch_thread(id: u32, device: Arc<Device>) {
             // The device clock's second when the device was last seen as swap: every page the
             // swap area wrote is older; anything written after the swapoff is not.
             let mut last_seen_swap: Option<u32> = None;
+            // Failed requests, logged from here (an I/O thread never logs).
+            let (mut reported, mut last_report) = (0, None);
             loop {
+                report_failures(
+                    &mut reported,
+                    &mut last_report,
+                    std::time::Duration::from_secs(10),
+                );
                 let now = device.clock_secs();
                 match (crate::listing::is_swap(&path), last_seen_swap) {
                     (true, _) => last_seen_swap = Some(now),
@@ -853,6 +993,33 @@ mod tests {
             source: uzram_allocator::Error::InvalidHandle { raw: 0 },
         };
         assert_eq!(errno(&lost), libc::EIO);
+    }
+
+    #[test]
+    fn a_failed_request_is_counted_with_its_cause_not_logged_by_the_io_thread() {
+        let device = DeviceSetup::new().init(1 << 20).unwrap();
+        let mut ctx = device.context().unwrap();
+        let mut buf = vec![0u8; 4096];
+        let iod = sys::ublksrv_io_desc {
+            op_flags: sys::UBLK_IO_OP_READ,
+            nr_sectors: 8,
+            start_sector: 1 << 20,
+            ..Default::default()
+        };
+        let before = FAILED_REQUESTS.load(Ordering::Relaxed);
+        assert_eq!(handle(&device, &mut ctx, &iod, &mut buf), -libc::EINVAL);
+        assert!(FAILED_REQUESTS.load(Ordering::Relaxed) > before);
+        assert!(LATEST_FAILURE.lock().is_some());
+        let range = Error::OutOfRange {
+            offset: 0,
+            len_bytes: 1,
+            disksize: 0,
+        };
+        assert_eq!(cause(&range), "beyond the device's size");
+        let short =
+            Error::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms: 1000 });
+        assert!(cause(&short).contains("reserve"));
+        assert_eq!(errno(&short), libc::ENOMEM);
     }
 
     #[test]
