@@ -690,7 +690,10 @@ check_writeback() {
         "$TOOL" swapfill $((avail * 3 / 2)) $((SEED + 7)) 1 >>"$log" 2>&1 &
         hog=$!
         sleep 2
-        "$TOOL" verify "$dev" $MB $((32 * MB)) "$SEED" >>"$log" 2>&1 || bad="$bad; written-back data reads back wrong under swap load"
+        if ! "$TOOL" verify "$dev" $MB $((32 * MB)) "$SEED" >>"$log" 2>&1; then
+            bad="$bad; written-back data reads back wrong under swap load"
+            dev_state "$dev" >>"$log"
+        fi
         wait $hog
         hogrc=$?
         echo "swap load: vmtool swapfill $((avail * 3 / 2)) MiB exit $hogrc, $(grep "^$swapdev" /proc/swaps)" >>"$log"
@@ -705,9 +708,16 @@ check_writeback() {
     a2=$(bd_used_kib "$dev")
     echo "after discarding 16 MiB: records $a2 KiB" >>"$log"
     [ "$a2" -lt $((a1 * 8 / 10)) ] || bad="$bad; discard left $a2 KiB of records (was $a1)"
-    "$TOOL" verify "$dev" $((17 * MB)) $((16 * MB)) "$SEED" >>"$log" 2>&1 || bad="$bad; data beside the discard changed"
+    if ! "$TOOL" verify "$dev" $((17 * MB)) $((16 * MB)) "$SEED" >>"$log" 2>&1; then
+        bad="$bad; data beside the discard changed"
+        dev_state "$dev" >>"$log"
+    fi
     uzram_reset
-    umount /mnt/wb
+    if ! umount /mnt/wb 2>>"$log"; then
+        # the daemon is gone from the kernel and its socket, yet something holds the file
+        sleep 5
+        umount /mnt/wb 2>>"$log" || bad="$bad; /mnt/wb still busy after uzram --reset, held by:$(holders /mnt/wb)"
+    fi
     if [ -n "$bad" ]; then
         fail_log "$name" "$log" "${bad#; }"
         return
@@ -747,6 +757,32 @@ check_setup() {
         return
     fi
     pass "$name" "zram-generator.conf [zram3] -> /dev/ublkb3: swap at priority 42, zstd with lz4 recompression, 96 MiB; setup twice is idempotent; teardown removes it"
+}
+
+# dev_state DEV: what the daemon of DEV says and is doing, for a failure's log
+dev_state() {
+    local pid= p
+    echo "state of $1: io_stat $("$UZRAM_BIN" attr "$1" io_stat 2>&1) bd_stat $("$UZRAM_BIN" attr "$1" bd_stat 2>&1)"
+    # the daemon holds the device's control node open
+    for p in /proc/[0-9]*; do
+        ls -l "$p/fd" 2>/dev/null | grep -q " /dev/ublkc${1#/dev/ublkb}\$" && pid=${p#/proc/}
+    done
+    [ -n "$pid" ] && for t in /proc/"$pid"/task/*; do
+        echo "  thread $(cat "$t/comm" 2>/dev/null) state $(awk '{ print $3 }' "$t/stat" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null)"
+    done
+}
+
+# holders PATH: the processes with a file under PATH open, with their threads' states
+holders() {
+    local p t
+    for p in /proc/[0-9]*; do
+        ls -l "$p/fd" 2>/dev/null | grep -q " $1/" || continue
+        printf ' %s (%s:' "${p#/proc/}" "$(cat "$p/comm" 2>/dev/null)"
+        for t in "$p"/task/*; do
+            printf ' %s=%s/%s' "$(cat "$t/comm" 2>/dev/null)" "$(awk '{ print $3 }' "$t/stat" 2>/dev/null)" "$(cat "$t/wchan" 2>/dev/null)"
+        done
+        printf ')'
+    done
 }
 
 # bd_used_kib DEV: KiB the written-back records take in the first backing file (uzram_stat)

@@ -22,6 +22,11 @@ fail_log() { # NAME LOG REASON...
     grep -iE 'fail|error|err=|mismatch|bad |expected|received|killed|oom|invalid|not zero' "$_l" |
         grep -v 'multiple writers may overwrite' | head -n 12 | sed 's/^/  ! /'
     tail -n 15 "$_l" | sed 's/^/  > /'
+    # what uzram's daemons said of failed requests and bugs (they log the page and the cause)
+    if [ -s "$UZRAM_LOG" ]; then
+        echo "---- $UZRAM_LOG: failures and bugs the daemons logged"
+        grep -E 'BUG|panicked|failed \(' "$UZRAM_LOG" | tail -n 12 | sed 's/^/  d /'
+    fi
     fail "$_n" "$*"
 }
 
