@@ -246,9 +246,16 @@ pub fn render(
 }
 
 /// Resets `/dev/ublkbN`: asks its daemon to stop and delete it (refused while the device is in
-/// use), and waits until it is gone; a dead device is deleted directly.
+/// use), and waits until it is gone and its daemon has exited (so its backing file is closed:
+/// a `umount` of the file's filesystem right after works); a dead device is deleted directly.
 pub fn reset(id: u32) -> Result<(), CtlError> {
     let name = format!("/dev/ublkb{id}");
+    // The daemon's pid, to wait for its exit: the device and the socket go before the process
+    // has closed its files.
+    let pid = control::call(id, &Request::Info)
+        .ok()
+        .and_then(|info| DeviceRow::parse(&info).ok())
+        .map(|r| r.pid);
     match control::call(id, &Request::Reset) {
         Ok(_) => {}
         Err(CallError::Refused(e)) => return Err(err(format!("{name}: {}", e.message))),
@@ -260,7 +267,7 @@ pub fn reset(id: u32) -> Result<(), CtlError> {
         Err(e) => return Err(err(format!("{name}: {e}"))),
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while kernel_knows(id) || control::socket_path(id).exists() {
+    while kernel_knows(id) || control::socket_path(id).exists() || pid.is_some_and(alive) {
         if Instant::now() > deadline {
             return Err(err(format!(
                 "{name}: the daemon did not finish stopping in 30 s"
@@ -269,6 +276,16 @@ pub fn reset(id: u32) -> Result<(), CtlError> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// Whether process `pid` still runs (a zombie has closed its files: it counts as gone).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name's closing parenthesis.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    })
 }
 
 #[cfg(feature = "ublk")]
@@ -413,6 +430,20 @@ pub fn teardown(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_process_is_alive_and_an_exited_one_is_not_even_before_it_is_reaped() {
+        assert!(alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Not reaped yet: a zombie, which has closed its files.
+        while alive(child.id()) {
+            assert!(Instant::now() < deadline, "the child never exited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.wait().unwrap();
+        assert!(!alive(child.id()));
+    }
 
     #[test]
     fn device_names() {
