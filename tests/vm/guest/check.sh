@@ -73,8 +73,14 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     fi
     want recompress && check_recompress
     if want writeback; then
-        zram_setup lz4 256M && check_writeback
-        zram_reset
+        # the backing file's filesystem: the scratch disk when there is one (as on a real
+        # system), else kernel zram
+        if [ -b /dev/vda ]; then
+            check_writeback /dev/vda
+        else
+            zram_setup lz4 256M && check_writeback /dev/zram0
+            zram_reset
+        fi
     fi
     want tier && check_tier
     want setup && check_setup

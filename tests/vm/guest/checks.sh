@@ -269,7 +269,7 @@ memcg_run() {
 #  3. memory comes back: device memory after swapoff is a small fraction of its peak.
 check_swap() {
     local dev=$1 name=${2}swap log=$UZ_TMP/${2}swap.log t0 avail fill hold rc o0 i0 dout din peak
-    local used_exit used_off orig_off swapped held line how t1
+    local used_exit used_off orig_off swapped held line how t1 wfail
     if [ "$UZRAM_VM_MODE" = host ] && [ "${UZRAM_VM_HOST_SWAP:-0}" != 1 ]; then
         skip "$name" "not on a host unless UZRAM_VM_HOST_SWAP=1 (it would swapon here)"
         return
@@ -304,7 +304,8 @@ check_swap() {
     grep '^vmtool' "$log" | sed 's/^/VM: /'
     dout=$(($(vmstat_val pswpout) - o0)) din=$(($(vmstat_val pswpin) - i0))
     peak=$(dev_stat_field "$dev" 5)
-    echo "pswpout +$dout pswpin +$din, mm_stat $(dev_mm_stat "$dev")" >>"$log"
+    wfail=$(dev_failed_writes "$dev")
+    echo "pswpout +$dout pswpin +$din, mm_stat $(dev_mm_stat "$dev"), failed writes $wfail" >>"$log"
     if [ $rc != 0 ]; then
         [ $rc -gt 128 ] && dmesg | tail -n 15 >>"$log"
         fail_log "$name" "$log" "vmtool swapfill $fill MiB exited $rc (1: data mismatch, >128: killed, OOM?)"
@@ -365,7 +366,7 @@ check_swap() {
         fail_log "$name" "$log" "memory not given back after swapoff: mem_used $(mib "$used_off") (peak $(mib "$peak")), orig $(mib "$orig_off")"
         return
     fi
-    pass "$name" "filled $how: all pages verified twice, pswpout +$dout pswpin +$din, peak mem_used $(mib "$peak"); after exit $(mib "$used_exit"); swapoff with $((held / 1024)) MiB out then verified; after swapoff mem_used $(mib "$used_off"), $(elapsed "$t0")s"
+    pass "$name" "filled $how: all pages verified twice, pswpout +$dout pswpin +$din, failed writes $wfail (swap retried them), peak mem_used $(mib "$peak"); after exit $(mib "$used_exit"); swapoff with $((held / 1024)) MiB out then verified; after swapoff mem_used $(mib "$used_off"), $(elapsed "$t0")s"
 }
 
 # ---- discard -------------------------------------------------------------------------------------
@@ -629,16 +630,18 @@ check_recompress() {
     pass "$name" "32 MiB written with lz4, idle all, recompress type=idle (zstd): mem_used_total $(mib "$m0") -> $(mib "$m1"), compr $(mib "$c0") -> $(mib "$c1"), verified"
 }
 
-# check_writeback: a device whose backing file lives on ext4 (on kernel zram here); pages written
-# back compressed and encrypted, read back intact, no plain text in the file, and discard gives
-# the file's space back (holes punched).
+# check_writeback FSDEV: a device whose backing file lives on ext4 on FSDEV (the scratch disk, or
+# kernel zram without one); pages written back compressed and encrypted, read back intact (also
+# under swap load), no plain text in the file, and discard frees the records' space.
 check_writeback() {
     local name=writeback log=$UZ_TMP/writeback.log dev img=/mnt/wb/uzram-backing.img m0 m1 a0 a1 a2 bd MB=1048576
-    note "$name: writeback to a file on ext4"
+    local fsdev=$1
+    note "$name: writeback to a file on ext4 on $fsdev"
     : >"$log"
     uzram_reset
     mkdir -p /mnt/wb
-    if ! { mke2fs -q -t ext4 /dev/zram0 && mount /dev/zram0 /mnt/wb; } >>"$log" 2>&1; then
+    # 512 MiB of the disk, its inode tables and journal written now (no lazy init running later)
+    if ! { mke2fs -q -t ext4 -E lazy_itable_init=0,lazy_journal_init=0 "$fsdev" 512M && mount "$fsdev" /mnt/wb; } >>"$log" 2>&1; then
         fail_log "$name" "$log" "no filesystem for the backing file"
         return
     fi

@@ -97,6 +97,14 @@ dev_mm_stat() {
     esac
 }
 dev_stat_field() { dev_mm_stat "$1" | awk -v f="$2" '{ print $f }'; } # DEV FIELD(1-based)
+# dev_failed_writes DEV: io_stat's failed_writes (its second field), zram's and uzram's alike
+dev_failed_writes() {
+    case $1 in
+    /dev/zram*) awk '{ print $2 }' "/sys/block/${1#/dev/}/io_stat" ;;
+    /dev/ublkb*) "$UZRAM_BIN" attr "$1" io_stat | awk '{ print $2 }' ;;
+    *) echo 0 ;;
+    esac
+}
 dev_mem_used() { dev_stat_field "$1" 3; }
 dev_compact() {
     case $1 in
