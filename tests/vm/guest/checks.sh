@@ -302,6 +302,8 @@ check_swap() {
         rc=$?
     fi
     grep '^vmtool' "$log" | sed 's/^/VM: /'
+    # what uzram's daemon said of the requests it failed, and of its memory
+    case $dev in /dev/ublkb*) grep -E 'requests failed|cannot refill' "$UZRAM_LOG" | tail -n 4 | sed 's/^/VM: /' ;; esac
     dout=$(($(vmstat_val pswpout) - o0)) din=$(($(vmstat_val pswpin) - i0))
     peak=$(dev_stat_field "$dev" 5)
     wfail=$(dev_failed_writes "$dev")
