@@ -888,6 +888,7 @@ fn segments(offset: u64, len: usize) -> impl Iterator<Item = (PageIndex, usize, 
 
 #[cfg(test)]
 mod tests {
+    use super::testutil::noise_page;
     use super::*;
 
     fn device(pages: u64) -> (Device, IoContext) {
@@ -1060,18 +1061,6 @@ mod tests {
         assert_eq!(d.codec().level(), 5);
         assert_eq!(d.disksize(), 12_288, "rounded up to pages");
         assert!(DeviceSetup::new().init(0).is_err());
-    }
-
-    fn noise_page(seed: u64) -> [u8; PAGE_SIZE] {
-        let mut p = [0u8; PAGE_SIZE];
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        for b in p.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
-        p
     }
 
     #[test]

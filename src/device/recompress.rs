@@ -327,23 +327,9 @@ impl Device {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testutil::text_page;
     use super::*;
     use crate::DeviceSetup;
-
-    fn text_page(i: u64) -> Vec<u8> {
-        let words = ["alpha ", "beta ", "gamma ", "delta ", "swap ", "page "];
-        let mut page = Vec::with_capacity(PAGE_SIZE);
-        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        while page.len() < PAGE_SIZE {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            page.extend_from_slice(words[(x % 6) as usize].as_bytes());
-            page.extend_from_slice(&(x % 1000).to_string().into_bytes());
-        }
-        page.truncate(PAGE_SIZE);
-        page
-    }
 
     fn device() -> Device {
         let mut setup = DeviceSetup::new();
