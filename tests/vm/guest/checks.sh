@@ -764,29 +764,37 @@ check_setup() {
     pass "$name" "zram-generator.conf [zram3] -> /dev/ublkb3: swap at priority 42, zstd with lz4 recompression, 96 MiB; setup twice is idempotent; teardown removes it"
 }
 
+# openers PATTERN: the pids with an open file whose `ls -l` line matches PATTERN (grep -E)
+openers() {
+    local p
+    for p in /proc/[0-9]*; do
+        ls -l "$p/fd" 2>/dev/null | grep -qE "$1" && echo "${p#/proc/}"
+    done
+}
+
+# threads PID: each thread of PID as " name=state/wait channel"
+threads() {
+    local t
+    for t in /proc/"$1"/task/*; do
+        printf ' %s=%s/%s' "$(cat "$t/comm" 2>/dev/null)" "$(awk '{ print $3 }' "$t/stat" 2>/dev/null)" "$(cat "$t/wchan" 2>/dev/null)"
+    done
+}
+
 # dev_state DEV: what the daemon of DEV says and is doing, for a failure's log
 dev_state() {
-    local pid= p
+    local pid
     echo "state of $1: io_stat $("$UZRAM_BIN" attr "$1" io_stat 2>&1) bd_stat $("$UZRAM_BIN" attr "$1" bd_stat 2>&1)"
     # the daemon holds the device's control node open
-    for p in /proc/[0-9]*; do
-        ls -l "$p/fd" 2>/dev/null | grep -q " /dev/ublkc${1#/dev/ublkb}\$" && pid=${p#/proc/}
-    done
-    [ -n "$pid" ] && for t in /proc/"$pid"/task/*; do
-        echo "  thread $(cat "$t/comm" 2>/dev/null) state $(awk '{ print $3 }' "$t/stat" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null)"
+    for pid in $(openers " /dev/ublkc${1#/dev/ublkb}\$"); do
+        echo "  daemon $pid:$(threads "$pid")"
     done
 }
 
 # holders PATH: the processes with a file under PATH open, with their threads' states
 holders() {
-    local p t
-    for p in /proc/[0-9]*; do
-        ls -l "$p/fd" 2>/dev/null | grep -q " $1/" || continue
-        printf ' %s (%s:' "${p#/proc/}" "$(cat "$p/comm" 2>/dev/null)"
-        for t in "$p"/task/*; do
-            printf ' %s=%s/%s' "$(cat "$t/comm" 2>/dev/null)" "$(awk '{ print $3 }' "$t/stat" 2>/dev/null)" "$(cat "$t/wchan" 2>/dev/null)"
-        done
-        printf ')'
+    local pid
+    for pid in $(openers " $1/"); do
+        printf ' %s (%s:%s)' "$pid" "$(cat "/proc/$pid/comm" 2>/dev/null)" "$(threads "$pid")"
     done
 }
 
