@@ -476,16 +476,16 @@ impl BackingStore {
         let rounded = sectors.next_multiple_of(ALIGN_SECTORS);
         let n = self.files.len();
         let first = self.turn.fetch_add(1, Ordering::Relaxed) % n;
-        // A fixed array, not a Vec: eviction on an I/O thread allocates nothing.
+        // A fixed array, not a Vec, and an unstable sort (a stable one may allocate): eviction
+        // on an I/O thread allocates nothing. Entries are (free sectors, place in the turn).
         let mut order = [(0u64, 0usize); MAX_FILES];
         for (k, slot) in order.iter_mut().enumerate().take(n) {
-            let i = (first + k) % n;
-            *slot = (self.files[i].space.lock().free, i);
+            *slot = (self.files[(first + k) % n].space.lock().free, k);
         }
         let order = &mut order[..n];
-        // Most free first; a stable sort keeps the turn's order among equals.
-        order.sort_by_key(|&(free, _)| std::cmp::Reverse(free));
-        for &(_, file) in order.iter() {
+        // Most free first; among equals, the turn's order.
+        order.sort_unstable_by_key(|&(free, k)| (std::cmp::Reverse(free), k));
+        for file in order.iter().map(|&(_, k)| (first + k) % n) {
             if let Some(start) = self.files[file].space.lock().alloc(rounded, ALIGN_SECTORS) {
                 return Some(Extent {
                     file,
