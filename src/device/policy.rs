@@ -1369,18 +1369,36 @@ mod tests {
             .write(&mut ctx, 64 * PAGE_SIZE as u64, &noise_page(64))
             .is_err());
         assert!(t.elapsed() >= EVICT_WAIT, "{:?}", t.elapsed());
-        let t = Instant::now();
+        // Counted, not timed: a test thread preempted past the fast-fail window would wait
+        // (and time out) again, which is right but not what is being tested here.
+        let fast = d.policy_stats().evict_fast_fails;
+        let after_timeout = Instant::now();
         assert!(d
             .write(&mut ctx, 65 * PAGE_SIZE as u64, &noise_page(65))
             .is_err());
-        assert!(t.elapsed() < EVICT_WAIT / 2, "starved: fails at once");
-        // With one, nothing fails.
+        if after_timeout.elapsed() < EVICT_FAST_FAIL / 2 {
+            assert_eq!(
+                d.policy_stats().evict_fast_fails,
+                fast + 1,
+                "starved: fails at once"
+            );
+        }
+        // With one serving, writes at the limit wait for its rounds and land.
         let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stall = std::sync::Arc::new(AtomicBool::new(false));
         let server = {
-            let (d, stop) = (std::sync::Arc::clone(&d), std::sync::Arc::clone(&stop));
+            let (d, stop, stall) = (
+                std::sync::Arc::clone(&d),
+                std::sync::Arc::clone(&stop),
+                std::sync::Arc::clone(&stall),
+            );
             std::thread::spawn(move || {
                 let mut policy = Policy::new();
                 while !stop.load(Ordering::Relaxed) {
+                    if stall.swap(false, Ordering::Relaxed) {
+                        // A backing file's filesystem stuck for longer than a write waits.
+                        std::thread::sleep(EVICT_WAIT + Duration::from_millis(500));
+                    }
                     policy.serve_evictions(&d, Duration::from_millis(20));
                 }
             })
@@ -1392,25 +1410,60 @@ mod tests {
             .write(&mut ctx, 64 * PAGE_SIZE as u64, &noise_page(64))
             .is_err()
         {
-            assert!(t.elapsed() < Duration::from_secs(5), "no round in 5 s");
+            assert!(t.elapsed() < Duration::from_secs(30), "no round in 30 s");
             std::thread::sleep(Duration::from_millis(5));
         }
         model.push((64, noise_page(64)));
-        let mut failed = 0;
-        for i in 65..600u64 {
-            let p = if i % 2 == 0 {
-                noise_page(i)
-            } else {
-                text_page(i)
-            };
-            match d.write(&mut ctx, i * PAGE_SIZE as u64, &p) {
-                Ok(()) => model.push((i, p)),
-                Err(_) => failed += 1,
+        // Writes pages `range` (noise and text by turns), each again until it lands as swap
+        // does (it keeps a page whose write failed). Returns (writes failed, of them failed
+        // because the thread was late: timed out, or in the fast-fail window after).
+        let mut write_all = |range: std::ops::Range<u64>, model: &mut Vec<(u64, Vec<u8>)>| {
+            let before = d.policy_stats();
+            let mut failed = 0u64;
+            for i in range {
+                let p = if i % 2 == 0 {
+                    noise_page(i)
+                } else {
+                    text_page(i)
+                };
+                let t = Instant::now();
+                while d.write(&mut ctx, i * PAGE_SIZE as u64, &p).is_err() {
+                    failed += 1;
+                    assert!(
+                        t.elapsed() < Duration::from_secs(30),
+                        "page {i} never landed"
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                model.push((i, p));
             }
+            let s = d.policy_stats();
+            let late = (s.evict_timeouts - before.evict_timeouts)
+                + (s.evict_fast_fails - before.evict_fast_fails);
+            (failed, late, s)
+        };
+        // A write fails only when the thread did not answer within EVICT_WAIT. With it
+        // running that takes a stall from outside (a test machine's disk under a build's dirty
+        // pages can hold a pwrite for seconds), so none is expected, but one is not an error.
+        let (failed, late, s) = write_all(65..330, &mut model);
+        assert!(
+            failed <= late,
+            "{failed} writes failed although the policy thread answered in time: {s:?}"
+        );
+        if failed > 0 {
+            eprintln!("{failed} writes failed while the policy thread was late: {s:?}");
         }
+        // A stalled thread: the write at the limit fails after EVICT_WAIT, and once the
+        // thread is back every page lands.
+        stall.store(true, Ordering::Relaxed);
+        let (failed, late, s) = write_all(330..600, &mut model);
+        assert!(failed > 0 && s.evict_timeouts > 0, "{failed}: {s:?}");
+        assert!(
+            failed <= late,
+            "{failed} writes failed although the policy thread answered in time: {s:?}"
+        );
         stop.store(true, Ordering::Relaxed);
         server.join().unwrap();
-        assert_eq!(failed, 0, "writes failed with the policy thread serving");
         let s = d.policy_stats();
         assert!(s.evicted_pages > 0, "{s:?}");
         check_all(&d, &mut ctx, &model);
