@@ -318,6 +318,14 @@ check_swap() {
         fail_log "$name" "$log" "too little swapping to prove anything: pswpout +$dout pswpin +$din for $fill MiB"
         return
     fi
+    # kernel zram fails no write here; uzram may fail a handful when its reserve runs dry
+    # (ENOMEM, swap keeps the page), hundreds means swap-out is waiting on itself again
+    case $dev in /dev/ublkb*)
+        if [ "$wfail" -gt 16 ]; then
+            fail_log "$name" "$log" "$wfail failed writes on uzram (kernel zram fails none here)"
+            return
+        fi ;;
+    esac
     used_exit=$(dev_mem_used "$dev")
     # 2. swapoff while a process has pages out
     hold=$((avail / 2))
@@ -441,7 +449,7 @@ check_attrs() {
     local dev=$1 name=attrs log=$UZ_TMP/attrs.log a t z u bad=
     note "$name: zram's attributes on $dev"
     : >"$log"
-    "$TOOL" write "$dev" 0 $((8 * 1048576)) "$SEED" >>"$log" 2>&1
+    "$TOOL" write "$dev" 0 $((8 * 1048576)) "$SEED" >>"$log" 2>&1 || bad="$bad; writing 8 MiB failed"
     for a in 'mm_stat:%8s %8s %8s %8s %8s %8s %8s %8s %8s\n' 'io_stat:%8s %8s %s %8s\n' \
         'debug_stat:version: %s\n%8s %8s\n'; do
         t=${a#*:} a=${a%%:*}
@@ -509,7 +517,7 @@ check_badinput() {
     # a busy device refuses --reset, keeps serving, and resets once free
     if uzram_setup lz4 128M; then
         dev=$UZRAM_DEV
-        "$TOOL" write "$dev" 0 1048576 "$SEED" >>"$log" 2>&1
+        "$TOOL" write "$dev" 0 1048576 "$SEED" >>"$log" 2>&1 || bad="$bad; writing 1 MiB failed"
         mkswap "$dev" >>"$log" 2>&1 && swapon "$dev" >>"$log" 2>&1
         out=$("$UZRAM_BIN" --reset "$dev" 2>&1) && bad="$bad; reset of a swap device succeeded"
         echo "reset while swap: $out" >>"$log"
@@ -610,7 +618,11 @@ check_recompress() {
         return
     fi
     UZRAM_DEV=$dev
-    "$TOOL" write "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1
+    if ! "$TOOL" write "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1; then
+        echo "io_stat $("$UZRAM_BIN" attr "$dev" io_stat)" >>"$log"
+        fail_log "$name" "$log" "writing 32 MiB failed (before any recompression)"
+        return
+    fi
     m0=$(dev_mem_used "$dev") c0=$(dev_stat_field "$dev" 2)
     "$UZRAM_BIN" attr "$dev" recomp_algorithm >>"$log" 2>&1
     if ! "$UZRAM_BIN" attr "$dev" idle all >>"$log" 2>&1 ||
@@ -658,7 +670,7 @@ check_writeback() {
     UZRAM_DEV=$dev
     local bad=
     # a tampered record fails its read: page 0 alone written back lands at the file's start
-    "$TOOL" write "$dev" 0 4096 "$SEED" >>"$log" 2>&1
+    "$TOOL" write "$dev" 0 4096 "$SEED" >>"$log" 2>&1 || bad="$bad; writing page 0 failed"
     "$UZRAM_BIN" attr "$dev" writeback page_index=0 >>"$log" 2>&1 || bad="$bad; writeback page_index=0 refused"
     "$TOOL" flip "$img" 40 >>"$log" 2>&1
     echo 3 >/proc/sys/vm/drop_caches
@@ -667,7 +679,7 @@ check_writeback() {
     fi
     # page 0: a marker that must never reach the file in plain text
     yes UZRAM-SECRET-MARKER | head -c 4096 | dd of="$dev" bs=4096 count=1 conv=fsync 2>>"$log"
-    "$TOOL" write "$dev" $MB $((32 * MB)) "$SEED" >>"$log" 2>&1
+    "$TOOL" write "$dev" $MB $((32 * MB)) "$SEED" >>"$log" 2>&1 || bad="$bad; writing 32 MiB failed"
     m0=$(dev_mem_used "$dev")
     a0=$(bd_used_kib "$dev")
     if ! "$UZRAM_BIN" attr "$dev" idle all >>"$log" 2>&1 || ! "$UZRAM_BIN" attr "$dev" writeback idle >>"$log" 2>&1; then
