@@ -27,10 +27,11 @@ const PR_GET_IO_FLUSHER: libc::c_int = 58;
 /// in RAM: 2 queues x depth 64 x 128 KiB = 16 MiB. Swap writes pages one folio at a time and the
 /// block layer merges neighbours up to this size; larger requests would only cost locked memory.
 pub const MAX_IO_BYTES: u32 = 128 << 10;
-/// Longest a write waits for the memory thread to refill the pool's reserve before it fails
-/// with ENOMEM (swap then keeps the page and retries it later). Long enough for a slow refill
-/// (100 ms failed ext4 writes in the VM); short enough that a memory thread stuck in reclaim
-/// cannot stall swap-out for long.
+/// Longest a write waits for the memory thread to refill the pool's reserve without seeing it
+/// make progress, before it fails with ENOMEM (swap then keeps the page and retries it later);
+/// a refill that keeps faulting pages in is waited for up to 8 times this (see
+/// `Growth::Reserve`). Long enough for a slow refill (100 ms failed ext4 writes in the VM);
+/// short enough that a memory thread stuck in reclaim cannot stall swap-out for long.
 const RESERVE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Default queue depth.
@@ -234,6 +235,10 @@ fn set_params(dev: &mut UblkDev, disksize: u64) {
 /// log (`UZRAM_PROGRESS_SECS`) prints.
 static STARTED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 static FINISHED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+/// Arenas the memory thread has mapped into the pool's reserve, and the longest one took (ms):
+/// how close a write burst came to outrunning it, in the progress log.
+static REFILLED_ARENAS: AtomicU64 = AtomicU64::new(0);
+static SLOWEST_REFILL_MS: AtomicU64 = AtomicU64::new(0);
 
 fn op_slot(op: u32) -> usize {
     match op {
@@ -315,9 +320,11 @@ fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, heap top {} kB{}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, heap top {} kB, reserve refilled {} arenas (slowest {} ms){}",
                 rss,
                 crate::pin::last_heap_top() >> 10,
+                REFILLED_ARENAS.load(Ordering::Relaxed),
+                SLOWEST_REFILL_MS.load(Ordering::Relaxed),
                 if stalled_secs > 0 {
                     ", NO PROGRESS"
                 } else {
@@ -522,8 +529,17 @@ fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             let mut last_report: Option<std::time::Instant> = None;
             loop {
                 device.wait_for_maintenance(std::time::Duration::from_secs(1));
+                let t = std::time::Instant::now();
                 crate::pin::refill_heap();
-                if let Err(e) = device.maintain_memory() {
+                let done = device.maintain_memory();
+                if let Ok(m) = &done {
+                    if m.arenas_mapped > 0 {
+                        let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;
+                        REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
+                        SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
+                    }
+                }
+                if let Err(e) = done {
                     if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
                         log(&format!("cannot refill the pool's reserve: {e}"));
                         last_report = Some(std::time::Instant::now());

@@ -28,6 +28,7 @@
 //! it is dropped, after which the pool holds no runs.
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes in a page. uzram serves 4 KiB pages only.
 pub const PAGE_SIZE: usize = 4096;
@@ -35,6 +36,8 @@ pub const PAGE_SIZE: usize = 4096;
 pub const ARENA_PAGES: usize = 512;
 const ARENA_BYTES: usize = ARENA_PAGES * PAGE_SIZE;
 const BITMAP_WORDS: usize = ARENA_PAGES / 64;
+/// [`Mapping::new_counted`] reports its progress every this many pages.
+const TOUCH_STRIDE: usize = 32;
 
 /// How a new arena's pages are made resident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +60,12 @@ pub struct Mapping {
 impl Mapping {
     /// Maps an arena and makes its pages resident. Returns the errno of a failed `mmap`.
     pub fn new(prefault: Prefault) -> Result<Mapping, i32> {
+        Mapping::new_counted(prefault, &AtomicU64::new(0))
+    }
+
+    /// [`Mapping::new`], adding to `touched` as [`Prefault::Touch`] faults pages in (every
+    /// [`TOUCH_STRIDE`] pages), so that a waiter can tell a slow refill from a stuck one.
+    pub fn new_counted(prefault: Prefault, touched: &AtomicU64) -> Result<Mapping, i32> {
         let populate = match prefault {
             Prefault::Populate => libc::MAP_POPULATE,
             Prefault::Touch => 0,
@@ -86,6 +95,9 @@ impl Mapping {
                 // SAFETY: the offset is inside the fresh mapping of ARENA_BYTES, which nothing else
                 // references yet; a volatile write so the fault is not optimised away.
                 unsafe { mapping.ptr.as_ptr().add(page * PAGE_SIZE).write_volatile(0) };
+                if (page + 1) % TOUCH_STRIDE == 0 {
+                    touched.fetch_add(TOUCH_STRIDE as u64, Ordering::Relaxed);
+                }
             }
         }
         Ok(mapping)

@@ -81,9 +81,10 @@ pub enum Growth {
     OnDemand,
     /// Allocations and frees never map or unmap: they draw on empty arenas mapped ahead of time by
     /// a maintenance thread that calls [`Pool::maintain`] (woken through
-    /// [`Pool::wait_for_maintenance`] when fewer than half of `reserve_arenas` are left). An
-    /// allocation that finds no room waits up to `wait` for a refill, then fails with
-    /// [`Error::ReserveExhausted`]. For a swap device's I/O threads, which must never wait for
+    /// [`Pool::wait_for_maintenance`] as soon as an arena of the reserve is taken). An
+    /// allocation that finds no room waits for a refill as long as the maintenance thread keeps
+    /// faulting pages in, giving up after `wait` without progress (or 8 times `wait` in all),
+    /// and then fails with [`Error::ReserveExhausted`]. For a swap device's I/O threads, which must never wait for
     /// reclaim (the memory they would wait for is what their own writes free).
     Reserve {
         /// Longest an allocation waits for the maintenance thread.
@@ -170,6 +171,9 @@ pub struct Maintenance {
 /// The handshake between allocations and the maintenance thread in [`Growth::Reserve`] mode.
 #[derive(Default)]
 struct ReserveSignal {
+    /// Pages the maintenance thread has faulted in so far: an allocation waiting for a refill
+    /// keeps waiting (up to [`RESERVE_WAIT_CAP`] times its wait) while this moves.
+    touched: AtomicU64,
     state: Mutex<ReserveState>,
     /// The maintenance thread waits here for `needed`.
     need: Condvar,
@@ -193,6 +197,21 @@ impl ReserveSignal {
         self.need.notify_one();
     }
 }
+/// An allocation waits at most this many times [`Growth::Reserve`]'s `wait` for a refill, and
+/// only as long as the maintenance thread keeps faulting pages in: a refill that is slow (a busy
+/// or emulated machine) is waited for; one that is stuck (in reclaim) fails after `wait`.
+const RESERVE_WAIT_CAP: u32 = 8;
+
+/// Where an allocation's wait for a refill stands (see [`Pool::wait_for_refill`]).
+struct RefillWait {
+    /// Fail at this point unless the maintenance thread made progress since `progress`.
+    deadline: Instant,
+    /// Fail at this point whatever happens.
+    cap: Instant,
+    progress: u64,
+    wait: Duration,
+}
+
 /// Partial groups `< 10 %` .. `< 100 %`, then full.
 pub const FULLNESS_GROUPS: usize = 11;
 const FULL_GROUP: usize = FULLNESS_GROUPS - 1;
@@ -806,7 +825,9 @@ impl Pool {
             arenas: &self.arenas,
             reserve: match self.growth {
                 Growth::OnDemand => None,
-                Growth::Reserve { .. } => Some((&self.signal, self.reserve_arenas.div_ceil(2))),
+                // Asked as soon as an arena of the reserve is taken: the maintenance thread
+                // then has the whole reserve's worth of writes to map the next one in.
+                Growth::Reserve { .. } => Some((&self.signal, self.reserve_arenas)),
             },
             pages_used: &self.pages_used,
             max_pages_used: &self.max_pages_used,
@@ -856,7 +877,7 @@ impl Pool {
         size: usize,
     ) -> Result<(parking_lot::MutexGuard<'_, ClassState>, Handle), Error> {
         let class = &self.classes[self.table.class_of(size)];
-        let mut started = None;
+        let mut started: Option<(Instant, RefillWait)> = None;
         loop {
             let mut c = class.lock();
             match c.alloc(size, &self.shared()) {
@@ -866,8 +887,17 @@ impl Pool {
                     let Growth::Reserve { wait } = self.growth else {
                         unreachable!("only reserve mode runs out of reserve")
                     };
-                    let start = *started.get_or_insert_with(Instant::now);
-                    if !self.wait_for_refill(start + wait) {
+                    let (start, w) = started.get_or_insert_with(|| {
+                        let now = Instant::now();
+                        let w = RefillWait {
+                            deadline: now + wait,
+                            cap: now + wait * RESERVE_WAIT_CAP,
+                            progress: self.signal.touched.load(Ordering::Relaxed),
+                            wait,
+                        };
+                        (now, w)
+                    });
+                    if !self.wait_for_refill(w) {
                         return Err(Error::ReserveExhausted {
                             waited_ms: start.elapsed().as_millis() as u64,
                         });
@@ -878,9 +908,10 @@ impl Pool {
         }
     }
 
-    /// Waits until an empty arena is there or `deadline` passes; false if it passed, or if an
-    /// earlier wait timed out and no refill came since.
-    fn wait_for_refill(&self, deadline: Instant) -> bool {
+    /// Waits until an empty arena is there; false if `w` ran out first (no progress by the
+    /// maintenance thread for `w.wait`, or `w.cap` passed), or if an earlier wait ran out and
+    /// no refill came since.
+    fn wait_for_refill(&self, w: &mut RefillWait) -> bool {
         let mut st = self.signal.state.lock();
         loop {
             // Checked under the signal's lock: a refill that lands after this check notifies
@@ -893,18 +924,27 @@ impl Pool {
             if st.starved_at == Some(st.refills) {
                 return false;
             }
-            if self
+            if !self
                 .signal
                 .refilled
-                .wait_until(&mut st, deadline)
+                .wait_until(&mut st, w.deadline.min(w.cap))
                 .timed_out()
             {
-                if self.arenas.lock().empty_arenas() > 0 {
-                    return true;
-                }
-                st.starved_at = Some(st.refills);
-                return false;
+                continue;
             }
+            if self.arenas.lock().empty_arenas() > 0 {
+                return true;
+            }
+            let progress = self.signal.touched.load(Ordering::Relaxed);
+            let now = Instant::now();
+            if progress != w.progress && now < w.cap {
+                // Slow, not stuck: the maintenance thread is faulting the next arena in.
+                w.progress = progress;
+                w.deadline = now + w.wait;
+                continue;
+            }
+            st.starved_at = Some(st.refills);
+            return false;
         }
     }
 
@@ -918,10 +958,13 @@ impl Pool {
             return Ok(done);
         }
         while self.arenas.lock().empty_arenas() < self.reserve_arenas {
-            let mapping = Mapping::new(Prefault::Touch).map_err(|errno| Error::OutOfMemory {
-                bytes: (ARENA_PAGES * PAGE_SIZE) as u64,
-                errno,
-            })?;
+            let mapping =
+                Mapping::new_counted(Prefault::Touch, &self.signal.touched).map_err(|errno| {
+                    Error::OutOfMemory {
+                        bytes: (ARENA_PAGES * PAGE_SIZE) as u64,
+                        errno,
+                    }
+                })?;
             self.arenas.lock().insert(mapping);
             done.arenas_mapped += 1;
             self.signal.state.lock().refills += 1;
@@ -1218,5 +1261,97 @@ impl std::fmt::Debug for Pool {
         f.debug_struct("Pool")
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_millis(300);
+
+    /// A reserve-mode pool of one arena, filled with 3000-byte objects until a store finds no
+    /// room. Returns the pool and the objects it holds.
+    fn full_pool() -> (Pool, Vec<Handle>) {
+        let pool = Pool::new(PoolConfig {
+            reserve_arenas: 1,
+            growth: Growth::Reserve { wait: WAIT },
+            ..Default::default()
+        })
+        .unwrap();
+        let mut live = Vec::new();
+        // Fill without waiting: maintenance would refill; here nobody maintains, so the first
+        // store that fails has waited WAIT, and the pool is now starved.
+        while let Ok(h) = pool.store(&[7u8; 3000]) {
+            live.push(h);
+        }
+        (pool, live)
+    }
+
+    /// Bumps the maintenance progress counter every 50 ms until `stop`, as a slow refill does.
+    fn slow_refill(pool: &Pool, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            pool.signal.touched.fetch_add(32, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
+        let (pool, live) = full_pool();
+        // Objects of one size: each arena holds as many.
+        let per_arena = live.len();
+        assert!(per_arena > 600, "{per_arena}");
+        // Starved: the next store fails at once until a refill lands.
+        let t = Instant::now();
+        assert!(matches!(
+            pool.store(&[7u8; 3000]),
+            Err(Error::ReserveExhausted { .. })
+        ));
+        assert!(t.elapsed() < WAIT / 2, "{:?}", t.elapsed());
+        pool.maintain().unwrap();
+        for _ in 0..per_arena {
+            pool.store(&[8u8; 3000]).unwrap();
+        }
+
+        // The second arena is full. A refill that makes progress for 3 waits, then lands, is
+        // waited for.
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while t.elapsed() < WAIT * 3 {
+                    pool.signal.touched.fetch_add(32, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                pool.maintain().unwrap();
+            });
+            let h = pool.store(&[10u8; 3000]).unwrap();
+            assert_eq!(pool.read(h, |o| o[0]).unwrap(), 10);
+        });
+        assert!(t.elapsed() >= WAIT * 3, "waited {:?}", t.elapsed());
+        for _ in 1..per_arena {
+            pool.store(&[10u8; 3000]).unwrap();
+        }
+
+        // The third is full. A refill that never ends: progress all along, but the store
+        // gives up at the cap.
+        let stop = AtomicBool::new(false);
+        let (stored, waited) = std::thread::scope(|s| {
+            s.spawn(|| slow_refill(&pool, &stop));
+            let t = Instant::now();
+            let stored = pool.store(&[11u8; 3000]);
+            stop.store(true, Ordering::Relaxed);
+            (stored, t.elapsed())
+        });
+        assert!(
+            matches!(stored, Err(Error::ReserveExhausted { .. })),
+            "{stored:?}"
+        );
+        assert!(
+            waited >= WAIT * RESERVE_WAIT_CAP && waited < WAIT * (RESERVE_WAIT_CAP + 4),
+            "waited {waited:?}"
+        );
+        assert_eq!(pool.stats().pages_mapped, 3 * ARENA_PAGES as u64);
+        pool.check_invariants().unwrap();
     }
 }
