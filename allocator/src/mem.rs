@@ -2,8 +2,8 @@
 //! them. This is the only module of the crate with `unsafe` code.
 //!
 //! # Why arenas, and how memory goes back to the OS
-//! The uzram daemon runs under `mlockall(MCL_CURRENT | MCL_FUTURE)`, so every mapping it makes is
-//! populated and locked at once, and `MADV_DONTNEED` fails on locked ranges. The pool therefore never
+//! The uzram daemon runs under `mlockall(MCL_FUTURE | MCL_ONFAULT)`, so every page of a mapping
+//! it touches is locked, and `MADV_DONTNEED` fails on locked ranges. The pool therefore never
 //! gives back part of a mapping: it maps memory in arenas of [`ARENA_PAGES`] pages and returns an
 //! arena with `munmap` only when no run is allocated in it. Compaction moves runs out of sparse
 //! arenas ([`ArenaSet::alloc_run`] with [`Placement::AwayFrom`]) so that they empty. A few empty

@@ -84,8 +84,9 @@ pub enum Growth {
     /// [`Pool::wait_for_maintenance`] as soon as an arena of the reserve is taken). An
     /// allocation that finds no room waits for a refill as long as the maintenance thread keeps
     /// faulting pages in, giving up after `wait` without progress (or 8 times `wait` in all),
-    /// and then fails with [`Error::ReserveExhausted`]. For a swap device's I/O threads, which must never wait for
-    /// reclaim (the memory they would wait for is what their own writes free).
+    /// and then fails with [`Error::ReserveExhausted`]. For a swap device's I/O threads, which
+    /// must never wait for reclaim (the memory they would wait for is what their own writes
+    /// free).
     Reserve {
         /// Longest an allocation waits for the maintenance thread.
         wait: Duration,
@@ -197,6 +198,7 @@ impl ReserveSignal {
         self.need.notify_one();
     }
 }
+
 /// An allocation waits at most this many times [`Growth::Reserve`]'s `wait` for a refill, and
 /// only as long as the maintenance thread keeps faulting pages in: a refill that is slow (a busy
 /// or emulated machine) is waited for; one that is stuck (in reclaim) fails after `wait`.
