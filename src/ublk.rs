@@ -531,20 +531,20 @@ fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 device.wait_for_maintenance(std::time::Duration::from_secs(1));
                 let t = std::time::Instant::now();
                 crate::pin::refill_heap();
-                let done = device.maintain_memory();
-                if let Ok(m) = &done {
-                    if m.arenas_mapped > 0 {
+                match device.maintain_memory() {
+                    Ok(m) if m.arenas_mapped > 0 => {
                         let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;
                         REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
                         SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
                     }
-                }
-                if let Err(e) = done {
-                    if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
-                        log(&format!("cannot refill the pool's reserve: {e}"));
-                        last_report = Some(std::time::Instant::now());
+                    Ok(_) => {}
+                    Err(e) => {
+                        if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
+                            log(&format!("cannot refill the pool's reserve: {e}"));
+                            last_report = Some(std::time::Instant::now());
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(20));
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
                 }
             }
         })

@@ -1290,9 +1290,10 @@ mod tests {
         (pool, live)
     }
 
-    /// Bumps the maintenance progress counter every 50 ms until `stop`, as a slow refill does.
-    fn slow_refill(pool: &Pool, stop: &AtomicBool) {
-        while !stop.load(Ordering::Relaxed) {
+    /// Bumps the maintenance progress counter every 50 ms while `going()`, as a slow refill
+    /// does.
+    fn slow_refill(pool: &Pool, going: impl Fn() -> bool) {
+        while going() {
             pool.signal.touched.fetch_add(32, Ordering::Relaxed);
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -1321,10 +1322,7 @@ mod tests {
         let t = Instant::now();
         std::thread::scope(|s| {
             s.spawn(|| {
-                while t.elapsed() < WAIT * 3 {
-                    pool.signal.touched.fetch_add(32, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                slow_refill(&pool, || t.elapsed() < WAIT * 3);
                 pool.maintain().unwrap();
             });
             let h = pool.store(&[10u8; 3000]).unwrap();
@@ -1339,7 +1337,7 @@ mod tests {
         // gives up at the cap.
         let stop = AtomicBool::new(false);
         let (stored, waited) = std::thread::scope(|s| {
-            s.spawn(|| slow_refill(&pool, &stop));
+            s.spawn(|| slow_refill(&pool, || !stop.load(Ordering::Relaxed)));
             let t = Instant::now();
             let stored = pool.store(&[11u8; 3000]);
             stop.store(true, Ordering::Relaxed);
