@@ -326,12 +326,12 @@ fn ratio(wrapper: Duration, raw: Duration) -> f64 {
 }
 
 fn load_pages() -> (PathBuf, Vec<Page>) {
-    let path = uzram::corpus::bench_corpus_path();
+    let path = uzram::tools::corpus::bench_corpus_path();
     let limit = std::env::var("UZRAM_BENCH_PAGES")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(DEFAULT_PAGES);
-    let corpus = uzram::corpus::Corpus::open(&path).unwrap_or_else(|err| {
+    let corpus = uzram::tools::corpus::Corpus::open(&path).unwrap_or_else(|err| {
         eprintln!("cannot load page corpus {}: {err}", path.display());
         std::process::exit(1);
     });

@@ -13,7 +13,7 @@
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use uzram::corpus::{default_sample_path, Corpus};
+use uzram::tools::corpus::{default_sample_path, Corpus};
 use uzram_allocator::{Pool, PoolConfig, PAGE_SIZE};
 use uzram_codecs::{Algorithm, Codec, CodecParams, MAX_COMPRESSED_LEN};
 

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 
 use clap::Parser;
-use uzram::corpus::Corpus;
-use uzram::pagedump::{
+use uzram::tools::corpus::Corpus;
+use uzram::tools::pagedump::{
     dump_process, run, DumpError, DumpOptions, DumpPagesArgs, DumpStats, PAGE_SIZE,
 };
 

@@ -31,10 +31,12 @@
 //! All `unsafe` code is in the `mem` module.
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 mod class;
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod fuzzing;
+#[allow(unsafe_code)] // the pool's raw memory: every block cites an invariant of `mem`
 mod mem;
 mod pool;
 mod table;

@@ -8,7 +8,8 @@ use std::str::FromStr;
 /// Only the algorithms this crate implements are listed; zram knows more (`lzo`, `lzo-rle`,
 /// `lz4hc`, `deflate`, `842`), and asking for one of them is an [`UnknownAlgorithm`] error that
 /// lists what is available.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, arbitrary::Arbitrary)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "testing", derive(arbitrary::Arbitrary))]
 #[non_exhaustive]
 pub enum Algorithm {
     /// LZ4 block format (no frame, no size header), as the kernel's `lz4` backend writes it,

@@ -55,7 +55,7 @@ mod backend_zstd;
 mod codec;
 mod dict;
 mod error;
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod fuzzing;
 mod params;
 

@@ -8,13 +8,13 @@
 //! The main thread's `[stack]` is left out because it holds the process's environment strings.
 //!
 //! ```
-//! use uzram::pagedump::{dump_process, DumpOptions};
+//! use uzram::tools::pagedump::{dump_process, DumpOptions};
 //!
 //! let opts = DumpOptions { max_bytes: Some(1 << 20), ..DumpOptions::default() };
 //! let mut pages = Vec::new();
 //! let stats = dump_process(std::process::id(), &mut pages, &opts)?;
 //! assert_eq!(pages.len() as u64, stats.pages_written * 4096);
-//! # Ok::<(), uzram::pagedump::DumpError>(())
+//! # Ok::<(), uzram::tools::pagedump::DumpError>(())
 //! ```
 //!
 //! Reading another process's memory needs ptrace access to it: root, or the same user with

@@ -1,17 +1,17 @@
 //! Files of 4 KiB pages for benchmarks and ratio tests: raw, or zstd-compressed.
 //!
 //! A page file is a plain concatenation of 4096-byte pages, as written by `uzram dump-pages`
-//! (see [`crate::pagedump`]) and `scripts/dump-workloads.sh`. A small mix of real process heaps
+//! (see [`crate::tools::pagedump`]) and `scripts/dump-workloads.sh`. A small mix of real process heaps
 //! is checked in at `testdata/sample.pages.zst` ([`default_sample_path`]); benches take any other
 //! file through the `UZRAM_CORPUS` environment variable ([`bench_corpus_path`]).
 //!
 //! ```
-//! use uzram::corpus::{default_sample_path, Corpus};
+//! use uzram::tools::corpus::{default_sample_path, Corpus};
 //!
 //! let corpus = Corpus::open(&default_sample_path())?;
 //! let zero_pages = corpus.pages().filter(|p| p.iter().all(|&b| b == 0)).count();
 //! assert!(zero_pages < corpus.len());
-//! # Ok::<(), uzram::corpus::CorpusError>(())
+//! # Ok::<(), uzram::tools::corpus::CorpusError>(())
 //! ```
 
 use std::io;

@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use uzram::fuzzing::{same_word, PageKind};
-use uzram::{Device, DeviceConfig, IoContext, PageIndex, PAGE_SIZE};
 use uzram_codecs::{Algorithm, MAX_COMPRESSED_LEN};
+use uzram_engine::testing::fuzzing::{same_word, PageKind};
+use uzram_engine::{Device, DeviceConfig, IoContext, PageIndex, PAGE_SIZE};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 const SECTORS_PER_PAGE: u64 = PAGE / 512;
@@ -458,7 +458,7 @@ fn memory_limit_holds_under_concurrent_writers() {
                                 after_refusal += 1;
                             }
                         }
-                        Err(uzram::Error::MemLimit { limit_bytes, .. }) => {
+                        Err(uzram_engine::Error::MemLimit { limit_bytes, .. }) => {
                             assert_eq!(limit_bytes, LIMIT_PAGES * PAGE);
                             assert!(kind != PageKind::Same, "same-filled pages need no memory");
                             refused += 1;

@@ -159,19 +159,7 @@ impl Slot {
             {
                 continue;
             }
-            let key = self as *const Slot as usize;
-            // SAFETY: the validate closure only loads an atomic; neither closure panics or calls
-            // into parking_lot. The key is this slot's address, which `unlock` unparks.
-            unsafe {
-                parking_lot_core::park(
-                    key,
-                    || self.meta.load(Ordering::Relaxed) & (LOCK | WAITERS) == LOCK | WAITERS,
-                    || {},
-                    |_, _| {},
-                    parking_lot_core::DEFAULT_PARK_TOKEN,
-                    None,
-                );
-            }
+            super::park::wait(self as *const Slot as usize, &self.meta, LOCK | WAITERS);
             spins = 0;
         }
     }
@@ -192,14 +180,7 @@ impl Slot {
     fn unlock(&self) {
         let prev = self.meta.fetch_and(!(LOCK | WAITERS), Ordering::Release);
         if prev & WAITERS != 0 {
-            // SAFETY: unpark_all has no preconditions beyond a key; this slot's address is the key
-            // its waiters parked on.
-            unsafe {
-                parking_lot_core::unpark_all(
-                    self as *const Slot as usize,
-                    parking_lot_core::DEFAULT_UNPARK_TOKEN,
-                );
-            }
+            super::park::wake_all(self as *const Slot as usize);
         }
     }
 

@@ -21,28 +21,14 @@ pub const STACK_PREFAULT: usize = 256 << 10;
 /// memory back is a syscall that takes the `mmap_lock` on whichever thread frees), and no
 /// `mmap` for allocations below 32 MiB (a fresh mapping would fault on first touch).
 pub fn tune_malloc() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt takes integer parameters only; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TOP_PAD, 4 << 20);
-    }
+    crate::sys::tune_malloc();
 }
 
 /// The size of malloc's top chunk (the free end of the heap that requests no free chunk can
 /// serve are carved from, and where a heap extension would land untouched), if the C library
 /// says.
 pub fn heap_top_bytes() -> Option<usize> {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallinfo2 takes no arguments and returns a plain struct.
-        let info = unsafe { libc::mallinfo2() };
-        Some(info.keepcost)
-    }
-    #[cfg(not(target_env = "gnu"))]
-    None
+    crate::sys::malloc_top_bytes()
 }
 
 /// Keeps malloc's top chunk resident and at least half of [`HEAP_RESERVE`]: allocates a block

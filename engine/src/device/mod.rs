@@ -4,6 +4,8 @@
 //! one slot lock. Compression happens outside any lock for whole-page writes; a partial-page write
 //! holds its slot's lock across its read-modify-write.
 
+#[allow(unsafe_code)] // the slot lock's parking, each call with its SAFETY reason
+mod park;
 pub mod policy;
 mod recompress;
 pub mod slot;

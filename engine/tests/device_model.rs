@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use uzram::fuzzing::{
+use uzram_codecs::Algorithm;
+use uzram_engine::testing::fuzzing::{
     decode, encode, run_ops, seeds, DeviceOp, PageKind, Tally, WildOp, MAX_SECTORS, SECTOR_SPAN,
 };
-use uzram::{Device, DeviceConfig, Error, IoContext, PageIndex, PAGE_SIZE};
-use uzram_codecs::Algorithm;
+use uzram_engine::{Device, DeviceConfig, Error, IoContext, PageIndex, PAGE_SIZE};
 
 /// A request's span as (first sector, sectors), before the harness's modulo.
 fn span() -> impl Strategy<Value = (u16, u8)> {
@@ -69,7 +69,7 @@ proptest! {
 }
 
 fn corpus_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/device_ops")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/device_ops")
 }
 
 #[test]
@@ -118,7 +118,7 @@ fn seed_corpus_files_are_current() {
     }
 }
 
-/// Regenerates the seeds of `fuzz/corpus/device_ops/` from `uzram::fuzzing::seeds()`.
+/// Regenerates the seeds of `fuzz/corpus/device_ops/` from `uzram_engine::testing::fuzzing::seeds()`.
 #[test]
 #[ignore = "writes fuzz/corpus/device_ops; run after changing fuzzing::seeds"]
 fn write_seed_corpus() {

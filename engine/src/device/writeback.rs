@@ -284,23 +284,13 @@ impl BackingFile {
             bytes = default_bytes.next_multiple_of(ALIGN as u64);
             file.set_len(bytes).map_err(open_err)?;
         }
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-        // SAFETY: fcntl and fallocate on our own fd with plain integers.
-        unsafe {
-            // Reads must not dirty the inode (an atime update is a journal transaction). Needs
-            // the file's owner or CAP_FOWNER; without it, atime updates stay.
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            if flags >= 0 {
-                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NOATIME);
-            }
-        }
+        // Reads must not dirty the inode (an atime update is a journal transaction). Needs the
+        // file's owner or CAP_FOWNER; without it, atime updates stay.
+        crate::sys::set_noatime(&file);
         if meta.file_type().is_file() {
             // Allocate every block now (see the module docs). A filesystem without fallocate
             // keeps a sparse file; one without room for it is an error now, not at swap-out.
-            // SAFETY: fallocate on our own fd with plain integers.
-            let rc = unsafe { libc::fallocate(fd, 0, 0, bytes as libc::off_t) };
-            if rc != 0 {
-                let e = std::io::Error::last_os_error();
+            if let Err(e) = crate::sys::allocate(&file, bytes) {
                 if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
                     return Err(open_err(e));
                 }

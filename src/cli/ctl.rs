@@ -1,15 +1,16 @@
 //! What `uzram` does as zramctl does: create a device (and leave a daemon serving it), list
 //! devices, reset them, and read or write their zram attributes. The daemon itself is
-//! [`crate::ublk::serve`]; this module only talks to it (its control socket) or starts it.
+//! `crate::daemon::serve`; this module only talks to it (its control socket) or starts it.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::control::{self, CallError, Request};
-use crate::listing::{self, Column, DeviceRow, Format};
-use crate::{parse_size, DeviceSetup};
+use super::listing::{self, Column, DeviceRow, Format};
+use crate::common::control::{self, CallError, Request};
+use crate::common::options::{self, DeviceArgs};
+use crate::common::{block_path, is_swap, mount_point};
 
 /// A failure of a `uzram` command: the message to print (exit code 1, as zramctl's).
 #[derive(Debug, thiserror::Error)]
@@ -34,25 +35,15 @@ pub fn parse_device(name: &str) -> Result<u32, CtlError> {
         })
 }
 
-/// What a new device is made of: zramctl's options.
+/// A new device: its size, what it is made of, and where it goes.
 #[derive(Debug, Clone, Default)]
 pub struct CreateArgs {
     /// `--size`.
     pub size: String,
-    /// `--algorithm`.
-    pub algorithm: Option<String>,
-    /// `--algorithm-params`.
-    pub algorithm_params: Option<String>,
-    /// `--recomp-algorithm`, each.
-    pub recomp_algorithm: Vec<String>,
-    /// `--backing-dev`, each.
-    pub backing_dev: Vec<PathBuf>,
-    /// `--policy`.
-    pub policy: Option<String>,
-    /// `--streams` (queues).
+    /// The device's options, as `uzram serve` takes them.
+    pub device: DeviceArgs,
+    /// `--streams` (the daemon's queues).
     pub streams: Option<u16>,
-    /// `--mem-limit`.
-    pub mem_limit: Option<String>,
     /// The id, when a device name was given.
     pub id: Option<u32>,
     /// `--log FILE` for the daemon.
@@ -60,44 +51,17 @@ pub struct CreateArgs {
 }
 
 /// Checks everything that can be checked before a daemon is started, so that bad input fails
-/// at once, clearly, and leaves nothing behind.
+/// at once, clearly, and leaves nothing behind: the options through [`options::check`], as the
+/// daemon checks them, then whether the device exists and the kernel has the driver.
 pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
-    let size = parse_size(&args.size).map_err(|e| err(e.to_string()))?;
-    if size == 0 {
-        return Err(err("invalid size 0: a device needs at least one page"));
-    }
-    let mut setup = DeviceSetup::new();
-    if let Some(a) = &args.algorithm {
-        setup
-            .set_comp_algorithm(a)
-            .map_err(|e| err(e.to_string()))?;
-    }
-    if let Some(p) = &args.algorithm_params {
-        setup
-            .set_algorithm_params(p)
-            .map_err(|e| err(e.to_string()))?;
-    }
-    if let Some(l) = &args.mem_limit {
-        parse_size(l).map_err(|e| err(e.to_string()))?;
-    }
-    if let Some(p) = &args.policy {
-        setup.set_policy(p).map_err(|e| err(e.to_string()))?;
-    }
-    if args.backing_dev.len() > crate::device::writeback::MAX_FILES {
-        return Err(err("at most 16 backing devices"));
-    }
-    if args.streams == Some(0) {
-        return Err(err("--streams must be at least 1"));
-    }
+    options::check(&args.size, &args.device, args.streams).map_err(|e| err(e.to_string()))?;
     if let Some(id) = args.id {
-        if control::socket_path(id).exists() || Path::new(&format!("/dev/ublkb{id}")).exists() {
-            return Err(err(format!("/dev/ublkb{id} already exists")));
+        if control::socket_path(id).exists() || Path::new(&block_path(id)).exists() {
+            return Err(err(format!("{} already exists", block_path(id))));
         }
     }
-    if !Path::new("/dev/ublk-control").exists() {
-        return Err(err(
-            "this kernel has no ublk driver (/dev/ublk-control is missing): load ublk_drv, or use Linux >= 6.0 built with CONFIG_BLK_DEV_UBLK",
-        ));
+    if !crate::common::have_ublk_driver() {
+        return Err(err(crate::common::NO_DRIVER));
     }
     Ok(())
 }
@@ -109,28 +73,9 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
         std::env::current_exe().map_err(|e| err(format!("cannot find my own binary: {e}")))?;
     let mut cmd = Command::new(exe);
     cmd.args(["serve", "--detached", "--size", &args.size]);
-    if let Some(a) = &args.algorithm {
-        cmd.args(["--algorithm", a]);
-    }
-    if let Some(p) = &args.algorithm_params {
-        cmd.args(["--algorithm-params", p]);
-    }
-    for r in &args.recomp_algorithm {
-        cmd.args(["--recomp-algorithm", r]);
-    }
-    for b in &args.backing_dev {
-        // The daemon runs with / as its directory: give it an absolute path.
-        let b = std::path::absolute(b).map_err(|e| err(format!("{}: {e}", b.display())))?;
-        cmd.arg("--backing-dev").arg(b);
-    }
-    if let Some(p) = &args.policy {
-        cmd.args(["--policy", p]);
-    }
+    cmd.args(args.device.to_args().map_err(|e| err(e.to_string()))?);
     if let Some(s) = args.streams {
         cmd.args(["--queues", &s.to_string()]);
-    }
-    if let Some(l) = &args.mem_limit {
-        cmd.args(["--mem-limit", l]);
     }
     if let Some(id) = args.id {
         cmd.args(["--id", &id.to_string()]);
@@ -150,19 +95,8 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr);
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: setsid is async-signal-safe and touches no memory of the parent: a new session,
-        // so the daemon outlives the terminal it was started from.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
+    // A new session: the daemon outlives the terminal it was started from.
+    crate::sys::start_in_new_session(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| err(format!("cannot start the daemon: {e}")))?;
@@ -290,7 +224,7 @@ fn alive(pid: u32) -> bool {
 
 #[cfg(feature = "ublk")]
 fn remove_dead(id: u32) -> Result<(), CtlError> {
-    crate::ublk::remove_dead(id).map_err(|e| err(format!("/dev/ublkb{id}: {e}")))
+    crate::daemon::remove_dead(id).map_err(|e| err(format!("/dev/ublkb{id}: {e}")))
 }
 
 #[cfg(not(feature = "ublk"))]
@@ -344,7 +278,7 @@ fn run(cmd: &str, args: &[&str]) -> Result<(), CtlError> {
 /// Creates and activates the devices of `plan`, skipping what is already done (a device that
 /// exists, swap that is on, a file system that is mounted): running it twice changes nothing.
 /// Returns one line per device saying what was done.
-pub fn setup(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError> {
+pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError> {
     let mut done = Vec::new();
     for d in plan {
         let id = parse_device(&d.device)?;
@@ -354,20 +288,15 @@ pub fn setup(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
         } else {
             create(&CreateArgs {
                 size: d.size_bytes.to_string(),
-                algorithm: d.algorithm.clone(),
-                algorithm_params: d.params.clone(),
-                recomp_algorithm: d.recomp.clone(),
-                backing_dev: d.writeback.iter().map(PathBuf::from).collect(),
-                policy: d.policy.clone(),
+                device: d.device_args(),
                 streams: None,
-                mem_limit: (d.mem_limit > 0).then(|| d.mem_limit.to_string()),
                 id: Some(id),
                 log: None,
             })?;
             what.push("created");
         }
         if d.fs == "swap" {
-            if crate::listing::is_swap(&d.device) {
+            if is_swap(&d.device) {
                 what.push("swap already on");
             } else {
                 run("mkswap", &[&d.device])?;
@@ -387,7 +316,7 @@ pub fn setup(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
                     d.section, d.fs
                 ))
             })?;
-            if !crate::listing::mountpoint(&d.device).is_empty() {
+            if !listing::mountpoint(&d.device).is_empty() {
                 what.push("already mounted");
             } else {
                 run(&format!("mkfs.{}", d.fs), &[&d.device])?;
@@ -407,7 +336,7 @@ pub fn setup(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
 }
 
 /// Undoes [`setup`]: swapoff or umount, then reset, for every device of `plan` that exists.
-pub fn teardown(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlError> {
+pub fn teardown(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError> {
     let mut done = Vec::new();
     for d in plan {
         let id = parse_device(&d.device)?;
@@ -415,10 +344,10 @@ pub fn teardown(plan: &[crate::setup::DevicePlan]) -> Result<Vec<String>, CtlErr
             done.push(format!("{}: not there", d.device));
             continue;
         }
-        if crate::listing::is_swap(&d.device) {
+        if is_swap(&d.device) {
             run("swapoff", &[&d.device])?;
         }
-        if crate::listing::mount_point(&d.device).is_some() {
+        if mount_point(&d.device).is_some() {
             run("umount", &[&d.device])?;
         }
         reset(id)?;
@@ -464,7 +393,10 @@ mod tests {
     fn bad_input_is_refused_before_anything_starts() {
         let args = |size: &str, algorithm: Option<&str>| CreateArgs {
             size: size.into(),
-            algorithm: algorithm.map(Into::into),
+            device: DeviceArgs {
+                algorithm: algorithm.map(Into::into),
+                ..DeviceArgs::default()
+            },
             ..CreateArgs::default()
         };
         let msg = |a: &CreateArgs| validate(a).unwrap_err().to_string();
@@ -480,10 +412,8 @@ mod tests {
             ..args("1G", None)
         };
         assert!(msg(&streams).contains("streams"));
-        let params = CreateArgs {
-            algorithm_params: Some("level=banana".into()),
-            ..args("1G", None)
-        };
+        let mut params = args("1G", None);
+        params.device.algorithm_params = Some("level=banana".into());
         assert!(validate(&params).is_err());
     }
 }

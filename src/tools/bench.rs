@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use uzram_codecs::backends::{lz4_flex, zstd};
 use uzram_codecs::{Algorithm, Codec, MAX_COMPRESSED_LEN};
 
-use crate::corpus::{bench_corpus_path, Corpus};
-use crate::device::{DeviceStats, PAGE_SIZE};
-use crate::pagedump::{dump_process, DumpOptions};
-use crate::{Device, DeviceSetup, Error};
+use crate::tools::corpus::{bench_corpus_path, Corpus};
+use crate::tools::pagedump::{dump_process, DumpOptions};
+use uzram_engine::device::{DeviceStats, PAGE_SIZE};
+use uzram_engine::{Device, Error};
 
 /// Arguments of `uzram bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -36,7 +36,7 @@ pub struct BenchArgs {
     pub pid: Option<u32>,
     /// The algorithm and its parameters
     #[command(flatten)]
-    pub codec: crate::cli::CodecArgs,
+    pub device: crate::common::options::DeviceArgs,
     /// Threads for the multi-thread figures (default: the CPUs available)
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -110,7 +110,7 @@ pub struct RecompressFigures {
     /// `compr_data_size` after recompression.
     pub compr_after: u64,
     /// What the pass did.
-    pub stats: crate::RecompressStats,
+    pub stats: uzram_engine::RecompressStats,
     /// Wall time of the pass (recompression and compaction).
     pub seconds: f64,
 }
@@ -121,10 +121,10 @@ pub struct RecompressFigures {
 pub enum BenchError {
     /// The corpus could not be loaded.
     #[error(transparent)]
-    Corpus(#[from] crate::corpus::CorpusError),
+    Corpus(#[from] crate::tools::corpus::CorpusError),
     /// The live process could not be dumped.
     #[error(transparent)]
-    Dump(#[from] crate::pagedump::DumpError),
+    Dump(#[from] crate::tools::pagedump::DumpError),
     /// The device refused the configuration or an operation.
     #[error(transparent)]
     Device(#[from] Error),
@@ -223,8 +223,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
             (path.display().to_string(), Corpus::open(&path)?)
         }
     };
-    let mut setup = DeviceSetup::new();
-    args.codec.apply(&mut setup)?;
+    let setup = args.device.setup()?;
     let config = setup.config().clone();
     let pages: Vec<&[u8; PAGE_SIZE]> = corpus.pages().collect();
     let n = pages.len();
@@ -242,7 +241,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
     // mapped and zeroed), later rounds overwrite every page (the steady state of swap, where
     // freed objects make room for new ones).
     // The timed devices have no backing file (only the slow path writes back).
-    let fast = crate::DeviceConfig {
+    let fast = uzram_engine::DeviceConfig {
         backing_devs: Vec::new(),
         ..config.clone()
     };
@@ -311,7 +310,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
 /// recompress (with secondary codecs) and write back (with a backing file), checking every page
 /// after each step.
 fn slow_path(
-    config: &crate::DeviceConfig,
+    config: &uzram_engine::DeviceConfig,
     disksize: u64,
     pages: &[&[u8; PAGE_SIZE]],
 ) -> Result<(Option<RecompressFigures>, Option<WritebackFigures>), BenchError> {
@@ -321,7 +320,7 @@ fn slow_path(
     for (i, page) in pages.iter().enumerate() {
         device.write(&mut ctx, offset(i), &page[..])?;
     }
-    let check = |ctx: &mut crate::IoContext, phase| -> Result<(), BenchError> {
+    let check = |ctx: &mut uzram_engine::IoContext, phase| -> Result<(), BenchError> {
         let mut back = vec![0u8; PAGE_SIZE];
         for (i, page) in pages.iter().enumerate() {
             device.read(ctx, offset(i), &mut back)?;
@@ -334,8 +333,8 @@ fn slow_path(
     device.mark_idle(None);
     let recompress = if config.secondary.iter().any(Option::is_some) {
         let before = device.stats().mm;
-        let request = crate::RecompressRequest {
-            kind: Some(crate::RecompressType::Idle),
+        let request = uzram_engine::RecompressRequest {
+            kind: Some(uzram_engine::RecompressType::Idle),
             ..Default::default()
         };
         let t0 = Instant::now();
@@ -358,7 +357,10 @@ fn slow_path(
     let writeback = if device.backing().is_some() {
         device.mark_idle(None);
         let t0 = Instant::now();
-        let stats = device.writeback(&mut ctx, crate::device::writeback::WritebackRequest::Idle)?;
+        let stats = device.writeback(
+            &mut ctx,
+            uzram_engine::device::writeback::WritebackRequest::Idle,
+        )?;
         let seconds = t0.elapsed().as_secs_f64();
         Some(WritebackFigures {
             pages: stats.written,
@@ -594,7 +596,7 @@ impl BenchReport {
             s,
             "uzram bench: {} pages ({}) from {}, {} level {}, median of {} runs",
             self.pages,
-            crate::format_size(self.pages * PAGE_SIZE as u64),
+            uzram_engine::format_size(self.pages * PAGE_SIZE as u64),
             self.source,
             self.algorithm,
             self.level,
@@ -673,8 +675,8 @@ impl BenchReport {
         let _ = writeln!(
             s,
             "memory: pool {} + metadata {} = {:.4} x compr_data_size ({:.4} x orig)",
-            crate::format_size(m.mem_used_total),
-            crate::format_size(self.stats.table_bytes),
+            uzram_engine::format_size(m.mem_used_total),
+            uzram_engine::format_size(self.stats.table_bytes),
             self.memory_overhead(),
             (m.mem_used_total + self.stats.table_bytes) as f64 / m.orig_data_size.max(1) as f64
         );
@@ -682,12 +684,12 @@ impl BenchReport {
             let _ = writeln!(
                 s,
                 "\nidle recompression: mem_used_total {} -> {} ({:.3}x, of which the pass's own compaction freed {}), compr {} -> {}; {} of {} pages recompressed, {} incompressible; {:.0} pages/s",
-                crate::format_size(r.mem_used_total_primary),
-                crate::format_size(r.mem_used_total_after),
+                uzram_engine::format_size(r.mem_used_total_primary),
+                uzram_engine::format_size(r.mem_used_total_after),
                 r.mem_used_total_after as f64 / r.mem_used_total_primary.max(1) as f64,
-                crate::format_size(r.stats.pages_compacted * PAGE_SIZE as u64),
-                crate::format_size(r.compr_primary),
-                crate::format_size(r.compr_after),
+                uzram_engine::format_size(r.stats.pages_compacted * PAGE_SIZE as u64),
+                uzram_engine::format_size(r.compr_primary),
+                uzram_engine::format_size(r.compr_after),
                 r.stats.recompressed,
                 r.stats.candidates,
                 r.stats.incompressible,
@@ -699,11 +701,11 @@ impl BenchReport {
                 s,
                 "writeback: {} pages, {} written ({:.3}x of raw 4 KiB writeback's {}), {:.0} pages/s; mem_used_total after {}",
                 w.pages,
-                crate::format_size(w.bytes_written),
+                uzram_engine::format_size(w.bytes_written),
                 w.bytes_written as f64 / w.bytes_raw_equivalent.max(1) as f64,
-                crate::format_size(w.bytes_raw_equivalent),
+                uzram_engine::format_size(w.bytes_raw_equivalent),
                 w.pages as f64 / w.seconds.max(1e-9),
-                crate::format_size(w.mem_used_total_after)
+                uzram_engine::format_size(w.mem_used_total_after)
             );
         }
         s

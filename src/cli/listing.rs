@@ -1,7 +1,7 @@
 //! The device listing `uzram` prints with no arguments: zramctl's columns, names, defaults and
 //! size format, plus uzram's own (the daemon's resident memory, its pid, whether it is alive).
 
-use crate::format_size;
+use uzram_engine::format_size;
 
 /// A column: its name, zramctl's help for it, and whether its values are right-aligned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,38 +288,12 @@ pub fn render(rows: &[DeviceRow], columns: &[Column], format: Format) -> String 
     out
 }
 
-/// Whether `dev` is active swap (listed in /proc/swaps).
-pub fn is_swap(dev: &str) -> bool {
-    std::fs::read_to_string("/proc/swaps")
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .any(|l| l.split_whitespace().next() == Some(dev))
-}
-
-/// Where block device `dev` is mounted, if it is: found by its device number in
-/// /proc/self/mountinfo.
-pub fn mount_point(dev: &str) -> Option<String> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let meta = std::fs::metadata(dev)
-        .ok()
-        .filter(|m| m.file_type().is_block_device())?;
-    let want = format!("{}:{}", libc::major(meta.rdev()), libc::minor(meta.rdev()));
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.get(2) == Some(&want.as_str())).then(|| f.get(4).copied().unwrap_or("").to_string())
-        })
-}
-
 /// What `/dev/...` is used for, as zramctl's MOUNTPOINT shows it: `[SWAP]`, a mount point, or "".
 pub fn mountpoint(dev: &str) -> String {
-    if is_swap(dev) {
+    if crate::common::is_swap(dev) {
         return "[SWAP]".into();
     }
-    mount_point(dev).unwrap_or_default()
+    crate::common::mount_point(dev).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //!
 //! Run with `cargo run --example embed`.
 
-use uzram::{format_size, parse_size, Device, DeviceSetup, Error, PageIndex, SlotFlags, PAGE_SIZE};
+use uzram_engine::{
+    format_size, parse_size, Device, DeviceSetup, Error, PageIndex, SlotFlags, PAGE_SIZE,
+};
 
 fn main() -> Result<(), Error> {
     let mut setup = DeviceSetup::new();

@@ -15,19 +15,14 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::attrs::AttrError;
+pub use super::{socket_path, RUN_DIR};
+use crate::sys::peer;
+use uzram_engine::attrs::AttrError;
 
-/// Where the daemons' sockets live.
-pub const RUN_DIR: &str = "/run/uzram";
 /// Longest request line.
 pub const MAX_REQUEST: usize = 4096;
 /// How long either side waits for the other.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The socket of device `id`.
-pub fn socket_path(id: u32) -> PathBuf {
-    Path::new(RUN_DIR).join(format!("ublkb{id}.sock"))
-}
 
 /// One request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,43 +74,6 @@ impl Request {
     pub fn needs_root(&self) -> bool {
         matches!(self, Request::Write(..) | Request::Reset)
     }
-}
-
-/// Who is on the other end of a connection, from the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
-    /// Process id.
-    pub pid: i32,
-    /// User id.
-    pub uid: u32,
-}
-
-/// The peer's credentials (`SO_PEERCRED`).
-pub fn peer(stream: &UnixStream) -> std::io::Result<Peer> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is a live socket.
-    let r = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(Peer {
-        pid: cred.pid,
-        uid: cred.uid,
-    })
 }
 
 /// Serves requests on `listener` until it fails; each connection is read, answered and closed
@@ -302,15 +260,12 @@ mod tests {
         // (the raw syscall, not glibc's process-wide setresuid) to be the unprivileged client.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
-        // SAFETY: getuid has no preconditions.
-        if unsafe { libc::getuid() } == 0 {
+        if crate::sys::uid() == 0 {
             let root = call_at(&path, &Request::Write("mem_limit".into(), "1G".into()));
             assert!(root.is_ok(), "{root:?}");
             let p = path.clone();
             let (read, write) = std::thread::spawn(move || {
-                // SAFETY: changes this thread's credentials only; no memory is involved.
-                let r = unsafe { libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) };
-                assert_eq!(r, 0, "setresuid");
+                crate::sys::set_thread_uid(65534).expect("setresuid");
                 (
                     call_at(&p, &Request::Read("mm_stat".into())),
                     call_at(&p, &Request::Write("mem_limit".into(), "1G".into())),

@@ -83,6 +83,18 @@ impl DevicePlan {
         }
     }
 
+    /// The device's options, as `uzram --find` and `uzram serve` take them.
+    pub fn device_args(&self) -> crate::common::options::DeviceArgs {
+        crate::common::options::DeviceArgs {
+            algorithm: self.algorithm.clone(),
+            algorithm_params: self.params.clone(),
+            recomp_algorithm: self.recomp.clone(),
+            backing_dev: self.writeback.iter().map(PathBuf::from).collect(),
+            policy: self.policy.clone(),
+            mem_limit: (self.mem_limit > 0).then(|| self.mem_limit.to_string()),
+        }
+    }
+
     /// The plan's line: `device= size_bytes= algorithm= params= recomp= recompress= mem_limit=
     /// writeback= priority= fs= mount= options= policy=`, values with blanks in double quotes,
     /// `none` for nothing (`policy=none`: the defaults).
@@ -353,7 +365,7 @@ pub fn plan_zram_generator(
                 "compression-algorithm" => apply_algorithms(&mut plan, v),
                 "writeback-device" => plan.writeback = (!v.is_empty()).then(|| v.to_string()),
                 "uzram-policy" => {
-                    crate::PolicyConfig::default()
+                    uzram_engine::PolicyConfig::default()
                         .update(v)
                         .map_err(|e| bad(e.to_string()))?;
                     plan.policy = (!v.is_empty()).then(|| v.to_string());

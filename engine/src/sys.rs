@@ -1,0 +1,32 @@
+//! The engine's system calls that std does not wrap: two, on a backing file the engine opened.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+/// Adds `O_NOATIME` to `file`'s status flags, if the kernel allows it (it needs the file's owner
+/// or CAP_FOWNER); silently keeps atime updates otherwise.
+pub(crate) fn set_noatime(file: &File) {
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on an fd that `file` keeps open for the duration of the call, with plain
+    // integer arguments; no memory is passed.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NOATIME);
+        }
+    }
+}
+
+/// Allocates the blocks of `file`'s first `bytes` bytes (`fallocate` mode 0).
+pub(crate) fn allocate(file: &File, bytes: u64) -> std::io::Result<()> {
+    let len =
+        libc::off_t::try_from(bytes).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: fallocate on an fd that `file` keeps open for the duration of the call, with plain
+    // integer arguments; no memory is passed.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

@@ -1,0 +1,4 @@
+//! What tests, benches and fuzz targets share (feature `testing`): the `device_ops` model
+//! harness and the page generators.
+
+pub mod fuzzing;

@@ -1,0 +1,315 @@
+//! The `uzram` command line: zramctl's options and listing ([`zramctl`]), the attribute client
+//! (`uzram attr`), the zram-generator / zramswap setup, and the subcommands' arguments.
+
+pub mod ctl;
+pub mod listing;
+pub mod setup;
+
+use clap::{Args, Parser, Subcommand};
+
+use self::ctl::{CreateArgs, CtlError};
+use crate::common::block_path;
+use crate::common::options::DeviceArgs;
+
+const ABOUT: &str =
+    "Set up and control uzram devices: compressed RAM block devices served from userspace through \
+the kernel's ublk driver, driven like zramctl drives zram.";
+
+const AFTER_HELP: &str = "\
+Without arguments, uzram lists its devices (zramctl's columns).
+
+Examples:
+  uzram --find --size 4G --algorithm zstd      create a device; prints /dev/ublkbN once it serves
+  mkswap $(uzram -f -s 8G) && swapon ...       a swap device in one line
+  uzram --size 2G /dev/ublkb3                  create it as /dev/ublkb3
+  uzram                                        list devices (NAME ALGORITHM DISKSIZE DATA COMPR TOTAL STREAMS MOUNTPOINT)
+  uzram --output-all --bytes                   every column, sizes in bytes
+  uzram attr /dev/ublkb0 mm_stat               zram's attributes, byte for byte (reads open to all users)
+  uzram attr /dev/ublkb0 mem_limit 2G          changes need root
+  uzram -f -s 4G --recomp-algorithm algo=zstd  then: uzram attr DEV idle all; uzram attr DEV recompress type=idle
+  uzram --reset /dev/ublkb0                    stop and delete (refused while swap or mounted)
+
+ublk devices exist only once created (unlike hot-added zram devices): a device name given with
+--size is the id to create. Each device is served by a daemon (`uzram serve`, detached, logging to
+syslog or --log FILE) that holds its memory locked and is safe to hold swap.
+
+Exit status: 0 on success, 1 on failure.";
+
+#[derive(Parser)]
+#[command(
+    name = "uzram",
+    version,
+    about = ABOUT,
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// A subcommand; none: zramctl's options.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// zramctl's options.
+    #[command(flatten)]
+    pub ctl: CtlArgs,
+}
+
+/// zramctl's options.
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// Device(s): /dev/ublkbN (to create with --size, to reset, or to show)
+    #[arg(value_name = "DEVICE")]
+    devices: Vec<String>,
+    /// Create a device with the first free id
+    #[arg(short = 'f', long)]
+    find: bool,
+    /// Device size (zram's disksize syntax: 4G, 512M, bytes)
+    #[arg(short = 's', long, value_name = "SIZE")]
+    size: Option<String>,
+    /// What a new device is made of
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Number of compression streams (the daemon's I/O queues; default one per CPU)
+    #[arg(short = 't', long, value_name = "NUMBER")]
+    streams: Option<u16>,
+    /// The new device's daemon appends its messages here (default: syslog)
+    #[arg(long, value_name = "FILE")]
+    log: Option<std::path::PathBuf>,
+    /// Reset (stop and delete) the given devices
+    #[arg(short = 'r', long)]
+    reset: bool,
+    /// Columns to list (comma-separated; see --list-columns)
+    #[arg(short = 'o', long, value_name = "LIST", value_delimiter = ',')]
+    output: Vec<String>,
+    /// List every column
+    #[arg(long)]
+    output_all: bool,
+    /// Print sizes in bytes rather than in human-readable form
+    #[arg(short = 'b', long)]
+    bytes: bool,
+    /// Do not print headings
+    #[arg(short = 'n', long)]
+    noheadings: bool,
+    /// Raw output: columns separated by one space
+    #[arg(long)]
+    raw: bool,
+    /// Print the available columns and what they show
+    #[arg(long)]
+    list_columns: bool,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Read or write a zram attribute of a device: mm_stat, io_stat, debug_stat, comp_algorithm,
+    /// recomp_algorithm, disksize, initstate, max_comp_streams, mem_limit, mem_used_max, idle,
+    /// recompress, backing_dev, writeback, writeback_limit, writeback_limit_enable, bd_stat,
+    /// compact, reset, and uzram's own uzram_stat, policy (the tiering settings) and
+    /// policy_stat (what the policy did). A read prints the attribute's exact
+    /// bytes.
+    Attr {
+        /// The device, /dev/ublkbN
+        device: String,
+        /// The attribute
+        name: String,
+        /// The value to write (omit to read)
+        value: Option<String>,
+    },
+    /// Set up the devices that zram-generator.conf (and its .conf.d drop-ins) or
+    /// /etc/default/zramswap describe, as uzram devices ([zramN] is /dev/ublkbN): create, mkswap,
+    /// swapon with the priority and options (or mkfs and mount); what is done already is skipped.
+    /// With --dry-run, print the plan (one `key=value` line per device) and change nothing
+    Setup {
+        /// Print the plan and change nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// The configuration file (zram-generator.conf syntax, or zramswap's when its name says
+        /// so or it has ALGO=/PERCENT=/SIZE=/PRIORITY= lines)
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
+        /// MemTotal to plan for, in MiB (default: this machine's)
+        #[arg(long, value_name = "N")]
+        ram_mib: Option<f64>,
+    },
+    /// Undo `uzram setup` for the same configuration: swapoff or umount, then reset each device
+    Teardown {
+        /// The configuration file (as for setup)
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
+    },
+    /// Measure the engine against the raw codec on realistic pages: write and read rates at 1 and
+    /// N threads, and the memory it takes (mm_stat). Without --corpus or --pid it uses the
+    /// checked-in sample, so it runs on any machine.
+    Bench(crate::tools::bench::BenchArgs),
+    /// Write a process's private anonymous memory to a file of 4 KiB pages (needs root or ptrace
+    /// access), for benchmarks and ratio tests on realistic pages.
+    DumpPages(crate::tools::pagedump::DumpPagesArgs),
+    /// Create /dev/ublkbN backed by the engine and serve it in the foreground until SIGTERM or
+    /// SIGINT (prints the device path once it serves I/O); `uzram --find` runs this detached
+    #[cfg(feature = "ublk")]
+    Serve(crate::daemon::ServeArgs),
+}
+
+/// Runs what the command line asks for.
+pub fn run(cli: Cli) -> Outcome {
+    match cli.command {
+        None => zramctl(cli.ctl),
+        Some(Command::Attr {
+            device,
+            name,
+            value,
+        }) => ctl::parse_device(&device)
+            .and_then(|id| ctl::attr(id, &name, value.as_deref()))
+            .map(|out| print!("{out}"))
+            .map_err(Into::into),
+        Some(Command::Setup {
+            dry_run,
+            config,
+            ram_mib,
+        }) => setup(dry_run, config.as_deref(), ram_mib),
+        Some(Command::Teardown { config }) => teardown(config.as_deref()),
+        Some(Command::Bench(args)) => crate::tools::bench::run(&args)
+            .map(|r| {
+                if args.json {
+                    println!("{}", r.to_json());
+                } else {
+                    print!("{}", r.to_table());
+                }
+            })
+            .map_err(Into::into),
+        Some(Command::DumpPages(args)) => crate::tools::pagedump::run(&args).map_err(Into::into),
+        #[cfg(feature = "ublk")]
+        Some(Command::Serve(args)) => crate::daemon::serve(&args).map_err(Into::into),
+    }
+}
+
+pub type Outcome = Result<(), Box<dyn std::error::Error>>;
+
+pub fn zramctl(a: CtlArgs) -> Outcome {
+    if a.list_columns {
+        for c in listing::COLUMNS {
+            println!("{:>11}  {}", c.name, c.help);
+        }
+        return Ok(());
+    }
+    let ids = a
+        .devices
+        .iter()
+        .map(|d| ctl::parse_device(d))
+        .collect::<Result<Vec<u32>, CtlError>>()?;
+    if a.reset {
+        if ids.is_empty() {
+            return Err(CtlError("--reset needs the device(s) to reset".into()).into());
+        }
+        let mut failed = None;
+        for id in ids {
+            if let Err(e) = ctl::reset(id) {
+                eprintln!("uzram: {e}");
+                failed = Some(e);
+            }
+        }
+        return failed.map_or(Ok(()), |e| Err(e.into()));
+    }
+    if a.find || a.size.is_some() {
+        let Some(size) = a.size else {
+            return Err(CtlError(
+                "--find needs --size: a ublk device exists only once it is created with a size"
+                    .into(),
+            )
+            .into());
+        };
+        if ids.len() > 1 || (a.find && !ids.is_empty()) {
+            return Err(CtlError("give either --find or one device name to create".into()).into());
+        }
+        let path = ctl::create(&CreateArgs {
+            size,
+            device: a.device,
+            streams: a.streams,
+            id: ids.first().copied(),
+            log: a.log,
+        })?;
+        println!("{path}");
+        return Ok(());
+    }
+    if a.device != DeviceArgs::default() || a.streams.is_some() {
+        return Err(CtlError(
+            "--algorithm, --algorithm-params, --recomp-algorithm, --backing-dev, --policy, --streams and --mem-limit apply to a new device: add --size (and --find or a device name)"
+                .into(),
+        )
+        .into());
+    }
+    let mut rows = ctl::devices();
+    if !ids.is_empty() {
+        for id in &ids {
+            if !rows.iter().any(|r| r.name == block_path(*id)) {
+                return Err(CtlError(format!("{}: no such device", block_path(*id))).into());
+            }
+        }
+        rows.retain(|r| ids.iter().any(|id| r.name == block_path(*id)));
+    }
+    for r in rows.iter().filter(|r| !r.live) {
+        eprintln!(
+            "uzram: {}: its daemon is dead (killed?); I/O to it fails; uzram --reset {} removes it",
+            r.name, r.name
+        );
+    }
+    let format = listing::Format {
+        bytes: a.bytes,
+        raw: a.raw,
+        noheadings: a.noheadings,
+    };
+    // Rendered (and so the columns checked) even with no device to show.
+    let table = ctl::render(&rows, &a.output, a.output_all, format)?;
+    if !rows.is_empty() || !ids.is_empty() {
+        print!("{table}");
+    }
+    Ok(())
+}
+
+fn plan(
+    config: Option<&std::path::Path>,
+    ram_mib: Option<f64>,
+) -> Result<Vec<setup::DevicePlan>, Box<dyn std::error::Error>> {
+    let ram = match ram_mib.or_else(setup::ram_mib) {
+        Some(r) => r,
+        None => {
+            return Err(
+                CtlError("cannot read MemTotal from /proc/meminfo: give --ram-mib".into()).into(),
+            )
+        }
+    };
+    let (plan, note) = setup::load_plan(config, ram)?;
+    if let Some(note) = note {
+        eprintln!("uzram: warning: {note}");
+    }
+    for device in &plan {
+        for w in &device.warnings {
+            eprintln!("uzram: [{}] {w}", device.section);
+        }
+    }
+    Ok(plan)
+}
+
+fn setup(dry_run: bool, config: Option<&std::path::Path>, ram_mib: Option<f64>) -> Outcome {
+    let plan = plan(config, ram_mib)?;
+    if dry_run {
+        for device in &plan {
+            println!("{}", device.line());
+        }
+        return Ok(());
+    }
+    if config.is_none() && setup::zram_generator_installed() {
+        return Err(CtlError(
+            "zram-generator is installed and acts on the same zram-generator.conf: disable it first, or give --config FILE".into(),
+        )
+        .into());
+    }
+    for line in ctl::setup(&plan)? {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn teardown(config: Option<&std::path::Path>) -> Outcome {
+    for line in ctl::teardown(&plan(config, None)?)? {
+        println!("{line}");
+    }
+    Ok(())
+}

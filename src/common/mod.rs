@@ -1,0 +1,58 @@
+//! What the daemon and the command line both need: the names of a device's files, what the host
+//! uses a block device for, the control socket's protocol and the one definition of a device's
+//! options. Neither `daemon` nor `cli` is imported from here.
+
+pub mod control;
+pub mod options;
+
+use std::path::{Path, PathBuf};
+
+/// Where the daemons' control sockets live.
+pub const RUN_DIR: &str = "/run/uzram";
+
+/// The kernel's ublk control device: present when the driver is loaded.
+pub const UBLK_CONTROL: &str = "/dev/ublk-control";
+
+/// The block device of device `id`: `/dev/ublkbN`.
+pub fn block_path(id: u32) -> String {
+    format!("/dev/ublkb{id}")
+}
+
+/// The control socket of device `id`.
+pub fn socket_path(id: u32) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("ublkb{id}.sock"))
+}
+
+/// Whether this kernel has the ublk driver.
+pub fn have_ublk_driver() -> bool {
+    Path::new(UBLK_CONTROL).exists()
+}
+
+/// What to tell a user whose kernel has no ublk driver.
+pub const NO_DRIVER: &str = "this kernel has no ublk driver (/dev/ublk-control is missing): load ublk_drv, or use Linux >= 6.0 built with CONFIG_BLK_DEV_UBLK";
+
+/// Whether `dev` is active swap (listed in /proc/swaps).
+pub fn is_swap(dev: &str) -> bool {
+    std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .any(|l| l.split_whitespace().next() == Some(dev))
+}
+
+/// Where block device `dev` is mounted, if it is: found by its device number in
+/// /proc/self/mountinfo.
+pub fn mount_point(dev: &str) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(dev)
+        .ok()
+        .filter(|m| m.file_type().is_block_device())?;
+    let want = format!("{}:{}", libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(2) == Some(&want.as_str())).then(|| f.get(4).copied().unwrap_or("").to_string())
+        })
+}

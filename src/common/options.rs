@@ -1,0 +1,218 @@
+//! A device's options, defined once: `uzram --find`, `uzram serve`, `uzram bench` and `uzram
+//! setup` all take [`DeviceArgs`], and [`DeviceArgs::setup`] is the one place they are checked
+//! and applied, so what `--find` accepts before it starts a daemon is exactly what the daemon
+//! accepts.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use uzram_engine::device::writeback::MAX_FILES;
+use uzram_engine::{parse_size, DeviceSetup, Error};
+
+/// Why a device's options were refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptionsError {
+    /// The engine refused a value (it names it).
+    #[error(transparent)]
+    Engine(#[from] Error),
+    /// `--size 0`.
+    #[error("invalid size 0: a device needs at least one page")]
+    ZeroSize,
+    /// More backing devices than a device stripes over.
+    #[error("at most {max} backing devices, not {given}")]
+    TooManyBackingDevs {
+        /// How many were given.
+        given: usize,
+        /// The most a device takes.
+        max: usize,
+    },
+    /// `--streams 0` (`--queues 0` for `uzram serve`).
+    #[error("--streams must be at least 1")]
+    NoStreams,
+}
+
+/// Checks a new device's size, options and stream (queue) count, and returns the engine's setup
+/// with its disksize: the one validation path of `uzram --find`, `uzram serve` and `uzram setup`.
+pub fn check(
+    size: &str,
+    device: &DeviceArgs,
+    streams: Option<u16>,
+) -> Result<(DeviceSetup, u64), OptionsError> {
+    let disksize = parse_size(size)?;
+    if disksize == 0 {
+        return Err(OptionsError::ZeroSize);
+    }
+    if device.backing_dev.len() > MAX_FILES {
+        return Err(OptionsError::TooManyBackingDevs {
+            given: device.backing_dev.len(),
+            max: MAX_FILES,
+        });
+    }
+    if streams == Some(0) {
+        return Err(OptionsError::NoStreams);
+    }
+    Ok((device.setup()?, disksize))
+}
+
+/// What a device is made of, with zram's names (its size and id aside).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct DeviceArgs {
+    /// Compression algorithm, by zram's name (comp_algorithm; default lz4)
+    #[arg(short = 'a', long, value_name = "ALGORITHM")]
+    pub algorithm: Option<String>,
+    /// zram's algorithm_params, e.g. "level=3", "dict=/path/to/dict", or for a secondary
+    /// algorithm "priority=1 level=9"
+    #[arg(short = 'p', long, value_name = "PARAMS")]
+    pub algorithm_params: Option<String>,
+    /// zram's recomp_algorithm: a secondary algorithm for recompression, e.g.
+    /// "algo=zstd priority=1" or just "zstd" (repeat for priorities 2 and 3)
+    #[arg(long, value_name = "SPEC")]
+    pub recomp_algorithm: Vec<String>,
+    /// zram's backing_dev: a file (created 0600, sized to the device if empty) or a block device
+    /// that writeback and eviction move pages to, compressed and encrypted; repeat to stripe
+    /// over several (e.g. on two disks)
+    #[arg(long, value_name = "FILE")]
+    pub backing_dev: Vec<PathBuf>,
+    /// The tiering policy, uzram's `policy` attribute: "key=value ..." of recompress_after,
+    /// writeback_after, high_watermark, low_watermark, min_free, psi, budget, evict
+    #[arg(long, value_name = "SETTINGS")]
+    pub policy: Option<String>,
+    /// zram's mem_limit (0 = none)
+    #[arg(long, value_name = "SIZE")]
+    pub mem_limit: Option<String>,
+}
+
+impl DeviceArgs {
+    /// The engine's setup for these options, as writing zram's attributes in this order would:
+    /// the algorithm, the secondary algorithms (`algorithm_params` may name one by priority),
+    /// the parameters, the backing devices, the policy, `mem_limit`. Every check the engine
+    /// makes before `disksize` is made here.
+    pub fn setup(&self) -> Result<DeviceSetup, Error> {
+        let mut setup = DeviceSetup::new();
+        if let Some(a) = &self.algorithm {
+            setup.set_comp_algorithm(a)?;
+        }
+        for r in &self.recomp_algorithm {
+            setup.set_recomp_algorithm(r)?;
+        }
+        if let Some(p) = &self.algorithm_params {
+            setup.set_algorithm_params(p)?;
+        }
+        for b in &self.backing_dev {
+            setup.add_backing_dev(b);
+        }
+        if let Some(p) = &self.policy {
+            setup.set_policy(p)?;
+        }
+        if let Some(l) = &self.mem_limit {
+            setup.set_mem_limit(Some(parse_size(l)?));
+        }
+        Ok(setup)
+    }
+
+    /// The same options as command-line arguments, for starting a daemon with them (`uzram
+    /// serve` parses them back into an equal `DeviceArgs`). Backing devices are made absolute:
+    /// the daemon runs with `/` as its directory.
+    pub fn to_args(&self) -> std::io::Result<Vec<OsString>> {
+        let mut out: Vec<OsString> = Vec::new();
+        let mut opt = |name: &str, value: &str| out.extend([name.into(), value.into()]);
+        if let Some(a) = &self.algorithm {
+            opt("--algorithm", a);
+        }
+        if let Some(p) = &self.algorithm_params {
+            opt("--algorithm-params", p);
+        }
+        for r in &self.recomp_algorithm {
+            opt("--recomp-algorithm", r);
+        }
+        if let Some(p) = &self.policy {
+            opt("--policy", p);
+        }
+        if let Some(l) = &self.mem_limit {
+            opt("--mem-limit", l);
+        }
+        for b in &self.backing_dev {
+            let b = std::path::absolute(b)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", b.display())))?;
+            out.extend(["--backing-dev".into(), b.into_os_string()]);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        device: DeviceArgs,
+    }
+
+    #[test]
+    fn params_may_name_a_secondary_algorithm_given_in_the_same_command() {
+        let args = DeviceArgs {
+            recomp_algorithm: vec!["zstd".into()],
+            algorithm_params: Some("priority=1 level=9".into()),
+            ..DeviceArgs::default()
+        };
+        args.setup()
+            .expect("accepted, as zram takes the attributes in this order");
+        let no_secondary = DeviceArgs {
+            recomp_algorithm: vec![],
+            ..args
+        };
+        let e = no_secondary.setup().unwrap_err().to_string();
+        assert!(e.contains("priority 1"), "{e}");
+    }
+
+    #[test]
+    fn options_survive_the_trip_to_the_daemons_command_line() {
+        let args = DeviceArgs {
+            algorithm: Some("zstd".into()),
+            algorithm_params: Some("level=3".into()),
+            recomp_algorithm: vec!["algo=lz4 priority=1".into(), "zstd".into()],
+            backing_dev: vec!["/tmp/a".into(), "/tmp/b".into()],
+            policy: Some("evict=on".into()),
+            mem_limit: Some("1G".into()),
+        };
+        let argv = std::iter::once(OsString::from("x")).chain(args.to_args().unwrap());
+        assert_eq!(Cmd::parse_from(argv).device, args);
+        let bare =
+            std::iter::once(OsString::from("x")).chain(DeviceArgs::default().to_args().unwrap());
+        assert_eq!(Cmd::parse_from(bare).device, DeviceArgs::default());
+    }
+
+    #[test]
+    fn a_bad_value_is_named() {
+        for (args, bad) in [
+            (
+                DeviceArgs {
+                    algorithm: Some("lzo-rle-x".into()),
+                    ..DeviceArgs::default()
+                },
+                "lzo-rle-x",
+            ),
+            (
+                DeviceArgs {
+                    mem_limit: Some("lots".into()),
+                    ..DeviceArgs::default()
+                },
+                "lots",
+            ),
+            (
+                DeviceArgs {
+                    policy: Some("evict=maybe".into()),
+                    ..DeviceArgs::default()
+                },
+                "maybe",
+            ),
+        ] {
+            let e = args.setup().unwrap_err().to_string();
+            assert!(e.contains(bad), "{e} should name {bad}");
+        }
+    }
+}

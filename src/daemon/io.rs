@@ -1,0 +1,285 @@
+//! One request on a queue thread: its op, the engine call, and the one map from engine errors to
+//! the errno the kernel gets. Knows nothing of libublk: `ublk` turns the kernel's descriptor into
+//! a [`Request`], so all of this tests without a kernel.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use uzram_engine::device::writeback::BackingError;
+use uzram_engine::{Device, Error, IoContext, PAGE_SIZE};
+
+use super::mailbox;
+
+/// A request's operation, as the block layer names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Read sectors into the buffer.
+    Read,
+    /// Write the buffer's sectors.
+    Write,
+    /// Make written data durable (nothing to do: the device has no volatile cache).
+    Flush,
+    /// Forget sectors (swap frees its slots this way).
+    Discard,
+    /// Write zeroes without a buffer.
+    WriteZeroes,
+    /// Anything else: refused with EOPNOTSUPP.
+    Other(u32),
+}
+
+impl Op {
+    /// The index of this op's counters in the progress log: read, write, flush, discard
+    /// (write-zeroes with it), other.
+    pub fn counter(self) -> usize {
+        match self {
+            Op::Read => 0,
+            Op::Write => 1,
+            Op::Flush => 2,
+            Op::Discard | Op::WriteZeroes => 3,
+            Op::Other(_) => 4,
+        }
+    }
+
+    /// The op in a sentence: "a read", "a write", ...
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "a read",
+            Op::Write => "a write",
+            Op::Flush => "a flush",
+            Op::Discard => "a discard",
+            Op::WriteZeroes => "a write-zeroes",
+            Op::Other(_) => "a request",
+        }
+    }
+}
+
+/// One request from the kernel: an op on `nr_sectors` 512-byte sectors from `start_sector`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// What to do.
+    pub op: Op,
+    /// First sector.
+    pub start_sector: u64,
+    /// Sectors.
+    pub nr_sectors: u32,
+}
+
+/// Requests started and finished, by [`Op::counter`]: what the progress log prints.
+pub(super) static STARTED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+pub(super) static FINISHED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+
+/// The one place engine errors become errnos for the kernel.
+pub fn errno(e: &Error) -> i32 {
+    match e {
+        Error::OutOfRange { .. } | Error::Misaligned { .. } => libc::EINVAL,
+        Error::MemLimit { .. } => libc::ENOSPC,
+        Error::OutOfMemory(_) | Error::TableTooLarge { .. } => libc::ENOMEM,
+        Error::Corrupt { .. }
+        | Error::Compress { .. }
+        | Error::Lost { .. }
+        | Error::NoCodec { .. }
+        | Error::Backing { .. } => libc::EIO,
+        // Configuration errors never come from the I/O path; were one to, EIO is honest.
+        _ => libc::EIO,
+    }
+}
+
+/// The errno's name, for the log.
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EIO => "EIO",
+        libc::ENOMEM => "ENOMEM",
+        libc::ENOSPC => "ENOSPC",
+        libc::EINVAL => "EINVAL",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        _ => "an error",
+    }
+}
+
+/// Why a request failed, in words that need no allocation (the I/O path records it in the
+/// mailbox).
+pub fn cause(e: &Error) -> &'static str {
+    use uzram_allocator::Error as PoolError;
+    match e {
+        Error::OutOfRange { .. } => "beyond the device's size",
+        Error::Misaligned { .. } => "not aligned to 512-byte sectors",
+        Error::MemLimit { .. } => "mem_limit reached",
+        Error::OutOfMemory(PoolError::ReserveExhausted { .. }) => {
+            "the pool's reserve ran out and was not refilled in time (memory short)"
+        }
+        Error::OutOfMemory(PoolError::OutOfMemory { .. }) => "no memory for the pool",
+        Error::OutOfMemory(_) => "out of memory",
+        Error::Corrupt { .. } => "a stored page failed to decompress",
+        Error::Compress { .. } => "a page failed to compress",
+        Error::Lost { .. } => "a page's object is missing from the pool",
+        Error::NoCodec { .. } => "a page's codec is gone",
+        Error::Backing { source, .. } => match source {
+            BackingError::Tampered { .. } => {
+                "a written-back record failed authentication (the backing file changed)"
+            }
+            BackingError::Full => "the backing device is full",
+            BackingError::Io(_) => "the backing device failed the I/O",
+            _ => "the backing device",
+        },
+        _ => "an internal error",
+    }
+}
+
+/// Serves one request; returns the bytes done or a negative errno. A panic costs this request
+/// (EIO), not the queue thread: a dead queue fails every later request on it, and its device
+/// can then only be deleted.
+pub fn handle(device: &Device, ctx: &mut IoContext, req: Request, buf: &mut [u8]) -> i32 {
+    STARTED[req.op.counter()].fetch_add(1, Ordering::Relaxed);
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve_one(device, ctx, req, buf)
+    }))
+    .unwrap_or_else(|_| {
+        super::log(&format!(
+            "BUG: serving {} of {} sectors at sector {} panicked (see the message above); failed with EIO",
+            req.op.name(),
+            req.nr_sectors,
+            req.start_sector
+        ));
+        -libc::EIO
+    });
+    FINISHED[req.op.counter()].fetch_add(1, Ordering::Relaxed);
+    res
+}
+
+fn serve_one(device: &Device, ctx: &mut IoContext, req: Request, buf: &mut [u8]) -> i32 {
+    // FLUSH carries no meaningful sector: answer it before any range check.
+    if req.op == Op::Flush {
+        return 0;
+    }
+    let offset = req.start_sector << 9;
+    let len = u64::from(req.nr_sectors) << 9;
+    let result = match req.op {
+        Op::Read | Op::Write => match buf.get_mut(..len as usize) {
+            Some(data) if req.op == Op::Read => device.read(ctx, offset, data),
+            Some(data) => device.write(ctx, offset, data),
+            None => return -libc::EINVAL,
+        },
+        Op::Discard => device.discard(offset, len),
+        Op::WriteZeroes => device.write_zeroes(ctx, offset, len),
+        Op::Flush | Op::Other(_) => return -libc::EOPNOTSUPP,
+    };
+    match result {
+        Ok(()) => {
+            if req.op == Op::Read {
+                break_reads_for_tests(offset, &mut buf[..len as usize]);
+            }
+            len as i32
+        }
+        Err(e) => {
+            mailbox::note_failure(req.op, offset, len, &e);
+            -errno(&e)
+        }
+    }
+}
+
+/// `UZRAM_TEST_BREAK_READS=1`: a deliberately broken device for proving that the VM checks can
+/// fail. Flips one bit in every read of every 61st page. Read once at startup; never set it on a
+/// device that holds data you want.
+static BREAK_READS: OnceLock<bool> = OnceLock::new();
+
+/// Whether this daemon corrupts reads on purpose (`UZRAM_TEST_BREAK_READS=1`).
+pub fn breaks_reads() -> bool {
+    *BREAK_READS
+        .get_or_init(|| std::env::var_os("UZRAM_TEST_BREAK_READS").is_some_and(|v| v == "1"))
+}
+
+fn break_reads_for_tests(offset: u64, data: &mut [u8]) {
+    if !breaks_reads() {
+        return;
+    }
+    let first = offset / PAGE_SIZE as u64;
+    for (i, page) in data.chunks_mut(PAGE_SIZE).enumerate() {
+        if (first + i as u64) % 61 == 0 {
+            if let Some(b) = page.get_mut(100) {
+                *b ^= 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uzram_engine::{DeviceSetup, PageIndex};
+
+    fn req(op: Op, start_sector: u64, nr_sectors: u32) -> Request {
+        Request {
+            op,
+            start_sector,
+            nr_sectors,
+        }
+    }
+
+    #[test]
+    fn every_engine_error_has_one_errno() {
+        let range = Error::OutOfRange {
+            offset: 0,
+            len_bytes: 1,
+            disksize: 0,
+        };
+        assert_eq!(errno(&range), libc::EINVAL);
+        assert_eq!(
+            errno(&Error::Misaligned {
+                offset: 1,
+                len_bytes: 1
+            }),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(&Error::MemLimit {
+                index: PageIndex(0),
+                limit_bytes: 1
+            }),
+            libc::ENOSPC
+        );
+        let lost = Error::Lost {
+            index: PageIndex(0),
+            source: uzram_allocator::Error::InvalidHandle { raw: 0 },
+        };
+        assert_eq!(errno(&lost), libc::EIO);
+    }
+
+    #[test]
+    fn a_failed_request_is_counted_with_its_cause_not_logged_by_the_io_thread() {
+        let device = DeviceSetup::new().init(1 << 20).unwrap();
+        let mut ctx = device.context().unwrap();
+        let mut buf = vec![0u8; 4096];
+        let before = mailbox::failed_requests();
+        assert_eq!(
+            handle(&device, &mut ctx, req(Op::Read, 1 << 20, 8), &mut buf),
+            -libc::EINVAL
+        );
+        assert!(mailbox::failed_requests() > before);
+        assert!(mailbox::latest().is_some());
+        let range = Error::OutOfRange {
+            offset: 0,
+            len_bytes: 1,
+            disksize: 0,
+        };
+        assert_eq!(cause(&range), "beyond the device's size");
+        let short =
+            Error::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms: 1000 });
+        assert!(cause(&short).contains("reserve"));
+        assert_eq!(errno(&short), libc::ENOMEM);
+    }
+
+    #[test]
+    fn flush_is_answered_before_any_range_check() {
+        let device = DeviceSetup::new().init(1 << 20).unwrap();
+        let mut ctx = device.context().unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut h = |r: Request| handle(&device, &mut ctx, r, &mut buf);
+        // mkswap sends a FLUSH with a meaningless start sector.
+        assert_eq!(h(req(Op::Flush, u64::MAX >> 9, 0)), 0);
+        assert_eq!(h(req(Op::Read, 1 << 20, 8)), -libc::EINVAL);
+        assert_eq!(h(req(Op::Write, 0, 8)), 4096);
+        assert_eq!(h(req(Op::Other(99), 0, 8)), -libc::EOPNOTSUPP);
+        // A request longer than the buffer is refused, not a panic.
+        assert_eq!(h(req(Op::Read, 0, 16)), -libc::EINVAL);
+    }
+}

@@ -1,0 +1,81 @@
+//! Failed requests: counted on the I/O path, logged by a thread that serves no I/O.
+//!
+//! An I/O thread never logs: writing the log may need memory (the log file's page cache, a
+//! socket buffer), and under pressure that memory waits for swap writes, which may be this
+//! device's own, queued behind the writing thread. So the I/O path only counts and, when the
+//! mailbox is free, leaves the details (no allocation, never a wait). The mailbox is a leaf lock:
+//! an I/O thread only `try_lock`s it; the swap watcher locks it alone to copy the latest out.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use uzram_engine::Error;
+
+use super::io::{self, Op};
+
+/// The latest failed request, kept for [`report_failures`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Failure {
+    op: Op,
+    offset: u64,
+    len: u64,
+    errno: i32,
+    cause: &'static str,
+}
+
+static FAILED_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static LATEST_FAILURE: Mutex<Option<Failure>> = Mutex::new(None);
+
+/// Counts a failed request and, if nobody holds the mailbox, leaves its details there.
+pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &Error) {
+    FAILED_REQUESTS.fetch_add(1, Ordering::Relaxed);
+    if let Some(mut latest) = LATEST_FAILURE.try_lock() {
+        *latest = Some(Failure {
+            op,
+            offset,
+            len,
+            errno: io::errno(e),
+            cause: io::cause(e),
+        });
+    }
+}
+
+/// Requests failed since the daemon started.
+pub(super) fn failed_requests() -> u64 {
+    FAILED_REQUESTS.load(Ordering::Relaxed)
+}
+
+/// The latest failure left in the mailbox.
+pub(super) fn latest() -> Option<Failure> {
+    *LATEST_FAILURE.lock()
+}
+
+/// Logs the requests that failed since the last report, with the latest one's cause: at most
+/// one line per `min_gap`, so a device at its limit does not flood the log. `reported` is the
+/// count at the last report. For a thread that serves no I/O.
+pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, min_gap: Duration) {
+    let n = failed_requests();
+    if n == *reported || last.is_some_and(|t| t.elapsed() < min_gap) {
+        return;
+    }
+    let Some(f) = latest() else {
+        return;
+    };
+    super::log(&format!(
+        "{} requests failed{}; the latest: {} of {} bytes at byte {}: {} ({})",
+        n - *reported,
+        if *reported == 0 {
+            ""
+        } else {
+            " since the last report"
+        },
+        f.op.name(),
+        f.len,
+        f.offset,
+        io::errno_name(f.errno),
+        f.cause
+    ));
+    *reported = n;
+    *last = Some(Instant::now());
+}

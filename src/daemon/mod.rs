@@ -1,0 +1,209 @@
+//! The daemon, `uzram serve`: serves a [`Device`] as `/dev/ublkbN` through the kernel's ublk
+//! driver, safe to hold swap.
+//!
+//! Each queue thread drives the engine directly with its own [`uzram_engine::IoContext`]; no
+//! hand-off to other threads on the I/O path. Before any I/O is served the process pins its
+//! memory (`mlockall`), marks every I/O thread `PR_SET_IO_FLUSHER` and sets `oom_score_adj` to
+//! -1000: a server that backs swap must never wait for the memory it is asked to free (see
+//! ARCHITECTURE.md, "Safe to hold swap").
+//!
+//! Parts: [`io`] (one request: the op, the engine call, the errno map), `mailbox` (failed
+//! requests, counted on the I/O path and logged elsewhere), `threads` (memory and policy),
+//! `swapwatch`, `control` (the socket's answers), `watchdog` (the progress log), `pin` (a
+//! fault-free heap and stacks), `log` (stderr and syslog) and `ublk`, the only module that talks
+//! to libublk (cargo feature `ublk`). Every libc call is in `crate::sys`.
+
+// Without the `ublk` feature nothing starts the daemon, but its parts still build and test.
+#![cfg_attr(not(feature = "ublk"), allow(dead_code))]
+
+mod control;
+pub mod io;
+mod log;
+mod mailbox;
+pub mod pin;
+mod swapwatch;
+mod threads;
+#[cfg(feature = "ublk")]
+mod ublk;
+mod watchdog;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use self::log::log;
+#[cfg(feature = "ublk")]
+pub use self::ublk::{remove_dead, serve};
+use crate::common::options::{self, DeviceArgs, OptionsError};
+use uzram_engine::{Device, DeviceSetup, Growth};
+
+/// Largest I/O the device takes: 128 KiB. Each tag of each queue has a buffer this large, locked
+/// in RAM: 2 queues x depth 64 x 128 KiB = 16 MiB. Swap writes pages one folio at a time and the
+/// block layer merges neighbours up to this size; larger requests would only cost locked memory.
+pub const MAX_IO_BYTES: u32 = 128 << 10;
+/// Longest a write waits for the memory thread to refill the pool's reserve without seeing it
+/// make progress, before it fails with ENOMEM (swap then keeps the page and retries it later);
+/// a refill that keeps faulting pages in is waited for up to 8 times this (see
+/// `Growth::Reserve`). Long enough for a slow refill (100 ms failed ext4 writes in the VM);
+/// short enough that a memory thread stuck in reclaim cannot stall swap-out for long.
+const RESERVE_WAIT: Duration = Duration::from_secs(1);
+
+/// Default queue depth.
+pub const DEFAULT_DEPTH: u16 = 64;
+
+/// Arguments of `uzram serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Device size, as zram's disksize takes it (4G, 512M, bytes)
+    #[arg(short = 's', long)]
+    pub size: String,
+    /// What the device is made of
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Queues (one thread each); default one per CPU
+    #[arg(long)]
+    pub queues: Option<u16>,
+    /// Queue depth
+    #[arg(long, default_value_t = DEFAULT_DEPTH)]
+    pub depth: u16,
+    /// Pool memory to map (and lock) up front and keep mapped, so that swap-out does not have to
+    /// ask the kernel for memory while it is short of it (default: 1/64 of the size, 8M..16M)
+    #[arg(long, value_name = "SIZE")]
+    pub reserve: Option<String>,
+    /// Device id N for /dev/ublkbN (default: the first free one)
+    #[arg(long)]
+    pub id: Option<i32>,
+    /// Append the daemon's messages to this file (default: stderr; with --detached, syslog)
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<std::path::PathBuf>,
+    /// Run as the background daemon of `uzram --find`: report the device path (or the error)
+    /// on stdout, then close it
+    #[arg(long, hide = true)]
+    pub detached: bool,
+}
+
+/// Why serving failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// No ublk driver in this kernel.
+    #[error("{}", crate::common::NO_DRIVER)]
+    NoDriver,
+    /// The options were refused.
+    #[error(transparent)]
+    Options(#[from] OptionsError),
+    /// The engine refused the configuration.
+    #[error(transparent)]
+    Device(#[from] uzram_engine::Error),
+    /// A system call that makes the server safe for swap failed.
+    #[error("cannot {what}")]
+    Setup {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// libublk failed.
+    #[error("ublk: {0}")]
+    Ublk(String),
+}
+
+/// The engine's setup and disksize for `args`: what `uzram --find` checks too (through the same
+/// [`options::check`]), plus the daemon's pool settings (a reserve, kept filled by the memory
+/// thread).
+pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
+    let (mut setup, disksize) = options::check(&args.size, &args.device, args.queues)?;
+    let reserve = match &args.reserve {
+        Some(r) => uzram_engine::parse_size(r)?,
+        // Smaller reserves ran dry under an ext4 write burst in the VM (TCG maps slowly): 8 MiB
+        // is the floor.
+        None => (disksize / 64).clamp(8 << 20, 16 << 20),
+    };
+    setup.set_pool_reserve(reserve);
+    setup.set_pool_growth(Growth::Reserve { wait: RESERVE_WAIT });
+    Ok((setup, disksize))
+}
+
+/// Marks the calling thread an I/O flusher (see `sys::set_io_flusher`).
+fn io_flusher() -> Result<(), ServeError> {
+    crate::sys::set_io_flusher(true).map_err(|source| ServeError::Setup {
+        what: "mark the I/O thread PR_SET_IO_FLUSHER",
+        source,
+    })
+}
+
+/// Locks the daemon's memory and keeps the OOM killer away from it.
+fn pin_memory() -> Result<(), ServeError> {
+    crate::sys::lock_all_memory().map_err(|source| ServeError::Setup {
+        what: "lock the daemon's memory (mlockall); raise RLIMIT_MEMLOCK or run as root",
+        source,
+    })?;
+    std::fs::write("/proc/self/oom_score_adj", "-1000").map_err(|source| ServeError::Setup {
+        what: "set oom_score_adj to -1000",
+        source,
+    })
+}
+
+/// Everything before the device is added: the device built, the process pinned, the memory,
+/// policy and watchdog threads started, the calling thread an I/O flusher. Returns the device
+/// and the stop signals, blocked (see [`crate::sys::BlockedSignals`]).
+fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), ServeError> {
+    if !crate::common::have_ublk_driver() {
+        return Err(ServeError::NoDriver);
+    }
+    if io::breaks_reads() {
+        log("UZRAM_TEST_BREAK_READS is set: this device corrupts reads on purpose (for tests)");
+    }
+    if args.detached && args.log.is_none() {
+        self::log::open_syslog();
+    }
+    pin::tune_malloc();
+    let (setup, disksize) = configure(args)?;
+    let device = Arc::new(setup.init(disksize)?);
+    // A regular backing file: the I/O threads never write to it (its filesystem may wait for
+    // swap); the policy thread evicts for them.
+    device.set_evict_hand_off(device.backing().is_some_and(|b| !b.all_block_devices()));
+    let signals =
+        crate::sys::BlockedSignals::block(&[libc::SIGTERM, libc::SIGINT]).map_err(|source| {
+            ServeError::Setup {
+                what: "block SIGTERM/SIGINT",
+                source,
+            }
+        })?;
+    pin_memory()?;
+    pin::refill_heap();
+    threads::memory_thread(Arc::clone(&device))?;
+    threads::policy_thread(Arc::clone(&device))?;
+    watchdog::progress_log(Arc::clone(&device));
+    io_flusher()?;
+    Ok((device, signals))
+}
+
+/// The number of queues: as asked, else one per CPU (at most 16).
+fn queues(args: &ServeArgs) -> u16 {
+    args.queues.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(16) as u16
+    })
+}
+
+/// Turns off writeback throttling (wbt) on the device. zram, being bio-based, has none; on a
+/// request-based ublk disk wbt holds reclaim's swap writes to a trickle (khugepaged blocked in
+/// `wbt_wait` from `swap_writepage`), and a swap device must take reclaim's writes as fast as it
+/// can.
+fn disable_writeback_throttling(id: u32) {
+    let path = format!("/sys/block/ublkb{id}/queue/wbt_lat_usec");
+    if let Err(e) = std::fs::write(&path, "0") {
+        log(&format!(
+            "warning: cannot turn off writeback throttling ({path}): {e}"
+        ));
+    }
+}
+
+/// Points stdout at /dev/null: `uzram --find` has its answer and waits for its pipe to close.
+fn redirect_stdout_to_null() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = crate::sys::redirect_stdout(&null);
+    }
+}

@@ -1,0 +1,103 @@
+//! The daemon's memory thread (keeps the pool's reserve and malloc's top chunk filled) and its
+//! policy thread (the tiering policy's rounds, and the evictions writes hand it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uzram_engine::{Device, Policy, Pressure};
+
+use super::{io_flusher, log, pin, ServeError};
+
+/// Arenas the memory thread has mapped into the pool's reserve, and the longest one took (ms):
+/// how close a write burst came to outrunning it, in the progress log.
+pub(super) static REFILLED_ARENAS: AtomicU64 = AtomicU64::new(0);
+pub(super) static SLOWEST_REFILL_MS: AtomicU64 = AtomicU64::new(0);
+
+/// The thread that keeps the pool's reserve filled: it maps memory the I/O threads then use
+/// without asking the kernel. An I/O flusher too: its page faults may wait for reclaim, but never
+/// write to swap themselves. As a plain thread it did, and a swap storm then went like this:
+/// the refill's fault started swap writes to this device, waited for a tag held by writes that
+/// were waiting for the refill, and the reserve stayed empty (311 to 17220 failed writes per
+/// 2x-MemAvailable fill in the VM; none in three runs since).
+pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
+    std::thread::Builder::new()
+        .name("uzram-memory".into())
+        .spawn(move || {
+            if let Err(e) = io_flusher() {
+                log(&format!("memory: {e}"));
+            }
+            let mut last_report: Option<Instant> = None;
+            loop {
+                device.wait_for_maintenance(Duration::from_secs(1));
+                let t = Instant::now();
+                pin::refill_heap();
+                match device.maintain_memory() {
+                    Ok(m) if m.arenas_mapped > 0 => {
+                        let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;
+                        REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
+                        SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
+                            log(&format!("cannot refill the pool's reserve: {e}"));
+                            last_report = Some(Instant::now());
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|source| ServeError::Setup {
+            what: "start the memory thread",
+            source,
+        })
+}
+
+/// The tiering policy's thread: once a second, a round of [`Policy::tick`] with the
+/// host's memory figures; in between, it serves the evictions that writes hand it (a regular
+/// backing file: see `Device::make_room`). An I/O flusher, like the queue threads: its writes to
+/// the backing file (and its filesystem's journal) must not wait for swap, which may be this
+/// device; a write it serves waits for it at most `EVICT_WAIT`.
+pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
+    std::thread::Builder::new()
+        .name("uzram-policy".into())
+        .spawn(move || {
+            if let Err(e) = io_flusher() {
+                return log(&format!("policy: {e}"));
+            }
+            pin::prefault_stack();
+            let mut ctx = match device.context() {
+                Ok(ctx) => ctx,
+                Err(e) => return log(&format!("policy: {e}")),
+            };
+            let mut policy = Policy::new();
+            let mut last_report: Option<Instant> = None;
+            let second = Duration::from_secs(1);
+            let mut next_tick = Instant::now() + second;
+            loop {
+                let now = Instant::now();
+                if now < next_tick {
+                    // Wake at least every 100 ms: between ticks it also keeps the pool under
+                    // the high watermark.
+                    let wait = (next_tick - now).min(Duration::from_millis(100));
+                    policy.serve_evictions(&device, wait);
+                    continue;
+                }
+                next_tick = now + second;
+                if let Err(e) = policy.tick(&device, &mut ctx, &Pressure::read()) {
+                    if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 60) {
+                        log(&format!("policy: {e}"));
+                        last_report = Some(Instant::now());
+                    }
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|source| ServeError::Setup {
+            what: "start the policy thread",
+            source,
+        })
+}

@@ -1,0 +1,168 @@
+//! The only module that talks to libublk (cargo feature `ublk`): adds the device, sets its
+//! block parameters, runs one thread per queue and deletes the device when serving ends.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::{BufDesc, BufDescList, UblkDev, UblkIOCtx, UblkQueue};
+use libublk::{sys, UblkFlags, UblkIORes};
+use uzram_engine::Device;
+
+use super::io::{self, Op, Request};
+use super::{log, ServeArgs, ServeError, MAX_IO_BYTES};
+use crate::common::{block_path, socket_path};
+
+/// The device's block parameters, set explicitly: 4 KiB blocks, no volatile cache,
+/// non-rotational, discard and write-zeroes in one segment at 4 KiB granularity.
+fn set_params(dev: &mut UblkDev, disksize: u64) {
+    let max_sectors = dev.dev_info.max_io_buf_bytes >> 9;
+    dev.tgt.dev_size = disksize;
+    dev.tgt.params = sys::ublk_params {
+        types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
+        basic: sys::ublk_param_basic {
+            attrs: 0,
+            logical_bs_shift: 12,
+            physical_bs_shift: 12,
+            io_opt_shift: 12,
+            io_min_shift: 12,
+            max_sectors,
+            dev_sectors: disksize >> 9,
+            ..Default::default()
+        },
+        discard: sys::ublk_param_discard {
+            discard_alignment: 0,
+            discard_granularity: 4096,
+            max_discard_sectors: u32::MAX >> 9,
+            max_write_zeroes_sectors: u32::MAX >> 9,
+            max_discard_segments: 1,
+            reserved0: 0,
+        },
+        ..Default::default()
+    };
+}
+
+/// The kernel's descriptor as the engine-facing [`Request`].
+fn request(iod: &sys::ublksrv_io_desc) -> Request {
+    let op = match iod.op_flags & 0xff {
+        sys::UBLK_IO_OP_READ => Op::Read,
+        sys::UBLK_IO_OP_WRITE => Op::Write,
+        sys::UBLK_IO_OP_FLUSH => Op::Flush,
+        sys::UBLK_IO_OP_DISCARD => Op::Discard,
+        sys::UBLK_IO_OP_WRITE_ZEROES => Op::WriteZeroes,
+        other => Op::Other(other),
+    };
+    Request {
+        op,
+        start_sector: iod.start_sector,
+        nr_sectors: iod.nr_sectors,
+    }
+}
+
+fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
+    if let Err(e) = super::io_flusher() {
+        log(&format!("queue {qid}: {e}"));
+        return;
+    }
+    super::pin::prefault_stack();
+    let mut ctx = match device.context() {
+        Ok(ctx) => ctx,
+        Err(e) => return log(&format!("queue {qid}: {e}")),
+    };
+    let mut bufs = dev.alloc_queue_io_bufs();
+    let queue = match UblkQueue::new(qid, dev)
+        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
+    {
+        Ok(q) => q,
+        Err(e) => return log(&format!("queue {qid}: {e}")),
+    };
+    // The buffer of `tag` is this thread's from the fetch completion until the commit: the
+    // kernel copied a write's data in before completing the fetch, and copies a read's data out
+    // only after the commit. The buffers never move (each is its own allocation).
+    let handler = move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
+        let io_buf = &mut bufs[usize::from(tag)];
+        let res = io::handle(device, &mut ctx, request(q.get_iod(tag)), io_buf);
+        if let Err(e) = q.complete_io_cmd_unified(
+            tag,
+            BufDesc::Slice(io_buf.as_slice()),
+            Ok(UblkIORes::Result(res)),
+        ) {
+            log(&format!("queue {qid}: completing tag {tag}: {e}"));
+        }
+    };
+    queue.wait_and_handle_io(handler);
+}
+
+/// Stops device `id` (its queues end, so `run_target` returns).
+fn stop(id: u32) {
+    if let Ok(ctrl) = UblkCtrl::new_simple(id as i32) {
+        let _ = ctrl.kill_dev();
+    }
+}
+
+/// Creates the device, prints `/dev/ublkbN` once it serves I/O, and serves until the device is
+/// stopped (SIGTERM/SIGINT delete it).
+pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
+    let (device, signals) = super::start(args)?;
+    let queues = super::queues(args);
+    let ctrl = UblkCtrlBuilder::default()
+        .name("uzram")
+        .id(args.id.unwrap_or(-1))
+        .nr_queues(queues)
+        .depth(args.depth)
+        .io_buf_bytes(MAX_IO_BYTES)
+        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+        .build()
+        .map_err(|e| ServeError::Ublk(format!("cannot add the device: {e}")))?;
+    let id = ctrl.dev_info().dev_id;
+    // A signal that arrived since `start` blocked them waits, pending, for this thread.
+    std::thread::spawn(move || {
+        signals.wait();
+        stop(id);
+    });
+    let control = super::control::control_thread(id, Arc::clone(&device), queues.into(), stop);
+    if let Err(e) = control {
+        let _ = ctrl.del_dev();
+        return Err(e);
+    }
+    super::swapwatch::swap_watch_thread(id, Arc::clone(&device));
+    let disksize = device.disksize();
+    let detached = args.detached;
+    let served = ctrl.run_target(
+        move |dev: &mut UblkDev| {
+            set_params(dev, disksize);
+            Ok(())
+        },
+        move |qid, dev: &UblkDev| queue_thread(qid, dev, &device),
+        move |ctrl: &UblkCtrl| {
+            super::disable_writeback_throttling(ctrl.dev_info().dev_id);
+            println!("{}", ctrl.get_bdev_path());
+            let _ = std::io::stdout().flush();
+            log(&format!("{} serving", ctrl.get_bdev_path()));
+            if detached {
+                // `uzram --find` has its answer: close its pipe.
+                super::redirect_stdout_to_null();
+            }
+        },
+    );
+    // Delete the device whether serving ended by a signal or failed: never leave one behind.
+    let _ = UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev());
+    let _ = std::fs::remove_file(socket_path(id));
+    log(&format!("{} deleted", block_path(id)));
+    served
+        .map(|_| ())
+        .map_err(|e| ServeError::Ublk(format!("serving {}: {e}", block_path(id))))
+}
+
+/// Deletes device `id` whose daemon is gone (killed): what `uzram --reset` does for a dead
+/// device. The kernel has already stopped the disk; this removes the control device.
+pub fn remove_dead(id: u32) -> Result<(), ServeError> {
+    let ctrl = UblkCtrl::new_simple(id as i32)
+        .map_err(|e| ServeError::Ublk(format!("/dev/ublkc{id}: {e}")))?;
+    let _ = ctrl.kill_dev();
+    ctrl.del_dev()
+        .map(drop)
+        .map_err(|e| ServeError::Ublk(format!("deleting /dev/ublkc{id}: {e}")))?;
+    let _ = std::fs::remove_file(socket_path(id));
+    Ok(())
+}

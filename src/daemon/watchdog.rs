@@ -1,0 +1,125 @@
+//! The progress log (`UZRAM_PROGRESS_SECS`): request counters, pool and RSS figures written to
+//! the kernel log, without locks or allocation in its loop.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use uzram_engine::Device;
+
+use super::io::{FINISHED, STARTED};
+use super::threads::{REFILLED_ARENAS, SLOWEST_REFILL_MS};
+
+/// With `UZRAM_PROGRESS_SECS=N`, a thread that writes the request counters to the kernel log
+/// every N seconds: a diagnostic for stalls, readable even when user space is stuck on memory
+/// (it takes no lock and allocates nothing in its loop, and /dev/kmsg lands in the console).
+/// With `UZRAM_STALL_SYSRQ=1` as well, a request that makes no progress for 20 s makes it ask
+/// the kernel for the stacks of blocked tasks and of all tasks (sysrq `w` and `t`), once per stall.
+pub(super) fn progress_log(device: Arc<Device>) {
+    let Some(secs) = std::env::var("UZRAM_PROGRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+    else {
+        return;
+    };
+    let sysrq = std::env::var_os("UZRAM_STALL_SYSRQ").is_some();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let Ok(mut kmsg) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") else {
+            return;
+        };
+        let mut sysrq = sysrq
+            .then(|| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/proc/sysrq-trigger")
+                    .ok()
+            })
+            .flatten();
+        let mut line = [0u8; 512];
+        let mut status = [0u8; 4096];
+        let (mut last_finished, mut stalled_secs, mut dumped) = (0, 0, false);
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            let sum = |c: &[AtomicU64; 5]| c.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
+            let (started, finished) = (sum(&STARTED), sum(&FINISHED));
+            if started != finished && finished == last_finished {
+                stalled_secs += secs;
+            } else {
+                (stalled_secs, dumped) = (0, false);
+            }
+            last_finished = finished;
+            let (orig, used) = device.usage();
+            let n = std::fs::File::open("/proc/self/status")
+                .and_then(|mut f| f.read(&mut status))
+                .unwrap_or(0);
+            let rss = status_field(&status[..n], b"VmRSS:");
+            let mut w = std::io::Cursor::new(&mut line[..]);
+            // "<3>" (error level) so that it reaches the console; one write(2) per record.
+            let _ = write!(
+                w,
+                "<3>uzram: requests read/write/flush/discard/other started"
+            );
+            for (i, c) in STARTED.iter().enumerate() {
+                let _ = write!(
+                    w,
+                    "{}{}",
+                    if i == 0 { " " } else { "/" },
+                    c.load(Ordering::Relaxed)
+                );
+            }
+            let _ = write!(w, " finished");
+            for (i, c) in FINISHED.iter().enumerate() {
+                let _ = write!(
+                    w,
+                    "{}{}",
+                    if i == 0 { " " } else { "/" },
+                    c.load(Ordering::Relaxed)
+                );
+            }
+            let _ = writeln!(
+                w,
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, heap top {} kB, reserve refilled {} arenas (slowest {} ms){}",
+                rss,
+                super::pin::last_heap_top() >> 10,
+                REFILLED_ARENAS.load(Ordering::Relaxed),
+                SLOWEST_REFILL_MS.load(Ordering::Relaxed),
+                if stalled_secs > 0 {
+                    ", NO PROGRESS"
+                } else {
+                    ""
+                }
+            );
+            let len = w.position() as usize;
+            let _ = kmsg.write_all(&line[..len]);
+            if stalled_secs >= 20 && !dumped {
+                if let Some(t) = sysrq.as_mut() {
+                    // "8": console log level 8 first, or the dumps stay out of the console.
+                    for cmd in [b"8", b"w", b"t"] {
+                        let _ = t.write_all(cmd);
+                    }
+                }
+                dumped = true;
+            }
+        }
+    });
+}
+
+/// The number after `name` in /proc/self/status's text (0 if absent).
+fn status_field(status: &[u8], name: &[u8]) -> u64 {
+    status
+        .split(|&b| b == b'\n')
+        .find_map(|l| l.strip_prefix(name))
+        .map_or(0, |rest| {
+            rest.iter()
+                .filter(|b| b.is_ascii_digit())
+                .fold(0, |n, &b| n * 10 + u64::from(b - b'0'))
+        })
+}
+
+/// The daemon's resident memory in bytes.
+pub(super) fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status_field(status.as_bytes(), b"VmRSS:") * 1024
+}

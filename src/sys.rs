@@ -1,0 +1,176 @@
+//! Every libc call of the `uzram` binary that needs `unsafe`, each behind a safe function with its
+//! `SAFETY:` reason. The one module of the binary allowed `unsafe` (see ARCHITECTURE.md).
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// `prctl(PR_SET_IO_FLUSHER)`; libc has no constant for it.
+const PR_SET_IO_FLUSHER: libc::c_int = 57;
+/// `prctl(PR_GET_IO_FLUSHER)`.
+const PR_GET_IO_FLUSHER: libc::c_int = 58;
+
+/// Marks the calling thread an I/O flusher (`PR_SET_IO_FLUSHER`: its allocations never start
+/// I/O, so reclaim cannot make it wait for the swap it serves), or clears the mark; setting is
+/// checked by reading it back.
+pub fn set_io_flusher(on: bool) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only; the result is checked.
+    let r = unsafe { libc::prctl(PR_SET_IO_FLUSHER, libc::c_ulong::from(on), 0, 0, 0) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if on && unsafe { libc::prctl(PR_GET_IO_FLUSHER, 0, 0, 0, 0) } != 1 {
+        return Err(io::Error::other("PR_GET_IO_FLUSHER does not read back 1"));
+    }
+    Ok(())
+}
+
+/// Locks every page the process has now, and every page it touches later (`MCL_ONFAULT`: new
+/// mappings are locked as they are faulted in, not populated by `mmap` itself, which would hold
+/// the process's `mmap_lock` while the kernel allocates).
+pub fn lock_all_memory() -> io::Result<()> {
+    for flags in [libc::MCL_CURRENT, libc::MCL_FUTURE | libc::MCL_ONFAULT] {
+        // SAFETY: mlockall takes flags only; the result is checked.
+        if unsafe { libc::mlockall(flags) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Points fd 1 at `file` (the caller has flushed stdout's buffer).
+pub fn redirect_stdout(file: &std::fs::File) -> io::Result<()> {
+    // SAFETY: dup2 of a valid fd (`file` lives across the call) onto fd 1; no memory is passed.
+    if unsafe { libc::dup2(file.as_raw_fd(), 1) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A set of signals blocked in the thread that made it and every thread created after.
+#[derive(Clone, Copy)]
+pub struct BlockedSignals(libc::sigset_t);
+
+impl BlockedSignals {
+    /// Blocks `signals` in the calling thread (threads it starts inherit the mask).
+    pub fn block(signals: &[libc::c_int]) -> io::Result<BlockedSignals> {
+        // SAFETY: sigset manipulation on a local, zero-initialised set (a valid empty set for
+        // sigemptyset to initialise), then blocking those signals for this thread; the result of
+        // pthread_sigmask is checked.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &s in signals {
+                libc::sigaddset(&mut set, s);
+            }
+            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            if rc != 0 {
+                return Err(io::Error::from_raw_os_error(rc));
+            }
+            Ok(BlockedSignals(set))
+        }
+    }
+
+    /// Waits until one of the signals is pending and takes it; returns its number.
+    pub fn wait(&self) -> libc::c_int {
+        let mut sig = 0;
+        // SAFETY: the set was initialised by `block`; `sig` is a valid out-pointer.
+        unsafe { libc::sigwait(&self.0, &mut sig) };
+        sig
+    }
+}
+
+/// Tunes glibc's malloc for a locked, fault-free heap: one arena, no trimming, no `mmap` below
+/// 32 MiB, 4 MiB of top padding (see `daemon::pin`).
+pub fn tune_malloc() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt takes integer parameters only; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TOP_PAD, 4 << 20);
+    }
+}
+
+/// The size of malloc's top chunk (`mallinfo2().keepcost`), if the C library says.
+pub fn malloc_top_bytes() -> Option<usize> {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallinfo2 takes no arguments and returns a plain struct.
+        let info = unsafe { libc::mallinfo2() };
+        Some(info.keepcost)
+    }
+    #[cfg(not(target_env = "gnu"))]
+    None
+}
+
+/// Who is on the other end of a Unix socket, from the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Process id.
+    pub pid: i32,
+    /// User id.
+    pub uid: u32,
+}
+
+/// The peer's credentials (`SO_PEERCRED`).
+pub fn peer(stream: &std::os::unix::net::UnixStream) -> io::Result<Peer> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is a live socket.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Peer {
+        pid: cred.pid,
+        uid: cred.uid,
+    })
+}
+
+/// The real user id of the process.
+pub fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Makes `cmd`'s child start a new session (`setsid`) before it runs, so it outlives the
+/// terminal it was started from.
+pub fn start_in_new_session(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec; setsid is async-signal-safe and
+    // touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Changes the calling thread's user ids (all three) to `uid`, for that thread alone (the raw
+/// syscall, not glibc's process-wide `setresuid`). For tests that need an unprivileged client.
+#[cfg(test)]
+pub fn set_thread_uid(uid: u32) -> io::Result<()> {
+    // SAFETY: changes this thread's credentials only; no memory is involved.
+    let r = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
