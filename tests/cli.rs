@@ -66,6 +66,20 @@ fn without_ublk_creating_fails_clearly_and_leaves_nothing() {
     assert!(out.is_empty(), "printed a device: {out}");
     assert!(err.contains("no ublk driver"), "{err}");
     assert_eq!(run_dir.read_dir().map(|d| d.count()).unwrap_or(0), before);
+    // A secondary algorithm named by the parameters' priority, in one command: valid, so the
+    // driver is all that is missing.
+    let (rc, _, err) = uzram(&[
+        "--find",
+        "--size",
+        "1G",
+        "--recomp-algorithm",
+        "zstd",
+        "-p",
+        "priority=1 level=9",
+    ]);
+    assert_eq!(rc, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no ublk driver"), "{err}");
     // The listing of no devices is empty and succeeds.
     let (rc, out, _) = uzram(&[]);
     assert_eq!((rc, out.as_str()), (0, ""));

@@ -416,4 +416,57 @@ mod tests {
         params.device.algorithm_params = Some("level=banana".into());
         assert!(validate(&params).is_err());
     }
+
+    /// `uzram --find` refuses exactly what the daemon would: the same check, the same words.
+    #[test]
+    fn find_and_serve_validate_through_the_same_check() {
+        use crate::daemon::{configure, ServeArgs};
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Serve {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let cases: &[&[&str]] = &[
+            &["--size", "lots"],
+            &["--size", "0"],
+            &["--size", "1G", "--algorithm", "lzo"],
+            &["--size", "1G", "--algorithm-params", "level=banana"],
+            &["--size", "1G", "--algorithm-params", "priority=1 level=9"],
+            &["--size", "1G", "--policy", "evict=maybe"],
+            &["--size", "1G", "--mem-limit", "much"],
+            &["--size", "1G", "--recomp-algorithm", "algo=zstd priority=4"],
+            &["--size", "1G", "--queues", "0"],
+            // Valid: a secondary algorithm, then parameters naming it by priority.
+            &[
+                "--size",
+                "1G",
+                "--recomp-algorithm",
+                "zstd",
+                "--algorithm-params",
+                "priority=1 level=9",
+            ],
+        ];
+        for &case in cases {
+            let serve =
+                Serve::parse_from(std::iter::once("serve").chain(case.iter().copied())).args;
+            let create = CreateArgs {
+                size: serve.size.clone(),
+                device: serve.device.clone(),
+                streams: serve.queues,
+                ..CreateArgs::default()
+            };
+            let daemon = configure(&serve).err().map(|e| e.to_string());
+            let find = validate(&create).err().map(|e| e.to_string());
+            match daemon {
+                Some(d) => assert_eq!(find.as_deref(), Some(d.as_str()), "{case:?}"),
+                // Accepted by the daemon: --find fails only for want of the driver, if at all.
+                None => assert!(
+                    find.as_deref()
+                        .map_or(true, |f| f == crate::common::NO_DRIVER),
+                    "{case:?}: {find:?}"
+                ),
+            }
+        }
+    }
 }
