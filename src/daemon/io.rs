@@ -3,7 +3,6 @@
 //! a [`Request`], so all of this tests without a kernel.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 use uzram_engine::device::writeback::BackingError;
 use uzram_engine::{Device, Error, IoContext, PAGE_SIZE};
@@ -177,15 +176,20 @@ fn serve_one(device: &Device, ctx: &mut IoContext, req: Request, buf: &mut [u8])
     }
 }
 
-/// `UZRAM_TEST_BREAK_READS=1`: a deliberately broken device for proving that the VM checks can
-/// fail. Flips one bit in every read of every 61st page. Read once at startup; never set it on a
-/// device that holds data you want.
-static BREAK_READS: OnceLock<bool> = OnceLock::new();
+/// `UZRAM_TEST_BREAK_READS=1` (feature `test-hooks`): a deliberately broken device for proving
+/// that the VM checks can fail. Flips one bit in every read of every 61st page. Read once at
+/// startup; never set it on a device that holds data you want.
+#[cfg(feature = "test-hooks")]
+static BREAK_READS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
-/// Whether this daemon corrupts reads on purpose (`UZRAM_TEST_BREAK_READS=1`).
+/// Whether this daemon corrupts reads on purpose (`UZRAM_TEST_BREAK_READS=1`, feature
+/// `test-hooks`; never without it).
 pub fn breaks_reads() -> bool {
-    *BREAK_READS
-        .get_or_init(|| std::env::var_os("UZRAM_TEST_BREAK_READS").is_some_and(|v| v == "1"))
+    #[cfg(feature = "test-hooks")]
+    return *BREAK_READS
+        .get_or_init(|| std::env::var_os("UZRAM_TEST_BREAK_READS").is_some_and(|v| v == "1"));
+    #[cfg(not(feature = "test-hooks"))]
+    false
 }
 
 fn break_reads_for_tests(offset: u64, data: &mut [u8]) {

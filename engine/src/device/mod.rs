@@ -4,6 +4,7 @@
 //! one slot lock. Compression happens outside any lock for whole-page writes; a partial-page write
 //! holds its slot's lock across its read-modify-write.
 
+mod backing_io;
 #[allow(unsafe_code)] // the slot lock's parking, each call with its SAFETY reason
 mod park;
 pub mod policy;
@@ -238,7 +239,7 @@ pub struct Device {
     /// Where written-back pages live.
     backing: Option<writeback::BackingStore>,
     epoch: Instant,
-    /// Seconds added to the clock (tests: [`Device::advance_clock`]).
+    /// Seconds added to the clock (feature `testing`: `Device::advance_clock`).
     clock_skew: AtomicU32,
     /// The tiering policy's settings, budget and counters.
     tier: policy::Tier,

@@ -18,7 +18,7 @@
 //!
 //! [`Policy::tick`] does one round; the daemon calls it every second from its `uzram-policy`
 //! thread with [`Pressure::read`]'s figures. Tests call it with a fake clock
-//! ([`Device::advance_clock`]) and fake [`Pressure`].
+//! (`Device::advance_clock`, feature `testing`) and fake [`Pressure`].
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -872,8 +872,9 @@ impl Device {
         true
     }
 
-    /// Tests: moves the device's clock (the one page access times use) `secs` forward.
-    #[doc(hidden)]
+    /// Feature `testing`: moves the device's clock (the one page access times use) `secs`
+    /// forward.
+    #[cfg(any(test, feature = "testing"))]
     pub fn advance_clock(&self, secs: u32) {
         self.clock_skew.fetch_add(secs, Ordering::Relaxed);
     }

@@ -41,15 +41,18 @@
 //! `Device::make_room`.)
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use chacha20poly1305::aead::{AeadInPlace, KeyInit, OsRng};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce, Tag};
 use parking_lot::Mutex;
 
+pub use super::backing_io::BackingIo;
+#[cfg(any(test, feature = "testing"))]
+use super::backing_io::FaultyFile;
 use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::Error;
 
@@ -225,7 +228,7 @@ struct BdCounters {
 
 /// One file of the store.
 struct BackingFile {
-    file: File,
+    io: Box<dyn BackingIo>,
     path: PathBuf,
     /// Opened `O_DIRECT`.
     direct: bool,
@@ -236,7 +239,11 @@ struct BackingFile {
 impl BackingFile {
     /// Opens (creating it 0600 if need be) `path`. A regular file of size 0 is sized to
     /// `default_bytes` (sparse); an existing file or block device keeps its size.
-    fn open(path: &Path, default_bytes: u64) -> Result<BackingFile, BackingError> {
+    fn open(
+        path: &Path,
+        default_bytes: u64,
+        wrap: &dyn Fn(File) -> Box<dyn BackingIo>,
+    ) -> Result<BackingFile, BackingError> {
         let open_err = |source| BackingError::Open {
             path: path.to_path_buf(),
             source,
@@ -297,7 +304,7 @@ impl BackingFile {
             }
         }
         Ok(BackingFile {
-            file,
+            io: wrap(file),
             path: path.to_path_buf(),
             direct,
             space: Mutex::new(Space::new(bytes / SECTOR)),
@@ -316,8 +323,9 @@ pub struct BackingStore {
     limit: Mutex<(bool, u64)>,
     /// Which file a tie of free space goes to next.
     turn: AtomicUsize,
-    /// Tests: every write fails.
-    fail_writes: AtomicBool,
+    /// Feature `testing`: while set, every write fails (the files are [`FaultyFile`]s).
+    #[cfg(any(test, feature = "testing"))]
+    fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for BackingStore {
@@ -366,14 +374,22 @@ impl BackingStore {
         if paths.is_empty() || paths.len() > MAX_FILES {
             return Err(BackingError::Config("between 1 and 16 files"));
         }
+        #[cfg(any(test, feature = "testing"))]
+        let fail_writes = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        #[cfg(any(test, feature = "testing"))]
+        let wrap = |f: File| -> Box<dyn BackingIo> {
+            Box::new(FaultyFile::new(f, std::sync::Arc::clone(&fail_writes)))
+        };
+        #[cfg(not(any(test, feature = "testing")))]
+        let wrap = |f: File| -> Box<dyn BackingIo> { Box::new(f) };
         let files = paths
             .iter()
-            .map(|p| BackingFile::open(p, default_bytes))
+            .map(|p| BackingFile::open(p, default_bytes, &wrap))
             .collect::<Result<Vec<_>, _>>()?;
         for (i, a) in files.iter().enumerate() {
-            let ma = a.file.metadata()?;
+            let ma = a.io.file().metadata()?;
             if files[..i].iter().any(|b| {
-                b.file.metadata().is_ok_and(|mb| {
+                b.io.file().metadata().is_ok_and(|mb| {
                     (mb.dev(), mb.ino(), mb.rdev()) == (ma.dev(), ma.ino(), ma.rdev())
                 })
             }) {
@@ -388,7 +404,8 @@ impl BackingStore {
             counters: BdCounters::default(),
             limit: Mutex::new((false, 0)),
             turn: AtomicUsize::new(0),
-            fail_writes: AtomicBool::new(false),
+            #[cfg(any(test, feature = "testing"))]
+            fail_writes,
         })
     }
 
@@ -501,12 +518,7 @@ impl BackingStore {
     /// Writes `data` (4 KiB-rounded) at the extent; on failure gives the extent back.
     fn write_extent(&self, e: &Extent, data: &[u8]) -> Result<(), std::io::Error> {
         let f = &self.files[e.file];
-        let written = if self.fail_writes.load(Ordering::Relaxed) {
-            Err(std::io::Error::from_raw_os_error(libc::EIO))
-        } else {
-            f.file.write_all_at(data, e.start * SECTOR)
-        };
-        match written {
+        match f.io.write_all_at(data, e.start * SECTOR) {
             Ok(()) => {
                 f.writes.fetch_add(1, Ordering::Relaxed);
                 self.counters
@@ -546,8 +558,7 @@ impl BackingStore {
         if window > buf.len() {
             return Err(BackingError::Tampered { sector });
         }
-        f.file
-            .read_exact_at(&mut buf[..window], window_start)
+        f.io.read_exact_at(&mut buf[..window], window_start)
             .inspect_err(|_| {
                 self.counters.failed_reads.fetch_add(1, Ordering::Relaxed);
             })?;
@@ -582,7 +593,7 @@ impl BackingStore {
     pub fn all_block_devices(&self) -> bool {
         use std::os::unix::fs::FileTypeExt;
         self.files.iter().all(|f| {
-            f.file
+            f.io.file()
                 .metadata()
                 .is_ok_and(|m| m.file_type().is_block_device())
         })
@@ -650,7 +661,8 @@ impl BackingStore {
         }
     }
 
-    /// Tests and fault drills: make every write fail (the pages must stay in RAM).
+    /// Feature `testing`: make every write fail (the pages must stay in RAM).
+    #[cfg(any(test, feature = "testing"))]
     pub fn set_fail_writes(&self, on: bool) {
         self.fail_writes.store(on, Ordering::Relaxed);
     }
