@@ -1,0 +1,215 @@
+//! The policy's settings (uzram's `policy` attribute) and the host's memory figures it reacts
+//! to.
+
+use std::fmt;
+
+use crate::Error;
+
+/// The policy's settings: uzram's `policy` attribute, `key=value` separated by spaces.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyConfig {
+    /// Recompress pages idle this many seconds (`recompress_after`; `off`: never). Needs a
+    /// secondary algorithm.
+    pub recompress_after: Option<u32>,
+    /// Write back pages idle this many seconds (`writeback_after`; `off`: never). Needs a
+    /// backing device.
+    pub writeback_after: Option<u32>,
+    /// Percent of `mem_limit` above which cold pages are written back (`high_watermark`).
+    pub high_watermark: u8,
+    /// Percent of `mem_limit` the pool is brought back under (`low_watermark`).
+    pub low_watermark: u8,
+    /// Host pressure: `MemAvailable` under this percent of `MemTotal` (`min_free`; 0: off).
+    pub min_free: u8,
+    /// Host pressure: memory PSI `some avg10` at or above this (`psi`; `off`).
+    pub psi: Option<f32>,
+    /// Bytes per day the policy and eviction may write (`budget`; `off`: no budget).
+    pub budget: Option<u64>,
+    /// Evict cold pages instead of failing a write that finds no room (`evict`, 1/0).
+    pub evict: bool,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> PolicyConfig {
+        PolicyConfig {
+            recompress_after: Some(10 * 60),
+            writeback_after: Some(60 * 60),
+            high_watermark: 90,
+            low_watermark: 80,
+            min_free: 5,
+            psi: Some(20.0),
+            budget: None,
+            evict: true,
+        }
+    }
+}
+
+fn duration_text(secs: Option<u32>) -> String {
+    match secs {
+        None => "off".into(),
+        Some(s) if s > 0 && s % 86400 == 0 => format!("{}d", s / 86400),
+        Some(s) if s > 0 && s % 3600 == 0 => format!("{}h", s / 3600),
+        Some(s) if s > 0 && s % 60 == 0 => format!("{}m", s / 60),
+        Some(s) => format!("{s}s"),
+    }
+}
+
+fn parse_duration(v: &str) -> Option<Option<u32>> {
+    if v == "off" {
+        return Some(None);
+    }
+    let (num, unit) = match v.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let n: u32 = num.parse().ok()?;
+    let mul = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    n.checked_mul(mul).map(Some)
+}
+
+impl fmt::Display for PolicyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} budget={} evict={}",
+            duration_text(self.recompress_after),
+            duration_text(self.writeback_after),
+            self.high_watermark,
+            self.low_watermark,
+            self.min_free,
+            self.psi.map_or("off".into(), |p| p.to_string()),
+            self.budget.map_or("off".into(), |b| b.to_string()),
+            u8::from(self.evict),
+        )
+    }
+}
+
+impl PolicyConfig {
+    /// Applies `key=value ...` (any subset of the keys [`PolicyConfig`]'s `Display` prints);
+    /// on an error nothing changes. Durations take `s`, `m`, `h`, `d` (seconds without one),
+    /// sizes zram's `K`, `M`, `G`; `off` turns a setting off.
+    pub fn update(&mut self, text: &str) -> Result<(), Error> {
+        let mut next = *self;
+        for word in text.split_whitespace() {
+            let bad = |why| Error::InvalidRequest {
+                text: word.to_string(),
+                why,
+            };
+            let (k, v) = word
+                .split_once('=')
+                .ok_or(bad("policy settings are key=value"))?;
+            let pct = |v: &str| v.parse::<u8>().ok().filter(|&p| p <= 100);
+            match k {
+                "recompress_after" => {
+                    next.recompress_after =
+                        parse_duration(v).ok_or(bad("a duration: 600, 10m, 2h, 1d or off"))?
+                }
+                "writeback_after" => {
+                    next.writeback_after =
+                        parse_duration(v).ok_or(bad("a duration: 600, 10m, 2h, 1d or off"))?
+                }
+                "high_watermark" => {
+                    next.high_watermark = pct(v).ok_or(bad("a percentage 0..=100"))?
+                }
+                "low_watermark" => next.low_watermark = pct(v).ok_or(bad("a percentage 0..=100"))?,
+                "min_free" => next.min_free = pct(v).ok_or(bad("a percentage 0..=100"))?,
+                "psi" => {
+                    next.psi = if v == "off" {
+                        None
+                    } else {
+                        Some(
+                            v.parse::<f32>()
+                                .ok()
+                                .filter(|p| (0.0..=100.0).contains(p))
+                                .ok_or(bad("psi is 0..=100 (some avg10, percent) or off"))?,
+                        )
+                    }
+                }
+                "budget" => {
+                    next.budget = if v == "off" || v == "0" {
+                        None
+                    } else {
+                        Some(
+                            crate::size::parse_size(v.trim_end_matches("/day"))
+                                .map_err(|_| bad("budget is bytes per day (4G, 512M) or off"))?,
+                        )
+                    }
+                }
+                "evict" => {
+                    next.evict = match v {
+                        "1" | "on" => true,
+                        "0" | "off" => false,
+                        _ => return Err(bad("evict is 1 or 0")),
+                    }
+                }
+                _ => {
+                    return Err(bad(
+                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi budget evict",
+                    ))
+                }
+            }
+        }
+        if next.low_watermark > next.high_watermark {
+            return Err(Error::InvalidRequest {
+                text: text.to_string(),
+                why: "low_watermark is above high_watermark",
+            });
+        }
+        *self = next;
+        Ok(())
+    }
+}
+
+/// The host's memory state, as the policy sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pressure {
+    /// `MemTotal`, bytes (0: unknown).
+    pub mem_total: u64,
+    /// `MemAvailable`, bytes.
+    pub mem_available: u64,
+    /// `some avg10` of `/proc/pressure/memory`, where the kernel has PSI.
+    pub psi_some_avg10: Option<f32>,
+}
+
+impl Pressure {
+    /// Reads `/proc/meminfo` and `/proc/pressure/memory` (missing files give zeros / `None`).
+    pub fn read() -> Pressure {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let psi = std::fs::read_to_string("/proc/pressure/memory").ok();
+        Pressure::parse(&meminfo, psi.as_deref())
+    }
+
+    /// Parses the two files' text.
+    pub fn parse(meminfo: &str, psi: Option<&str>) -> Pressure {
+        let field = |name: &str| {
+            meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .map_or(0, |kib| kib * 1024)
+        };
+        let psi_some_avg10 = psi.and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("some "))?
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix("avg10="))?
+                .parse()
+                .ok()
+        });
+        Pressure {
+            mem_total: field("MemTotal"),
+            mem_available: field("MemAvailable"),
+            psi_some_avg10,
+        }
+    }
+
+    /// No pressure at all (for callers without a host view).
+    pub fn none() -> Pressure {
+        Pressure::default()
+    }
+}

@@ -1,0 +1,177 @@
+//! Eviction: a write that finds no room writes cold pages back and retries, on its own I/O
+//! thread or, in hand-off mode, by asking the policy thread.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{EVICT_FAST_FAIL, EVICT_SCAN, EVICT_WAIT};
+use crate::device::writeback::{BatchStats, WbBuffers};
+use crate::device::{Device, PageIndex, SlotFlags, PAGE_SIZE};
+
+impl Device {
+    /// Hand-off mode: a write that finds no room asks the policy thread (which must be running
+    /// [`Policy::serve_evictions`]) to evict, instead of writing to the backing store itself.
+    /// The daemon turns it on when a backing file is a regular file.
+    pub fn set_evict_hand_off(&self, on: bool) {
+        self.tier.hand_off.store(on, Ordering::Relaxed);
+    }
+
+    /// Makes room for an object of `size` bytes: inline with `bufs` ([`Device::evict`]), or in
+    /// hand-off mode by asking the policy thread and waiting at most [`EVICT_WAIT`] for its
+    /// round. Returns whether room was made (the store is worth retrying).
+    pub(in crate::device) fn make_room(&self, bufs: Option<&mut WbBuffers>, size: usize) -> bool {
+        let tier = &self.tier;
+        if !tier.hand_off.load(Ordering::Relaxed) {
+            return bufs.is_some_and(|b| self.evict(b, size));
+        }
+        if self.backing.is_none() || !tier.config.lock().evict {
+            return false;
+        }
+        let mut r = tier.requests.lock();
+        let size = size.min(PAGE_SIZE) as u16;
+        if !r.sizes[..r.n].contains(&size) && r.n < r.sizes.len() {
+            let n = r.n;
+            r.sizes[n] = size;
+            r.n += 1;
+        }
+        tier.wake.notify_one();
+        let now = Instant::now();
+        if r.starved_until.is_some_and(|t| now < t) {
+            tier.counters
+                .evict_fast_fails
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        // The round that takes this request (pushed above, or by another write for the same
+        // size since the last take) is the next one.
+        let ticket = r.taken + 1;
+        let deadline = now + EVICT_WAIT;
+        while r.done < ticket {
+            if tier.served.wait_until(&mut r, deadline).timed_out() {
+                break;
+            }
+        }
+        if r.done < ticket {
+            tier.counters.evict_timeouts.fetch_add(1, Ordering::Relaxed);
+            r.starved_until = Some(Instant::now() + EVICT_FAST_FAIL);
+            return false;
+        }
+        // Retry the store even if the round found nothing to evict: room may have been made
+        // meanwhile (the watermark, another round); the caller's rounds are bounded.
+        true
+    }
+
+    /// Feature `testing`: moves the device's clock (the one page access times use) `secs`
+    /// forward.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn advance_clock(&self, secs: u32) {
+        self.clock_skew.fetch_add(secs, Ordering::Relaxed);
+    }
+
+    /// Makes room for an object of `size` bytes by writing cold pages back: first pages whose
+    /// objects share its size class (each one written back frees a slot the new object can
+    /// take, without a new zspage), else huge pages (each frees a pool page), else any cold
+    /// pages, after which the pool is compacted. A
+    /// bounded scan from a clock hand, one batch, one `pwrite`, no allocation; busy slots are
+    /// skipped. Returns whether the store is worth retrying: pages were written back, or there
+    /// were none to write (room was made meanwhile).
+    pub(in crate::device) fn evict(&self, bufs: &mut WbBuffers, size: usize) -> bool {
+        let Some(backing) = self.backing.as_ref() else {
+            return false;
+        };
+        let tier = &self.tier;
+        let cfg = *tier.config.lock();
+        if !cfg.evict {
+            return false;
+        }
+        let now = self.now();
+        if !tier.budget.lock().allows(now) {
+            tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let allowed = backing.limit_allows(bufs.capacity());
+        if allowed == 0 {
+            // zram's writeback_limit is spent.
+            tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let Ok(class) = self.pool.class_size(size) else {
+            return false;
+        };
+        let n = self.pages();
+        let scan = EVICT_SCAN.min(n);
+        let start = tier.hand.fetch_add(scan, Ordering::Relaxed) % n;
+        let mut pages = std::mem::take(&mut bufs.pages);
+        let mut any_class = false;
+        // Passes: same class and not touched for 10 s; same class; huge pages (each one written
+        // back frees a whole pool page at once); any class (then compaction frees zspages).
+        for pass in 0..4 {
+            pages.clear();
+            any_class = pass == 3;
+            for k in 0..scan {
+                if pages.len() >= allowed {
+                    break;
+                }
+                let i = PageIndex((start + k) % n);
+                let s = self.slot(i).peek();
+                if !s.flags.contains(SlotFlags::STORED) {
+                    continue;
+                }
+                let same = self.pool.class_size(usize::from(s.size)) == Ok(class);
+                let cold = now.saturating_sub(s.atime) >= 10;
+                if match pass {
+                    0 => same && cold,
+                    1 => same,
+                    2 => usize::from(s.size) == PAGE_SIZE,
+                    _ => true,
+                } {
+                    pages.push(i);
+                }
+            }
+            if !pages.is_empty() {
+                break;
+            }
+        }
+        let b = if pages.is_empty() {
+            BatchStats::default()
+        } else {
+            self.write_batch(
+                backing,
+                bufs,
+                &pages,
+                &|s| s.flags.contains(SlotFlags::STORED),
+                false,
+            )
+        };
+        tier.budget.lock().charge(b.bytes);
+        if any_class && b.written > 0 {
+            // Objects of other classes went: compact so their zspages free up. Rare (the
+            // watermark keeps a margin), and bounded by the pool's size.
+            self.tier
+                .counters
+                .pages_compacted
+                .fetch_add(self.pool.compact().pages_freed, Ordering::Relaxed);
+        }
+        let found = !pages.is_empty();
+        bufs.pages = pages;
+        if b.written > 0 {
+            tier.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            tier.counters
+                .evicted_pages
+                .fetch_add(b.written, Ordering::Relaxed);
+            tier.counters
+                .evicted_bytes
+                .fetch_add(b.object_bytes, Ordering::Relaxed);
+        }
+        // Nothing stored to evict means the pool is (nearly) empty: room was made meanwhile.
+        b.written > 0 || !found
+    }
+
+    /// Counts a write that failed although eviction was tried.
+    pub(in crate::device) fn count_evict_failed(&self) {
+        self.tier
+            .counters
+            .evict_failed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,507 @@
+//! Automatic tiering: what zram leaves to one-shot manual triggers, done by a policy.
+//!
+//! - Pages not accessed for `recompress_after` are recompressed with the secondary algorithms.
+//! - Pages not accessed for `writeback_after` are written back to the backing store.
+//! - When the pool passes `high_watermark` percent of `mem_limit`, the coldest pages are written
+//!   back until it is under `low_watermark`; likewise a slice of the coldest pages per tick when
+//!   the host runs short (`MemAvailable` under `min_free` percent of `MemTotal`, or memory PSI
+//!   `some avg10` at or above `psi`). Compaction follows each pass.
+//! - A write that finds no room (the limit, or no pool memory) evicts cold pages to the backing
+//!   store and retries, instead of failing: a bounded batch, with buffers made when the I/O
+//!   context was, on the I/O thread itself (see [`Device::evict`]); or, in hand-off mode (the
+//!   daemon with a regular file as backing store, whose writes may wait on the filesystem's
+//!   journal), by the policy thread while the write waits at most [`EVICT_WAIT`] (see
+//!   [`Device::make_room`]).
+//! - A budget of bytes per day (`budget`) caps everything the policy and eviction write, to
+//!   spare flash; when it is spent, the device behaves as zram does at its limit (writes fail)
+//!   until the budget refills.
+//!
+//! [`Policy::tick`] does one round; the daemon calls it every second from its `uzram-policy`
+//! thread with [`Pressure::read`]'s figures. Tests call it with a fake clock
+//! (`Device::advance_clock`, feature `testing`) and fake [`Pressure`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+mod config;
+mod evict;
+mod stats;
+
+pub use self::config::{PolicyConfig, Pressure};
+use self::stats::Counters;
+pub use self::stats::PolicyStats;
+
+use super::writeback::{BatchStats, WbBuffers, BATCH};
+use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
+use crate::{Error, RecompressRequest};
+
+/// Longest a write waits for the policy thread to make room (hand-off mode) before it fails
+/// with ENOMEM as zram's would (swap keeps the page and retries). A policy thread stuck in its
+/// filesystem thus slows swap-out down but cannot stop it.
+pub const EVICT_WAIT: Duration = Duration::from_secs(2);
+/// After a wait timed out, how long further writes that find no room fail at once (unless
+/// the policy makes progress first).
+const EVICT_FAST_FAIL: Duration = Duration::from_millis(250);
+/// Pages one eviction writes at most (one batch, one `pwrite`).
+pub const EVICT_BATCH: usize = 32;
+/// Slots one eviction looks at, from a clock hand that goes round the device.
+const EVICT_SCAN: u64 = 16 * 1024;
+/// Rounds of eviction one page's store may take before the write fails.
+pub(super) const EVICT_TRIES: usize = 8;
+/// Most object bytes one tick writes back (the policy yields between ticks).
+const TICK_BYTES: u64 = 64 << 20;
+/// Most pages one tick recompresses (a tick should not keep evictions waiting long).
+const TICK_RECOMPRESS: u64 = 2 * 1024;
+/// Seconds between the age scans (recompression and age writeback look at every slot).
+const AGE_SCAN_SECS: u32 = 10;
+/// Histogram buckets of page age (log-scaled, see [`age_bucket`]).
+const BUCKETS: usize = 136;
+
+/// The budget of bytes per day: a bucket that refills continuously, full at the start.
+#[derive(Debug, Default)]
+struct Budget {
+    per_day: Option<u64>,
+    tokens: i64,
+    /// Device clock (seconds) of the last refill.
+    last: u32,
+}
+
+impl Budget {
+    fn set(&mut self, per_day: Option<u64>, now: u32) {
+        if self.per_day != per_day {
+            self.per_day = per_day;
+            self.tokens = per_day.map_or(0, |d| d.min(i64::MAX as u64) as i64);
+            self.last = now;
+        }
+    }
+
+    fn refill(&mut self, now: u32) {
+        if let Some(d) = self.per_day {
+            let dt = u64::from(now.saturating_sub(self.last));
+            let add = (u128::from(d) * u128::from(dt) / 86400).min(i64::MAX as u128) as i64;
+            let cap = d.min(i64::MAX as u64) as i64;
+            self.tokens = self.tokens.saturating_add(add).min(cap);
+        }
+        self.last = now;
+    }
+
+    /// Whether a write may start (one batch may overdraw the bucket, the next waits).
+    fn allows(&mut self, now: u32) -> bool {
+        self.refill(now);
+        self.per_day.is_none() || self.tokens > 0
+    }
+
+    fn charge(&mut self, bytes: u64) {
+        if self.per_day.is_some() {
+            self.tokens = self
+                .tokens
+                .saturating_sub(bytes.min(i64::MAX as u64) as i64);
+        }
+    }
+
+    fn left(&self) -> Option<u64> {
+        self.per_day.map(|_| self.tokens.max(0) as u64)
+    }
+}
+
+/// Room asked of the policy thread by writes that found none (hand-off mode).
+#[derive(Debug, Default)]
+struct Requests {
+    /// Object sizes asked for (distinct; more are dropped, the round frees room anyway).
+    sizes: [u16; 8],
+    n: usize,
+    /// Rounds that took the sizes asked so far; a request pushed now is taken by round
+    /// `taken + 1`.
+    taken: u64,
+    /// The last round finished.
+    done: u64,
+    /// A write timed out waiting: until then, or until the policy makes progress, the next
+    /// ones fail at once instead of each waiting.
+    starved_until: Option<Instant>,
+}
+
+/// The policy's shared state, part of every [`Device`].
+#[derive(Debug, Default)]
+pub(super) struct Tier {
+    config: Mutex<PolicyConfig>,
+    budget: Mutex<Budget>,
+    counters: Counters,
+    /// The eviction clock hand.
+    hand: AtomicU64,
+    /// Writes hand eviction to the policy thread instead of doing it themselves.
+    hand_off: AtomicBool,
+    requests: Mutex<Requests>,
+    /// The policy thread waits here for requests.
+    wake: Condvar,
+    /// Writes wait here for a round.
+    served: Condvar,
+}
+
+impl Tier {
+    pub(super) fn new(config: PolicyConfig) -> Tier {
+        let t = Tier {
+            config: Mutex::new(config),
+            ..Tier::default()
+        };
+        t.budget.lock().set(config.budget, 0);
+        t
+    }
+}
+
+/// The age histogram's bucket of `age` seconds: exact below 4 s, then four buckets per doubling.
+/// Grows with the age.
+fn age_bucket(age: u32) -> usize {
+    let a = u64::from(age) + 1;
+    let l = a.ilog2();
+    if l < 2 {
+        a as usize
+    } else {
+        (l * 4 + ((a >> (l - 2)) & 3) as u32) as usize
+    }
+}
+
+/// Why a tick writes pages back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    Age,
+    Watermark,
+    Host,
+}
+
+/// What one [`Policy::tick`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TickReport {
+    /// Pages recompressed.
+    pub recompressed: u64,
+    /// Pages written back (all reasons).
+    pub written_back: u64,
+    /// The tick wanted to write back but the budget said no.
+    pub budget_denied: bool,
+}
+
+/// The policy thread's own state: its writeback buffers and when it last scanned.
+pub struct Policy {
+    bufs: WbBuffers,
+    pages: Vec<PageIndex>,
+    /// Recompression's candidate list, kept between rounds.
+    candidates: Vec<(u16, u64)>,
+    last_age_scan: Option<u32>,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy::new()
+    }
+}
+
+impl Policy {
+    /// Makes the buffers (about 1.2 MiB).
+    pub fn new() -> Policy {
+        Policy {
+            bufs: WbBuffers::new(BATCH),
+            pages: Vec::with_capacity(BATCH),
+            candidates: Vec::new(),
+            last_age_scan: None,
+        }
+    }
+
+    /// Waits up to `timeout` for writes that ask for room (hand-off mode), and serves them:
+    /// evicts for each object size asked with the policy's buffers, then wakes the writers.
+    /// Returns whether any asked.
+    pub fn serve_evictions(&mut self, device: &Device, timeout: Duration) -> bool {
+        {
+            let tier = &device.tier;
+            let mut r = tier.requests.lock();
+            if r.n == 0 {
+                let _ = tier.wake.wait_for(&mut r, timeout);
+            }
+        }
+        let asked = serve_pending(&mut self.bufs, device);
+        // Between ticks, keep the margin under the limit too: the second between ticks is
+        // long under a swap storm.
+        self.relieve(device);
+        asked
+    }
+
+    /// Above the high watermark of `mem_limit`, writes back the coldest pages until the pool
+    /// is under the low one. Returns pages written back.
+    fn relieve(&mut self, device: &Device) -> u64 {
+        if device.backing().is_none() {
+            return 0;
+        }
+        let cfg = *device.tier.config.lock();
+        let Some(bytes) = watermark_excess(device, &cfg) else {
+            return 0;
+        };
+        let now = device.now();
+        if !device.tier.budget.lock().allows(now) {
+            device
+                .tier
+                .counters
+                .budget_denied
+                .fetch_add(1, Ordering::Relaxed);
+            return 0;
+        }
+        let done = self.write_back_coldest(device, bytes.min(TICK_BYTES), 0, now);
+        let c = &device.tier.counters;
+        c.watermark_wb_pages
+            .fetch_add(done.written, Ordering::Relaxed);
+        c.watermark_wb_bytes
+            .fetch_add(done.object_bytes, Ordering::Relaxed);
+        if done.written > 0 {
+            c.pages_compacted
+                .fetch_add(device.compact(), Ordering::Relaxed);
+            device.tier.progress();
+        }
+        done.written
+    }
+
+    /// One round of the policy on `device`, with `ctx`'s codec streams and the host's
+    /// `pressure`: recompression and writeback of idle pages (every few seconds), writeback of
+    /// the coldest pages above the watermark or under host pressure (every tick).
+    pub fn tick(
+        &mut self,
+        device: &Device,
+        ctx: &mut IoContext,
+        pressure: &Pressure,
+    ) -> Result<TickReport, Error> {
+        device.adopt(ctx)?;
+        let tier = &device.tier;
+        let cfg = *tier.config.lock();
+        let now = device.now();
+        tier.counters.ticks.fetch_add(1, Ordering::Relaxed);
+        let mut report = TickReport::default();
+        let age_scan = self
+            .last_age_scan
+            .map_or(true, |t| now.saturating_sub(t) >= AGE_SCAN_SECS);
+        if age_scan {
+            self.last_age_scan = Some(now);
+            if let Some(after) = cfg.recompress_after {
+                if !device.recomp_algorithms().is_empty() {
+                    let req = RecompressRequest {
+                        max_pages: Some(TICK_RECOMPRESS),
+                        ..RecompressRequest::default()
+                    };
+                    let s = device.recompress_older(ctx, &req, after, &mut self.candidates)?;
+                    tier.counters
+                        .recompressed_pages
+                        .fetch_add(s.recompressed, Ordering::Relaxed);
+                    tier.counters.recompress_saved.fetch_add(
+                        s.bytes_before.saturating_sub(s.bytes_after),
+                        Ordering::Relaxed,
+                    );
+                    tier.counters
+                        .pages_compacted
+                        .fetch_add(s.pages_compacted, Ordering::Relaxed);
+                    report.recompressed = s.recompressed;
+                }
+            }
+        }
+        let Some(_) = device.backing() else {
+            return Ok(report);
+        };
+        // How many stored bytes to move out, and why: the most pressing reason first.
+        let used = device.pool.pages_used();
+        let mut want: Option<(Reason, u64, u32)> =
+            watermark_excess(device, &cfg).map(|bytes| (Reason::Watermark, bytes, 0));
+        let host_short = pressure.mem_total > 0
+            && cfg.min_free > 0
+            && pressure.mem_available * 100 < pressure.mem_total * u64::from(cfg.min_free);
+        let psi_high = matches!((cfg.psi, pressure.psi_some_avg10), (Some(t), Some(v)) if v >= t);
+        if want.is_none() && (host_short || psi_high) && used > 0 {
+            // A thirty-second of the pool per tick, at least 4 MiB: pressure that lasts moves
+            // the coldest pages out steadily rather than the whole pool at once.
+            let bytes = (used * PAGE_SIZE as u64 / 32).max(4 << 20);
+            want = Some((Reason::Host, bytes, 0));
+        }
+        if want.is_none() && age_scan {
+            if let Some(after) = cfg.writeback_after {
+                want = Some((Reason::Age, TICK_BYTES, after));
+            }
+        }
+        let Some((reason, bytes, min_age)) = want else {
+            return Ok(report);
+        };
+        if !tier.budget.lock().allows(now) {
+            tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+            report.budget_denied = true;
+            return Ok(report);
+        }
+        let done = self.write_back_coldest(device, bytes.min(TICK_BYTES), min_age, now);
+        let (pages, bytes_c) = match reason {
+            Reason::Age => (&tier.counters.age_wb_pages, &tier.counters.age_wb_bytes),
+            Reason::Watermark => (
+                &tier.counters.watermark_wb_pages,
+                &tier.counters.watermark_wb_bytes,
+            ),
+            Reason::Host => (&tier.counters.host_wb_pages, &tier.counters.host_wb_bytes),
+        };
+        pages.fetch_add(done.written, Ordering::Relaxed);
+        bytes_c.fetch_add(done.object_bytes, Ordering::Relaxed);
+        report.written_back = done.written;
+        if done.written > 0 {
+            let freed = device.compact();
+            tier.counters
+                .pages_compacted
+                .fetch_add(freed, Ordering::Relaxed);
+            tier.progress();
+        }
+        Ok(report)
+    }
+
+    /// Writes back the coldest stored pages at least `min_age` seconds old, oldest buckets
+    /// first, until `target` stored bytes have gone, the store is full, or the budget or
+    /// zram's writeback limit says stop.
+    fn write_back_coldest(
+        &mut self,
+        device: &Device,
+        target: u64,
+        min_age: u32,
+        now: u32,
+    ) -> BatchStats {
+        let mut total = BatchStats::default();
+        let Some(backing) = device.backing() else {
+            return total;
+        };
+        // Histogram of stored bytes by age; the cutoff bucket is the youngest one needed.
+        let mut hist = [0u64; BUCKETS];
+        for i in 0..device.pages() {
+            let s = device.slot(PageIndex(i)).peek();
+            if s.flags.contains(SlotFlags::STORED) {
+                let age = now.saturating_sub(s.atime);
+                if age >= min_age {
+                    hist[age_bucket(age).min(BUCKETS - 1)] += u64::from(s.size);
+                }
+            }
+        }
+        let mut sum = 0;
+        let mut cutoff = 0;
+        for b in (0..BUCKETS).rev() {
+            sum += hist[b];
+            cutoff = b;
+            if sum >= target {
+                break;
+            }
+        }
+        if sum == 0 {
+            return total;
+        }
+        let keep = |s: &SlotState| {
+            s.flags.contains(SlotFlags::STORED) && {
+                let age = now.saturating_sub(s.atime);
+                age >= min_age && age_bucket(age).min(BUCKETS - 1) >= cutoff
+            }
+        };
+        self.pages.clear();
+        let mut i = 0;
+        while i < device.pages() && total.object_bytes < target {
+            // Fill a batch of candidates, then write it.
+            while i < device.pages() && self.pages.len() < BATCH {
+                if keep(&device.slot(PageIndex(i)).peek()) {
+                    self.pages.push(PageIndex(i));
+                }
+                i += 1;
+            }
+            if self.pages.is_empty() {
+                break;
+            }
+            if !device.tier.budget.lock().allows(now) {
+                device
+                    .tier
+                    .counters
+                    .budget_denied
+                    .fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            let allowed = backing.limit_allows(self.pages.len());
+            if allowed == 0 {
+                break;
+            }
+            let b =
+                device.write_batch(backing, &mut self.bufs, &self.pages[..allowed], &keep, true);
+            device.tier.budget.lock().charge(b.bytes);
+            self.pages.clear();
+            // Writes waiting for room come first (hand-off mode).
+            serve_pending(&mut self.bufs, device);
+            total.written += b.written;
+            total.object_bytes += b.object_bytes;
+            total.bytes += b.bytes;
+            total.failed += b.failed;
+            if b.full || b.failed > 0 {
+                break;
+            }
+        }
+        total
+    }
+}
+
+/// Bytes above the low watermark when the pool is above the high watermark of `mem_limit`.
+fn watermark_excess(device: &Device, cfg: &PolicyConfig) -> Option<u64> {
+    let used = device.pool.pages_used();
+    let limit = device.pool.stats().limit_pages;
+    (limit > 0 && used * 100 > limit * u64::from(cfg.high_watermark)).then(|| {
+        let target = limit * u64::from(cfg.low_watermark) / 100;
+        used.saturating_sub(target) * PAGE_SIZE as u64
+    })
+}
+
+/// Serves the evictions writes have asked for (hand-off mode), without waiting for any: evicts
+/// for each object size asked, then wakes the writers. Returns whether any asked.
+fn serve_pending(bufs: &mut WbBuffers, device: &Device) -> bool {
+    let tier = &device.tier;
+    let (sizes, n, round) = {
+        let mut r = tier.requests.lock();
+        if r.n == 0 {
+            return false;
+        }
+        r.taken += 1;
+        let taken = (r.sizes, r.n, r.taken);
+        r.n = 0;
+        taken
+    };
+    let mut served = 0;
+    for &size in &sizes[..n] {
+        if device.evict(bufs, usize::from(size)) {
+            served += 1;
+        }
+    }
+    let mut r = tier.requests.lock();
+    r.done = round;
+    if served > 0 {
+        r.starved_until = None;
+    }
+    tier.served.notify_all();
+    true
+}
+
+impl Tier {
+    /// The policy made room: writes that find none wait for it again.
+    fn progress(&self) {
+        self.requests.lock().starved_until = None;
+    }
+}
+
+impl Device {
+    /// The policy's settings.
+    pub fn policy(&self) -> PolicyConfig {
+        *self.tier.config.lock()
+    }
+
+    /// Changes the policy's settings (`key=value ...`, see [`PolicyConfig::update`]).
+    pub fn set_policy(&self, text: &str) -> Result<(), Error> {
+        let mut cfg = self.tier.config.lock();
+        cfg.update(text)?;
+        self.tier.budget.lock().set(cfg.budget, self.now());
+        Ok(())
+    }
+
+    /// What the policy and eviction have done.
+    pub fn policy_stats(&self) -> PolicyStats {
+        self.tier.counters.snapshot(self.tier.budget.lock().left())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,120 @@
+//! What the policy has done, counted: uzram's `policy_stat`. One table below defines each
+//! counter, its snapshot field and its `policy_stat` key.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Defines the live counters ([`Counters`]), their snapshot ([`PolicyStats`]) and the
+/// `policy_stat` rows from one list of `field => "key"` with the field's doc.
+macro_rules! policy_counters {
+    ($($(#[doc = $doc:literal])+ $field:ident => $key:literal,)+) => {
+        /// What the policy has done, counted (uzram's `policy_stat`).
+        #[derive(Debug, Default)]
+        pub(super) struct Counters {
+            $(pub(super) $field: AtomicU64,)+
+        }
+
+        /// A snapshot of the policy's counters.
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct PolicyStats {
+            $($(#[doc = $doc])+ pub $field: u64,)+
+            /// Bytes the budget has left (`None`: no budget).
+            pub budget_left: Option<u64>,
+        }
+
+        impl Counters {
+            /// The counters now, with the budget's figure.
+            pub(super) fn snapshot(&self, budget_left: Option<u64>) -> PolicyStats {
+                PolicyStats {
+                    $($field: self.$field.load(Ordering::Relaxed),)+
+                    budget_left,
+                }
+            }
+        }
+
+        impl PolicyStats {
+            /// `policy_stat`'s counter rows, in order: key and value.
+            fn rows(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$(($key, self.$field),)+].into_iter()
+            }
+        }
+    };
+}
+
+policy_counters! {
+    /// Rounds of the policy.
+    ticks => "ticks",
+    /// Pages recompressed because they were idle.
+    recompressed_pages => "recompressed_pages",
+    /// Bytes recompression saved.
+    recompress_saved => "recompress_saved_bytes",
+    /// Pages written back because they were idle (`writeback_after`).
+    age_wb_pages => "age_writeback_pages",
+    /// Their stored bytes.
+    age_wb_bytes => "age_writeback_bytes",
+    /// Pages written back because the pool passed the high watermark of `mem_limit`.
+    watermark_wb_pages => "watermark_writeback_pages",
+    /// Their stored bytes.
+    watermark_wb_bytes => "watermark_writeback_bytes",
+    /// Pages written back because the host was short of memory.
+    host_wb_pages => "host_writeback_pages",
+    /// Their stored bytes.
+    host_wb_bytes => "host_writeback_bytes",
+    /// Writes that found no room and evicted pages.
+    evictions => "evictions",
+    /// Pages those evictions wrote back.
+    evicted_pages => "evicted_pages",
+    /// Their stored bytes.
+    evicted_bytes => "evicted_bytes",
+    /// Writes that failed although eviction was tried.
+    evict_failed => "evict_failed",
+    /// Of those, waits for the policy thread that timed out (hand-off mode).
+    evict_timeouts => "evict_timeouts",
+    /// And writes that failed at once because a wait had just timed out.
+    evict_fast_fails => "evict_fast_fails",
+    /// Writebacks the budget (or zram's spent `writeback_limit`) held back.
+    budget_denied => "budget_denied",
+    /// Pool pages the policy's compaction freed.
+    pages_compacted => "pages_compacted",
+}
+
+impl fmt::Display for PolicyStats {
+    /// One `key value` per line, as `uzram_stat`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (k, v) in self.rows() {
+            writeln!(f, "{k} {v}")?;
+        }
+        match self.budget_left {
+            Some(b) => writeln!(f, "budget_left_bytes {b}"),
+            None => writeln!(f, "budget_left_bytes off"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_stat_prints_every_counter_once_in_order_then_the_budget() {
+        let c = Counters::default();
+        c.evictions.store(7, Ordering::Relaxed);
+        c.pages_compacted.store(3, Ordering::Relaxed);
+        let text = c.snapshot(Some(42)).to_string();
+        let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
+        assert_eq!(keys.len(), 18);
+        assert_eq!(keys.first(), Some(&"ticks"));
+        assert_eq!(keys[16..], ["pages_compacted", "budget_left_bytes"]);
+        assert!(text.contains("\nevictions 7\n"), "{text}");
+        assert!(text.contains("\npages_compacted 3\n"), "{text}");
+        assert!(text.ends_with("budget_left_bytes 42\n"), "{text}");
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), keys.len(), "a key twice: {text}");
+        assert!(Counters::default()
+            .snapshot(None)
+            .to_string()
+            .ends_with("budget_left_bytes off\n"));
+    }
+}
