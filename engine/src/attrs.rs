@@ -21,33 +21,6 @@ pub enum Access {
     ReadWrite,
 }
 
-/// The attributes uzram serves, with zram's modes. `reset` is the daemon's (it stops the device).
-pub const ATTRIBUTES: &[(&str, Access)] = &[
-    ("algorithm_params", Access::Write),
-    ("backing_dev", Access::ReadWrite),
-    ("bd_stat", Access::Read),
-    ("comp_algorithm", Access::ReadWrite),
-    ("compact", Access::Write),
-    ("debug_stat", Access::Read),
-    ("disksize", Access::ReadWrite),
-    ("idle", Access::Write),
-    ("initstate", Access::Read),
-    ("io_stat", Access::Read),
-    ("max_comp_streams", Access::ReadWrite),
-    ("mem_limit", Access::Write),
-    ("mem_used_max", Access::Write),
-    ("mm_stat", Access::Read),
-    ("policy", Access::ReadWrite),
-    ("policy_stat", Access::Read),
-    ("recomp_algorithm", Access::ReadWrite),
-    ("recompress", Access::Write),
-    ("reset", Access::Write),
-    ("uzram_stat", Access::Read),
-    ("writeback", Access::Write),
-    ("writeback_limit", Access::ReadWrite),
-    ("writeback_limit_enable", Access::ReadWrite),
-];
-
 /// Why an attribute access failed: an errno and what to tell the user.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
@@ -80,57 +53,220 @@ pub struct DaemonInfo {
     pub pid: u32,
 }
 
-/// The access mode of `name`, or `ENOENT` as sysfs gives for a file that does not exist.
-pub fn access(name: &str) -> Result<Access, AttrError> {
+/// Reads an attribute: its exact bytes.
+type Show = fn(&Device, &DaemonInfo) -> String;
+/// Writes an attribute from its value (trimmed).
+type StoreFn = fn(&Device, &str) -> Result<(), AttrError>;
+
+/// What a write to an attribute does.
+#[derive(Clone, Copy)]
+enum Store {
+    /// Read-only: EACCES.
+    No,
+    /// What only an uninitialised zram device can change; a uzram device is initialised when it
+    /// is created, so EBUSY.
+    Fixed,
+    /// The attribute's `*_store`.
+    Fn(StoreFn),
+}
+
+/// One attribute: its name, its sysfs mode, and its `show` and `store` (zram_drv.c's
+/// `*_show` / `*_store` pairs). A mode without reading has no `show`, one without writing no
+/// `store`.
+pub struct Attribute {
+    /// The file's name, as zram's.
+    pub name: &'static str,
+    /// zram's mode for it.
+    pub access: Access,
+    show: Option<Show>,
+    store: Store,
+}
+
+const fn ro(name: &'static str, show: Show) -> Attribute {
+    Attribute {
+        name,
+        access: Access::Read,
+        show: Some(show),
+        store: Store::No,
+    }
+}
+
+const fn wo(name: &'static str, store: StoreFn) -> Attribute {
+    Attribute {
+        name,
+        access: Access::Write,
+        show: None,
+        store: Store::Fn(store),
+    }
+}
+
+const fn rw(name: &'static str, show: Show, store: StoreFn) -> Attribute {
+    Attribute {
+        name,
+        access: Access::ReadWrite,
+        show: Some(show),
+        store: Store::Fn(store),
+    }
+}
+
+/// A zram attribute that only an uninitialised device can change (`show` None: write-only).
+const fn fixed(name: &'static str, show: Option<Show>) -> Attribute {
+    Attribute {
+        name,
+        access: if show.is_some() {
+            Access::ReadWrite
+        } else {
+            Access::Write
+        },
+        show,
+        store: Store::Fixed,
+    }
+}
+
+/// The attributes uzram serves, with zram's modes, sorted by name. `reset` is the daemon's (it
+/// stops the device); here it only refuses.
+pub static ATTRIBUTES: &[Attribute] = &[
+    fixed("algorithm_params", None),
+    fixed("backing_dev", Some(show_backing_dev)),
+    ro("bd_stat", show_bd_stat),
+    fixed("comp_algorithm", Some(show_comp_algorithm)),
+    wo("compact", store_compact),
+    ro("debug_stat", show_debug_stat),
+    fixed("disksize", Some(show_disksize)),
+    wo("idle", store_idle),
+    ro("initstate", |_, _| "1\n".to_string()),
+    ro("io_stat", |d, _| d.io_stat()),
+    rw(
+        "max_comp_streams",
+        show_max_comp_streams,
+        store_max_comp_streams,
+    ),
+    wo("mem_limit", store_mem_limit),
+    wo("mem_used_max", store_mem_used_max),
+    ro("mm_stat", |d, _| d.mm_stat()),
+    rw("policy", show_policy, store_policy),
+    ro("policy_stat", |d, _| d.policy_stats().to_string()),
+    fixed("recomp_algorithm", Some(show_recomp_algorithm)),
+    wo("recompress", store_recompress),
+    wo("reset", store_reset),
+    ro("uzram_stat", uzram_stat),
+    wo("writeback", store_writeback),
+    rw(
+        "writeback_limit",
+        show_writeback_limit,
+        store_writeback_limit,
+    ),
+    rw(
+        "writeback_limit_enable",
+        show_writeback_limit_enable,
+        store_writeback_limit_enable,
+    ),
+];
+
+/// Attribute `name`, or `ENOENT` as sysfs gives for a file that does not exist.
+fn find(name: &str) -> Result<&'static Attribute, AttrError> {
     ATTRIBUTES
         .iter()
-        .find(|(n, _)| *n == name)
-        .map(|&(_, a)| a)
+        .find(|a| a.name == name)
         .ok_or_else(|| AttrError::new(libc::ENOENT, format!("no attribute {name:?}")))
+}
+
+/// The access mode of `name`, or `ENOENT` as sysfs gives for a file that does not exist.
+pub fn access(name: &str) -> Result<Access, AttrError> {
+    find(name).map(|a| a.access)
 }
 
 /// Reads attribute `name`: exactly the bytes zram's sysfs file holds.
 pub fn read(device: &Device, info: &DaemonInfo, name: &str) -> Result<String, AttrError> {
-    if access(name)? == Access::Write {
-        return Err(AttrError::new(
+    let attr = find(name)?;
+    let show = attr.show.ok_or_else(|| {
+        AttrError::new(libc::EACCES, format!("{name} is write-only (as in zram)"))
+    })?;
+    Ok(show(device, info))
+}
+
+/// Writes `value` to attribute `name`, with zram's syntax and errors. `reset` is not handled
+/// here: the caller owns the device's life.
+pub fn write(device: &Device, name: &str, value: &str) -> Result<(), AttrError> {
+    match find(name)?.store {
+        Store::No => Err(AttrError::new(
             libc::EACCES,
-            format!("{name} is write-only (as in zram)"),
-        ));
+            format!("{name} is read-only (as in zram)"),
+        )),
+        Store::Fixed => Err(AttrError::new(
+            libc::EBUSY,
+            format!(
+                "{name} cannot change on an initialised device (as in zram): reset it and create it again"
+            ),
+        )),
+        Store::Fn(store) => store(device, value.trim()),
     }
-    Ok(match name {
-        "comp_algorithm" => algorithm_list(device.algorithm()),
-        // "version: 1", then writestall and miss_free, as Linux 6.12 prints them (uzram never
-        // stalls writes for memory and frees every slot it is told to: both 0).
-        "debug_stat" => format!("version: 1\n{:>8} {:>8}\n", 0, 0),
-        "disksize" => format!("{}\n", device.disksize()),
-        "backing_dev" => match device.backing() {
-            Some(b) => format!("{}\n", b.path().display()),
-            None => "none\n".to_string(),
-        },
-        "bd_stat" => match device.backing() {
-            Some(b) => b.bd_stat(),
-            None => format!("{:>8} {:>8} {:>8}\n", 0, 0, 0),
-        },
-        "writeback_limit" => format!("{}\n", device.backing().map_or(0, |b| b.limit().1)),
-        "writeback_limit_enable" => format!(
-            "{}\n",
-            u8::from(device.backing().is_some_and(|b| b.limit().0))
-        ),
-        "initstate" => "1\n".to_string(),
-        "io_stat" => device.io_stat(),
-        "max_comp_streams" => format!("{}\n", info.streams),
-        // One line per secondary algorithm: "#PRIO: " and the list comp_algorithm prints.
-        "recomp_algorithm" => device
-            .recomp_algorithms()
-            .into_iter()
-            .map(|(prio, chosen)| format!("#{prio}: {}", algorithm_list(chosen)))
-            .collect(),
-        "mm_stat" => device.mm_stat(),
-        "uzram_stat" => uzram_stat(device, info),
-        "policy" => format!("{}\n", device.policy()),
-        "policy_stat" => device.policy_stats().to_string(),
-        _ => unreachable!("every readable attribute is handled"),
-    })
+}
+
+fn invalid(e: impl std::fmt::Display) -> AttrError {
+    AttrError::new(libc::EINVAL, e.to_string())
+}
+
+fn number(value: &str) -> Result<u64, AttrError> {
+    value
+        .parse()
+        .map_err(|_| AttrError::new(libc::EINVAL, format!("not a number: {value:?}")))
+}
+
+fn show_comp_algorithm(device: &Device, _: &DaemonInfo) -> String {
+    algorithm_list(device.algorithm())
+}
+
+/// "version: 1", then writestall and miss_free, as Linux 6.12 prints them (uzram never stalls
+/// writes for memory and frees every slot it is told to: both 0).
+fn show_debug_stat(_: &Device, _: &DaemonInfo) -> String {
+    format!("version: 1\n{:>8} {:>8}\n", 0, 0)
+}
+
+fn show_disksize(device: &Device, _: &DaemonInfo) -> String {
+    format!("{}\n", device.disksize())
+}
+
+fn show_backing_dev(device: &Device, _: &DaemonInfo) -> String {
+    match device.backing() {
+        Some(b) => format!("{}\n", b.path().display()),
+        None => "none\n".to_string(),
+    }
+}
+
+fn show_bd_stat(device: &Device, _: &DaemonInfo) -> String {
+    match device.backing() {
+        Some(b) => b.bd_stat(),
+        None => format!("{:>8} {:>8} {:>8}\n", 0, 0, 0),
+    }
+}
+
+fn show_writeback_limit(device: &Device, _: &DaemonInfo) -> String {
+    format!("{}\n", device.backing().map_or(0, |b| b.limit().1))
+}
+
+fn show_writeback_limit_enable(device: &Device, _: &DaemonInfo) -> String {
+    format!(
+        "{}\n",
+        u8::from(device.backing().is_some_and(|b| b.limit().0))
+    )
+}
+
+fn show_max_comp_streams(_: &Device, info: &DaemonInfo) -> String {
+    format!("{}\n", info.streams)
+}
+
+/// One line per secondary algorithm: "#PRIO: " and the list comp_algorithm prints.
+fn show_recomp_algorithm(device: &Device, _: &DaemonInfo) -> String {
+    device
+        .recomp_algorithms()
+        .into_iter()
+        .map(|(prio, chosen)| format!("#{prio}: {}", algorithm_list(chosen)))
+        .collect()
+}
+
+fn show_policy(device: &Device, _: &DaemonInfo) -> String {
+    format!("{}\n", device.policy())
 }
 
 /// zram's list of algorithms: every one, `chosen` in brackets, each followed by a space, then a
@@ -176,125 +312,109 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
     out
 }
 
-/// Writes `value` to attribute `name`, with zram's syntax and errors. `reset` is not handled
-/// here: the caller owns the device's life.
-pub fn write(device: &Device, name: &str, value: &str) -> Result<(), AttrError> {
-    if access(name)? == Access::Read {
+fn store_compact(device: &Device, _: &str) -> Result<(), AttrError> {
+    device.compact();
+    Ok(())
+}
+
+fn store_mem_limit(device: &Device, value: &str) -> Result<(), AttrError> {
+    device.set_mem_limit(Some(parse_size(value).map_err(invalid)?));
+    Ok(())
+}
+
+/// zram takes only 0: reset the high watermark to the current use.
+fn store_mem_used_max(device: &Device, value: &str) -> Result<(), AttrError> {
+    if value.parse::<u64>() != Ok(0) {
         return Err(AttrError::new(
-            libc::EACCES,
-            format!("{name} is read-only (as in zram)"),
+            libc::EINVAL,
+            format!("mem_used_max takes only 0 (got {value:?})"),
         ));
     }
-    let value = value.trim();
-    match name {
-        "compact" => {
-            device.compact();
-        }
-        "mem_limit" => {
-            let bytes =
-                parse_size(value).map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?;
-            device.set_mem_limit(Some(bytes));
-        }
-        "mem_used_max" => {
-            // zram takes only 0: reset the high watermark to the current use.
-            if value.parse::<u64>() != Ok(0) {
-                return Err(AttrError::new(
-                    libc::EINVAL,
-                    format!("mem_used_max takes only 0 (got {value:?})"),
-                ));
-            }
-            device.reset_mem_used_max();
-        }
-        // zram ignores writes to max_comp_streams since Linux 4.7; so does uzram (its streams
-        // are its queues, fixed when the device is created).
-        "max_comp_streams" => {
-            value
-                .parse::<u64>()
-                .map_err(|_| AttrError::new(libc::EINVAL, format!("not a number: {value:?}")))?;
-        }
-        "idle" => {
-            let older = match value {
-                "all" => None,
-                n => Some(n.parse::<u32>().map_err(|_| {
-                    AttrError::new(
-                        libc::EINVAL,
-                        format!("idle takes \"all\" or seconds (got {n:?})"),
-                    )
-                })?),
-            };
-            device.mark_idle(older);
-        }
-        "writeback" => {
-            let request: crate::device::writeback::WritebackRequest = value
-                .parse()
-                .map_err(|e: crate::Error| AttrError::new(libc::EINVAL, e.to_string()))?;
-            if device.backing().is_none() {
-                return Err(AttrError::new(
-                    libc::ENODEV,
-                    "no backing device (create the device with --backing-dev FILE)",
-                ));
-            }
-            let mut ctx = device
-                .context()
-                .map_err(|e| AttrError::new(libc::ENOMEM, e.to_string()))?;
-            let stats = device
-                .writeback(&mut ctx, request)
-                .map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?;
-            // zram fails a pass cut short by the writeback limit with EIO.
-            if stats.stopped && stats.written < stats.candidates {
-                return Err(AttrError::new(
-                    libc::EIO,
-                    format!(
-                        "writeback stopped after {} of {} pages (writeback limit or full backing device)",
-                        stats.written, stats.candidates
-                    ),
-                ));
-            }
-        }
-        "writeback_limit" | "writeback_limit_enable" => {
-            let n: u64 = value
-                .parse()
-                .map_err(|_| AttrError::new(libc::EINVAL, format!("not a number: {value:?}")))?;
-            let b = device
-                .backing()
-                .ok_or_else(|| AttrError::new(libc::ENODEV, "no backing device"))?;
-            if name == "writeback_limit" {
-                b.set_limit(n);
-            } else {
-                b.set_limit_enable(n != 0);
-            }
-        }
-        "policy" => device
-            .set_policy(value)
-            .map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?,
-        "recompress" => {
-            let request: crate::RecompressRequest = value
-                .parse()
-                .map_err(|e: crate::Error| AttrError::new(libc::EINVAL, e.to_string()))?;
-            let mut ctx = device
-                .context()
-                .map_err(|e| AttrError::new(libc::ENOMEM, e.to_string()))?;
-            device
-                .recompress(&mut ctx, &request)
-                .map_err(|e| AttrError::new(libc::EINVAL, e.to_string()))?;
-        }
-        "disksize" | "comp_algorithm" | "algorithm_params" | "recomp_algorithm" | "backing_dev" => {
-            return Err(AttrError::new(
-                libc::EBUSY,
-                format!(
-                    "{name} cannot change on an initialised device (as in zram): reset it and create it again"
-                ),
-            ));
-        }
-        "reset" => {
-            return Err(AttrError::new(
+    device.reset_mem_used_max();
+    Ok(())
+}
+
+/// zram ignores writes to max_comp_streams since Linux 4.7; so does uzram (its streams are its
+/// queues, fixed when the device is created). The value must still be a number.
+fn store_max_comp_streams(_: &Device, value: &str) -> Result<(), AttrError> {
+    number(value).map(drop)
+}
+
+fn store_idle(device: &Device, value: &str) -> Result<(), AttrError> {
+    let older = match value {
+        "all" => None,
+        n => Some(n.parse::<u32>().map_err(|_| {
+            AttrError::new(
                 libc::EINVAL,
-                "reset is the daemon's to do (uzram --reset DEVICE)",
-            ))
-        }
-        _ => unreachable!("every writable attribute is handled"),
+                format!("idle takes \"all\" or seconds (got {n:?})"),
+            )
+        })?),
+    };
+    device.mark_idle(older);
+    Ok(())
+}
+
+fn store_writeback(device: &Device, value: &str) -> Result<(), AttrError> {
+    let request: crate::device::writeback::WritebackRequest = value.parse().map_err(invalid)?;
+    if device.backing().is_none() {
+        return Err(AttrError::new(
+            libc::ENODEV,
+            "no backing device (create the device with --backing-dev FILE)",
+        ));
+    }
+    let mut ctx = device
+        .context()
+        .map_err(|e| AttrError::new(libc::ENOMEM, e.to_string()))?;
+    let stats = device.writeback(&mut ctx, request).map_err(invalid)?;
+    // zram fails a pass cut short by the writeback limit with EIO.
+    if stats.stopped && stats.written < stats.candidates {
+        return Err(AttrError::new(
+            libc::EIO,
+            format!(
+                "writeback stopped after {} of {} pages (writeback limit or full backing device)",
+                stats.written, stats.candidates
+            ),
+        ));
     }
     Ok(())
+}
+
+fn backing_of(device: &Device) -> Result<&crate::device::writeback::BackingStore, AttrError> {
+    device
+        .backing()
+        .ok_or_else(|| AttrError::new(libc::ENODEV, "no backing device"))
+}
+
+fn store_writeback_limit(device: &Device, value: &str) -> Result<(), AttrError> {
+    let n = number(value)?;
+    backing_of(device)?.set_limit(n);
+    Ok(())
+}
+
+fn store_writeback_limit_enable(device: &Device, value: &str) -> Result<(), AttrError> {
+    let n = number(value)?;
+    backing_of(device)?.set_limit_enable(n != 0);
+    Ok(())
+}
+
+fn store_policy(device: &Device, value: &str) -> Result<(), AttrError> {
+    device.set_policy(value).map_err(invalid)
+}
+
+fn store_recompress(device: &Device, value: &str) -> Result<(), AttrError> {
+    let request: crate::RecompressRequest = value.parse().map_err(invalid)?;
+    let mut ctx = device
+        .context()
+        .map_err(|e| AttrError::new(libc::ENOMEM, e.to_string()))?;
+    device.recompress(&mut ctx, &request).map_err(invalid)?;
+    Ok(())
+}
+
+fn store_reset(_: &Device, _: &str) -> Result<(), AttrError> {
+    Err(AttrError::new(
+        libc::EINVAL,
+        "reset is the daemon's to do (uzram --reset DEVICE)",
+    ))
 }
 
 #[cfg(test)]
@@ -329,6 +449,28 @@ mod tests {
             read(&d, &info, "debug_stat").unwrap(),
             "version: 1\n       0        0\n"
         );
+    }
+
+    #[test]
+    fn the_table_is_sorted_and_each_mode_matches_what_the_attribute_does() {
+        let d = device();
+        let names: Vec<&str> = ATTRIBUTES.iter().map(|a| a.name).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(names, sorted, "sorted, each once");
+        for a in ATTRIBUTES {
+            let readable = a.access != Access::Write;
+            let writable = a.access != Access::Read;
+            assert_eq!(a.show.is_some(), readable, "{}", a.name);
+            assert_eq!(!matches!(a.store, Store::No), writable, "{}", a.name);
+            let r = read(&d, &DaemonInfo::default(), a.name);
+            assert_eq!(r.is_ok(), readable, "{}: {r:?}", a.name);
+            if !writable {
+                assert_eq!(write(&d, a.name, "1").unwrap_err().errno, libc::EACCES);
+            }
+        }
+        assert_eq!(access("nope").unwrap_err().errno, libc::ENOENT);
     }
 
     #[test]
