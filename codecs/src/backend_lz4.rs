@@ -84,11 +84,7 @@ mod tests {
     use super::*;
 
     fn text_page() -> Box<[u8; PAGE_SIZE]> {
-        let mut page = Box::new([0u8; PAGE_SIZE]);
-        for (i, chunk) in page.chunks_mut(16).enumerate() {
-            chunk.copy_from_slice(format!("line {i:>10}\n").as_bytes());
-        }
-        page
+        Box::new(crate::pages::text_page(0))
     }
 
     #[test]

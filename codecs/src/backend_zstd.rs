@@ -136,7 +136,7 @@ mod tests {
         // Why Stream compresses through a scratch buffer when dst is short: a text page whose
         // output would fit exactly is refused.
         let mut stream = ZstdStream::new(3, None).unwrap();
-        let page = crate::testing::text_page(9);
+        let page = crate::pages::text_page(9);
         let mut dst = [0u8; COMPRESS_BOUND];
         let len = stream.compress(None, &page, &mut dst).unwrap();
         assert!(stream.compress(None, &page, &mut dst[..len]).is_err());

@@ -211,7 +211,7 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{noise_page, text_page};
+    use crate::pages::{noise_page, text_page};
     use crate::MAX_COMPRESSED_LEN;
     use proptest::prelude::*;
 

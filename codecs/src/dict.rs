@@ -56,7 +56,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::text_page;
+    use crate::pages::text_page;
 
     #[test]
     fn trained_dictionary_fits_max_size_and_has_an_id() {

@@ -21,6 +21,8 @@
 
 use arbitrary::Unstructured;
 
+use crate::pages::{fill_noise, text_page};
+
 use crate::{
     Algorithm, Codec, CodecError, CodecParams, ConfigError, Stream, MAX_COMPRESSED_LEN, PAGE_SIZE,
 };
@@ -286,7 +288,7 @@ fn arbitrary_page(u: &mut Unstructured<'_>) -> Box<[u8; PAGE_SIZE]> {
             }
         }
         // Incompressible.
-        6 => fill_noise(u64le(u), &mut page[..]),
+        6 => fill_noise(&mut page[..], u64le(u)),
         // Text.
         _ => *page = text_page(u64le(u)),
     }
@@ -310,59 +312,6 @@ fn u64le(u: &mut Unstructured<'_>) -> u64 {
 /// Up to `len` bytes: fewer if the input ends.
 fn take<'a>(u: &mut Unstructured<'a>, len: usize) -> &'a [u8] {
     u.bytes(len.min(u.len())).unwrap_or_default()
-}
-
-/// Fills `out` with xorshift noise from `seed`: incompressible, deterministic.
-pub(crate) fn fill_noise(seed: u64, out: &mut [u8]) {
-    let mut state = seed | 1;
-    for chunk in out.chunks_mut(8) {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-    }
-}
-
-/// A page of log-like lines from `seed`: lz4 compresses it about 3 times; pages of different
-/// seeds share phrases but not lines.
-pub(crate) fn text_page(seed: u64) -> [u8; PAGE_SIZE] {
-    const PHRASES: &[&str] = &[
-        "slot",
-        "page",
-        "handle",
-        "zspage",
-        "class",
-        "free",
-        "idle",
-        "huge",
-        "write back",
-        "compressed",
-        "same filled",
-        "level",
-        "error",
-        "queue depth",
-        "sector",
-        "pool",
-    ];
-    let mut noise = [0u8; 1024];
-    fill_noise(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), &mut noise);
-    let mut page = [0u8; PAGE_SIZE];
-    let mut at = 0;
-    let mut r = noise.chunks(4).cycle();
-    while at < PAGE_SIZE {
-        let c = r.next().unwrap_or(&[0; 4]);
-        let line = format!(
-            "uzram: {} {} of {} at {}\n",
-            PHRASES[usize::from(c[0] % 16)],
-            u16::from(c[1]) * 4,
-            PHRASES[usize::from(c[2] % 16)],
-            c[3] % 16,
-        );
-        let end = (at + line.len()).min(PAGE_SIZE);
-        page[at..end].copy_from_slice(&line.as_bytes()[..end - at]);
-        at = end;
-    }
-    page
 }
 
 /// Inputs for `fuzz/corpus/codec_roundtrip`, named for what they exercise.
@@ -525,28 +474,12 @@ mod tests {
         // A few hundred inputs on stable, in lieu of a fuzzer run.
         for seed in 0..300u64 {
             let mut data = vec![0u8; (seed as usize * 13) % 700];
-            fill_noise(seed, &mut data);
+            fill_noise(&mut data, seed);
             if let Some(first) = data.first_mut() {
                 *first %= 2;
             }
             codec_roundtrip(&data);
             codec_decompress_corrupt(&data);
         }
-    }
-
-    #[test]
-    fn text_pages_compress_like_text() {
-        let page = text_page(1);
-        assert!(page.iter().all(|b| b.is_ascii()));
-        let compressed = lz4_flex::block::compress(&page);
-        assert!(compressed.len() < PAGE_SIZE / 2, "{}", compressed.len());
-        assert_ne!(text_page(1), text_page(2));
-    }
-
-    #[test]
-    fn noise_does_not_compress() {
-        let mut page = [0u8; PAGE_SIZE];
-        fill_noise(3, &mut page);
-        assert!(lz4_flex::block::compress(&page).len() > PAGE_SIZE);
     }
 }

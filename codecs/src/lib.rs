@@ -57,6 +57,8 @@ mod dict;
 mod error;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
+#[cfg(any(test, feature = "testing"))]
+pub mod pages;
 mod params;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
@@ -80,18 +82,6 @@ pub const PAGE_SIZE: usize = 4096;
 /// A `dst` at least this long always holds a compressed page, whatever the algorithm (the
 /// largest of the algorithms' worst cases, lz4's).
 pub const MAX_COMPRESSED_LEN: usize = backend_lz4::COMPRESS_BOUND;
-
-#[cfg(test)]
-mod testing {
-    pub(crate) use crate::fuzzing::text_page;
-    use crate::PAGE_SIZE;
-
-    pub(crate) fn noise_page(seed: u64) -> [u8; PAGE_SIZE] {
-        let mut page = [0u8; PAGE_SIZE];
-        crate::fuzzing::fill_noise(seed, &mut page);
-        page
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -2,8 +2,9 @@
 //! writes a text page, a zero page and a page of noise, reads them back, discards one and prints
 //! zram's `mm_stat` and `io_stat` lines with the table's own cost.
 //!
-//! Run with `cargo run --example embed`.
+//! Run with `cargo run -p uzram-engine --example embed`.
 
+use uzram_engine::testing::pages::noise_page;
 use uzram_engine::{
     format_size, parse_size, Device, DeviceSetup, Error, PageIndex, SlotFlags, PAGE_SIZE,
 };
@@ -24,7 +25,7 @@ fn main() -> Result<(), Error> {
     let pages: [(&str, Vec<u8>); 3] = [
         ("text", text),
         ("zeros", vec![0; PAGE_SIZE]),
-        ("noise", noise(PAGE_SIZE)),
+        ("noise", noise_page(7).to_vec()),
     ];
     for (i, (_, page)) in pages.iter().enumerate() {
         device.write(&mut ctx, offset(i), page)?;
@@ -67,18 +68,6 @@ fn offset(page: usize) -> u64 {
 }
 
 /// Bytes that do not compress (xorshift64).
-fn noise(len: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn print_stats(when: &str, device: &Device) {
     let s = device.stats();
     println!("\n{when}:");

@@ -901,11 +901,7 @@ mod tests {
     }
 
     fn text_page(seed: u8) -> [u8; PAGE_SIZE] {
-        let mut p = [0u8; PAGE_SIZE];
-        for (i, b) in p.iter_mut().enumerate() {
-            *b = b"the quick brown fox "[(i + seed as usize) % 20].wrapping_add((i / 512) as u8);
-        }
-        p
+        crate::testing::pages::text_page(seed.into())
     }
 
     /// Compares pages without printing 4 KiB arrays on failure.
@@ -944,14 +940,7 @@ mod tests {
     fn pages_round_trip_by_kind() {
         let (d, mut ctx) = device(8);
         let text = text_page(1);
-        let mut noise = [0u8; PAGE_SIZE];
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for b in noise.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
+        let noise = crate::testing::pages::noise_page(0x9e37_79b9_7f4a_7c15);
         let mut same = [0u8; PAGE_SIZE];
         fill(&mut same, 0xabab_abab_abab_abab);
         d.write(&mut ctx, 0, &text).unwrap();

@@ -365,7 +365,7 @@ mod tests {
     fn idle_recompression_shrinks_memory_and_keeps_every_page() {
         let d = device();
         let mut ctx = d.context().unwrap();
-        let pages: Vec<Vec<u8>> = (0..1500).map(text_page).collect();
+        let pages: Vec<[u8; PAGE_SIZE]> = (0..1500).map(text_page).collect();
         for (i, p) in pages.iter().enumerate() {
             d.write(&mut ctx, i as u64 * 4096, p).unwrap();
         }
@@ -416,15 +416,7 @@ mod tests {
     fn pages_no_algorithm_shrinks_become_incompressible() {
         let d = device();
         let mut ctx = d.context().unwrap();
-        let mut x = 0x1234_5678_9abc_def1u64;
-        let noise: Vec<u8> = (0..PAGE_SIZE)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let noise = crate::testing::pages::noise_page(0x1234_5678_9abc_def1);
         d.write(&mut ctx, 0, &noise).unwrap();
         let s = d
             .recompress(&mut ctx, &"type=huge".parse().unwrap())

@@ -22,6 +22,9 @@ use std::collections::HashMap;
 use arbitrary::{Arbitrary, Unstructured};
 use uzram_codecs::{Algorithm, Codec, CodecParams, Stream, MAX_COMPRESSED_LEN};
 
+use super::pages::{fill_noise, fill_text};
+pub use super::pages::{mix, same_word};
+
 use crate::{
     Device, DeviceConfig, DeviceStats, Error, IoContext, IoStat, PageIndex, SlotFlags, SlotState,
     PAGE_SIZE, SECTOR_SIZE,
@@ -157,23 +160,6 @@ pub enum DeviceOp {
     },
 }
 
-/// A small, fast mixing function (splitmix64's finaliser): content generators and stamps.
-pub fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-#[rustfmt::skip]
-const WORDS: [&str; 48] = [
-    "the", "page", "swap", "out", "kernel", "memory", "of", "and", "a", "to", "in", "is", "zram",
-    "compressed", "block", "device", "read", "write", "free", "slot", "handle", "class", "pool",
-    "zspage", "fn", "let", "mut", "return", "struct", "impl", "error", "ok", "if", "else", "for",
-    "while", "self", "u64", "usize", "buffer", "offset", "length", "sector", "thread", "lock",
-    "queue", "io_uring", "ublk",
-];
-
 impl PageKind {
     /// Every kind, in declaration order.
     pub const ALL: [PageKind; 7] = [
@@ -199,7 +185,7 @@ impl PageKind {
                     *b = word[i % 8];
                 }
             }
-            PageKind::Text => text(&mut out, seed),
+            PageKind::Text => fill_text(&mut out, seed),
             PageKind::Pointers => {
                 let base = 0x7f00_0000_0000 | (mix(seed) & 0xff_ffff_f000);
                 for (i, w) in out.chunks_mut(8).enumerate() {
@@ -212,14 +198,14 @@ impl PageKind {
                     w.copy_from_slice(&word.to_le_bytes()[..w.len()]);
                 }
             }
-            PageKind::Noise => noise(&mut out, seed),
+            PageKind::Noise => fill_noise(&mut out, seed),
             PageKind::Mixed => {
                 for (i, s) in out.chunks_mut(SECTOR_SIZE as usize).enumerate() {
                     let r = mix(seed << 32 | i as u64);
                     match r % 4 {
-                        0 => noise(s, r),
+                        0 => fill_noise(s, r),
                         1 => {}
-                        _ => text(s, r),
+                        _ => fill_text(s, r),
                     }
                 }
             }
@@ -232,38 +218,6 @@ impl PageKind {
         }
         out
     }
-}
-
-fn text(out: &mut [u8], seed: u64) {
-    let vocabulary = 4 + (seed % 44) as usize;
-    let mut pos = 0;
-    let mut i = 0u64;
-    while pos < out.len() {
-        let word = WORDS[(mix(seed << 20 | i) % vocabulary as u64) as usize].as_bytes();
-        for &b in word.iter().chain(b" ") {
-            if pos == out.len() {
-                break;
-            }
-            out[pos] = b;
-            pos += 1;
-        }
-        i += 1;
-    }
-}
-
-fn noise(out: &mut [u8], seed: u64) {
-    for (i, w) in out.chunks_mut(8).enumerate() {
-        let r = mix(seed.wrapping_mul(0x1_0000_0001) ^ (i as u64) << 40).to_le_bytes();
-        w.copy_from_slice(&r[..w.len()]);
-    }
-}
-
-/// The fill word if `page` is one 8-byte word repeated (zeros included).
-pub fn same_word(page: &[u8]) -> Option<u64> {
-    let first = &page[..8];
-    page.chunks_exact(8)
-        .all(|w| w == first)
-        .then(|| u64::from_ne_bytes(first.try_into().expect("8 bytes")))
 }
 
 /// What a run went through, so tests can tell that a corpus reaches the paths it is meant to.

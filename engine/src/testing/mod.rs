@@ -2,3 +2,4 @@
 //! harness and the page generators.
 
 pub mod fuzzing;
+pub use uzram_codecs::pages;

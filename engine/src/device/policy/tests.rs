@@ -12,7 +12,7 @@ fn device(dir: &std::path::Path, pages: u64, policy: &str) -> Device {
     setup.init(pages * PAGE_SIZE as u64).unwrap()
 }
 
-fn check_all(d: &Device, ctx: &mut IoContext, model: &[(u64, Vec<u8>)]) {
+fn check_all(d: &Device, ctx: &mut IoContext, model: &[(u64, [u8; PAGE_SIZE])]) {
     let mut back = vec![0u8; PAGE_SIZE];
     for (i, want) in model {
         d.read(ctx, i * PAGE_SIZE as u64, &mut back).unwrap();
@@ -104,7 +104,7 @@ fn idle_pages_are_recompressed_then_written_back_by_age() {
     );
     let mut ctx = d.context().unwrap();
     let mut policy = Policy::new();
-    let model: Vec<(u64, Vec<u8>)> = (0..200).map(|i| (i, text_page(i))).collect();
+    let model: Vec<(u64, [u8; PAGE_SIZE])> = (0..200).map(|i| (i, text_page(i))).collect();
     for (i, p) in &model[..100] {
         d.write(&mut ctx, i * PAGE_SIZE as u64, p).unwrap();
     }
@@ -215,7 +215,7 @@ fn host_pressure_and_psi_write_back_a_slice() {
     );
     let mut ctx = d.context().unwrap();
     let mut policy = Policy::new();
-    let model: Vec<(u64, Vec<u8>)> = (0..1500).map(|i| (i, noise_page(i))).collect();
+    let model: Vec<(u64, [u8; PAGE_SIZE])> = (0..1500).map(|i| (i, noise_page(i))).collect();
     for (i, p) in &model {
         d.write(&mut ctx, i * PAGE_SIZE as u64, p).unwrap();
     }
@@ -328,7 +328,7 @@ fn striping_spreads_batches_over_the_files() {
     setup.add_backing_dev(&dir.join("b"));
     let d = setup.init(4096 * PAGE_SIZE as u64).unwrap();
     let mut ctx = d.context().unwrap();
-    let model: Vec<(u64, Vec<u8>)> = (0..2000).map(|i| (i, text_page(i))).collect();
+    let model: Vec<(u64, [u8; PAGE_SIZE])> = (0..2000).map(|i| (i, text_page(i))).collect();
     for (i, p) in &model {
         d.write(&mut ctx, i * PAGE_SIZE as u64, p).unwrap();
     }
@@ -412,7 +412,7 @@ fn in_hand_off_mode_the_policy_thread_evicts_for_the_writes() {
             }
         })
     };
-    let mut model: Vec<(u64, Vec<u8>)> = (0..64).map(|i| (i, noise_page(i))).collect();
+    let mut model: Vec<(u64, [u8; PAGE_SIZE])> = (0..64).map(|i| (i, noise_page(i))).collect();
     // Until the thread's first round the device is starved from above: writes fail at once.
     let t = Instant::now();
     while d
@@ -426,7 +426,7 @@ fn in_hand_off_mode_the_policy_thread_evicts_for_the_writes() {
     // Writes pages `range` (noise and text by turns), each again until it lands as swap
     // does (it keeps a page whose write failed). Returns (writes failed, of them failed
     // because the thread was late: timed out, or in the fast-fail window after).
-    let mut write_all = |range: std::ops::Range<u64>, model: &mut Vec<(u64, Vec<u8>)>| {
+    let mut write_all = |range: std::ops::Range<u64>, model: &mut Vec<(u64, [u8; PAGE_SIZE])>| {
         let before = d.policy_stats();
         let mut failed = 0u64;
         for i in range {
