@@ -1,13 +1,19 @@
-//! The engine's errors. One enum; the ublk frontend maps each to one errno in one place.
+//! The engine's errors, by layer: [`IoError`] is what a read, write, discard or write-zeroes
+//! can fail with (the daemon maps each variant to one errno, in one exhaustive match); [`Error`]
+//! is everything else: configuration, parsing, and management operations (which may fail with
+//! an [`IoError`] inside).
 
 use uzram_codecs::{CodecError, ConfigError, ParamsError, UnknownAlgorithm};
 
 use crate::device::PageIndex;
 
-/// An error of the device engine.
+/// What the I/O path can fail with. Not `non_exhaustive`: a new variant must get its errno in
+/// the daemon before it builds.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
+pub enum IoError {
+    /// A new I/O context (its codec streams) could not be made for the device: out of memory.
+    #[error("cannot make an i/o context")]
+    Context(#[source] ConfigError),
     /// I/O that reaches past the end of the device.
     #[error("i/o of {len_bytes} bytes at byte {offset} reaches beyond the device size {disksize}")]
     OutOfRange {
@@ -65,6 +71,36 @@ pub enum Error {
         #[source]
         source: uzram_allocator::Error,
     },
+    /// A page names a codec priority the device has not got (an engine bug).
+    #[error(
+        "page {index} was compressed with codec priority {priority}, which this device has not got"
+    )]
+    NoCodec {
+        /// The page.
+        index: PageIndex,
+        /// The priority in its slot.
+        priority: u8,
+    },
+    /// A written-back page could not be read back (I/O error, or a record that fails its
+    /// authentication: tampered with or corrupt).
+    #[error("page {index} on the backing device")]
+    Backing {
+        /// The page.
+        index: PageIndex,
+        /// Why.
+        #[source]
+        source: crate::device::writeback::BackingError,
+    },
+}
+
+/// An error of the device engine outside the I/O path: a bad setting or request, or a
+/// management operation (writeback, recompression, a new context) that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O operation failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A size that is not a number with an optional K/M/G/T/P/E suffix, or is 0.
     #[error("invalid size {text:?}: expected bytes with an optional K, M, G, T, P or E suffix")]
     InvalidSize {
@@ -90,16 +126,6 @@ pub enum Error {
     /// A codec configuration the codec refuses (level, dictionary).
     #[error(transparent)]
     CodecConfig(#[from] ConfigError),
-    /// A page names a codec priority the device has not got (an engine bug).
-    #[error(
-        "page {index} was compressed with codec priority {priority}, which this device has not got"
-    )]
-    NoCodec {
-        /// The page.
-        index: PageIndex,
-        /// The priority in its slot.
-        priority: u8,
-    },
     /// Parameters for a recompression priority that has no algorithm yet.
     #[error("no recompression algorithm at priority {priority}: set recomp_algorithm first")]
     NoRecompAlgorithm {
@@ -114,16 +140,6 @@ pub enum Error {
         text: String,
         /// What is wrong with it.
         why: &'static str,
-    },
-    /// A written-back page could not be read back (I/O error, or a record that fails its
-    /// authentication: tampered with or corrupt).
-    #[error("page {index} on the backing device")]
-    Backing {
-        /// The page.
-        index: PageIndex,
-        /// Why.
-        #[source]
-        source: crate::device::writeback::BackingError,
     },
     /// The backing device could not be used.
     #[error(transparent)]

@@ -44,5 +44,5 @@ pub use device::{
     PageIndex, Policy, PolicyConfig, PolicyStats, Pressure, RecompressRequest, RecompressStats,
     RecompressType, SlotFlags, SlotState, PAGE_SIZE, SECTOR_SIZE,
 };
-pub use error::Error;
+pub use error::{Error, IoError};
 pub use size::{format_size, parse_size};

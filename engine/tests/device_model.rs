@@ -9,7 +9,7 @@ use uzram_codecs::Algorithm;
 use uzram_engine::testing::fuzzing::{
     decode, encode, run_ops, seeds, DeviceOp, PageKind, Tally, WildOp, MAX_SECTORS, SECTOR_SPAN,
 };
-use uzram_engine::{Device, DeviceConfig, Error, IoContext, PageIndex, PAGE_SIZE};
+use uzram_engine::{Device, DeviceConfig, IoContext, IoError, PageIndex, PAGE_SIZE};
 
 /// A request's span as (first sector, sectors), before the harness's modulo.
 fn span() -> impl Strategy<Value = (u16, u8)> {
@@ -157,7 +157,7 @@ impl Model {
         ctx: &mut IoContext,
         page: u64,
         data: &[u8],
-    ) -> Result<(), Error> {
+    ) -> Result<(), IoError> {
         let r = d.write(ctx, page * PAGE, data);
         if r.is_ok() {
             for (i, p) in data.chunks(PAGE_SIZE).enumerate() {
@@ -189,9 +189,9 @@ impl Model {
     }
 }
 
-fn assert_mem_limit(r: Result<(), Error>, limit_pages: u64) {
+fn assert_mem_limit(r: Result<(), IoError>, limit_pages: u64) {
     assert!(
-        matches!(r, Err(Error::MemLimit { limit_bytes, .. }) if limit_bytes == limit_pages * PAGE),
+        matches!(r, Err(IoError::MemLimit { limit_bytes, .. }) if limit_bytes == limit_pages * PAGE),
         "want MemLimit of {limit_pages} pages, got {r:?}"
     );
 }

@@ -458,7 +458,7 @@ fn memory_limit_holds_under_concurrent_writers() {
                                 after_refusal += 1;
                             }
                         }
-                        Err(uzram_engine::Error::MemLimit { limit_bytes, .. }) => {
+                        Err(uzram_engine::IoError::MemLimit { limit_bytes, .. }) => {
                             assert_eq!(limit_bytes, LIMIT_PAGES * PAGE);
                             assert!(kind != PageKind::Same, "same-filled pages need no memory");
                             refused += 1;

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use uzram_engine::device::writeback::BackingError;
-use uzram_engine::{Device, Error, IoContext, PAGE_SIZE};
+use uzram_engine::{Device, IoContext, IoError, PAGE_SIZE};
 
 use super::mailbox;
 
@@ -67,19 +67,18 @@ pub struct Request {
 pub(super) static STARTED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 pub(super) static FINISHED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
-/// The one place engine errors become errnos for the kernel.
-pub fn errno(e: &Error) -> i32 {
+/// The one place engine errors become errnos for the kernel. Exhaustive: a new [`IoError`]
+/// does not build until it has its errno here.
+pub fn errno(e: &IoError) -> i32 {
     match e {
-        Error::OutOfRange { .. } | Error::Misaligned { .. } => libc::EINVAL,
-        Error::MemLimit { .. } => libc::ENOSPC,
-        Error::OutOfMemory(_) | Error::TableTooLarge { .. } => libc::ENOMEM,
-        Error::Corrupt { .. }
-        | Error::Compress { .. }
-        | Error::Lost { .. }
-        | Error::NoCodec { .. }
-        | Error::Backing { .. } => libc::EIO,
-        // Configuration errors never come from the I/O path; were one to, EIO is honest.
-        _ => libc::EIO,
+        IoError::OutOfRange { .. } | IoError::Misaligned { .. } => libc::EINVAL,
+        IoError::MemLimit { .. } => libc::ENOSPC,
+        IoError::OutOfMemory(_) | IoError::Context(_) => libc::ENOMEM,
+        IoError::Corrupt { .. }
+        | IoError::Compress { .. }
+        | IoError::Lost { .. }
+        | IoError::NoCodec { .. }
+        | IoError::Backing { .. } => libc::EIO,
     }
 }
 
@@ -97,22 +96,23 @@ pub fn errno_name(errno: i32) -> &'static str {
 
 /// Why a request failed, in words that need no allocation (the I/O path records it in the
 /// mailbox).
-pub fn cause(e: &Error) -> &'static str {
+pub fn cause(e: &IoError) -> &'static str {
     use uzram_allocator::Error as PoolError;
     match e {
-        Error::OutOfRange { .. } => "beyond the device's size",
-        Error::Misaligned { .. } => "not aligned to 512-byte sectors",
-        Error::MemLimit { .. } => "mem_limit reached",
-        Error::OutOfMemory(PoolError::ReserveExhausted { .. }) => {
+        IoError::OutOfRange { .. } => "beyond the device's size",
+        IoError::Misaligned { .. } => "not aligned to 512-byte sectors",
+        IoError::MemLimit { .. } => "mem_limit reached",
+        IoError::OutOfMemory(PoolError::ReserveExhausted { .. }) => {
             "the pool's reserve ran out and was not refilled in time (memory short)"
         }
-        Error::OutOfMemory(PoolError::OutOfMemory { .. }) => "no memory for the pool",
-        Error::OutOfMemory(_) => "out of memory",
-        Error::Corrupt { .. } => "a stored page failed to decompress",
-        Error::Compress { .. } => "a page failed to compress",
-        Error::Lost { .. } => "a page's object is missing from the pool",
-        Error::NoCodec { .. } => "a page's codec is gone",
-        Error::Backing { source, .. } => match source {
+        IoError::OutOfMemory(PoolError::OutOfMemory { .. }) => "no memory for the pool",
+        IoError::OutOfMemory(_) => "out of memory",
+        IoError::Context(_) => "no memory for the codec streams of an i/o context",
+        IoError::Corrupt { .. } => "a stored page failed to decompress",
+        IoError::Compress { .. } => "a page failed to compress",
+        IoError::Lost { .. } => "a page's object is missing from the pool",
+        IoError::NoCodec { .. } => "a page's codec is gone",
+        IoError::Backing { source, .. } => match source {
             BackingError::Tampered { .. } => {
                 "a written-back record failed authentication (the backing file changed)"
             }
@@ -120,7 +120,6 @@ pub fn cause(e: &Error) -> &'static str {
             BackingError::Io(_) => "the backing device failed the I/O",
             _ => "the backing device",
         },
-        _ => "an internal error",
     }
 }
 
@@ -221,27 +220,27 @@ mod tests {
 
     #[test]
     fn every_engine_error_has_one_errno() {
-        let range = Error::OutOfRange {
+        let range = IoError::OutOfRange {
             offset: 0,
             len_bytes: 1,
             disksize: 0,
         };
         assert_eq!(errno(&range), libc::EINVAL);
         assert_eq!(
-            errno(&Error::Misaligned {
+            errno(&IoError::Misaligned {
                 offset: 1,
                 len_bytes: 1
             }),
             libc::EINVAL
         );
         assert_eq!(
-            errno(&Error::MemLimit {
+            errno(&IoError::MemLimit {
                 index: PageIndex(0),
                 limit_bytes: 1
             }),
             libc::ENOSPC
         );
-        let lost = Error::Lost {
+        let lost = IoError::Lost {
             index: PageIndex(0),
             source: uzram_allocator::Error::InvalidHandle { raw: 0 },
         };
@@ -260,14 +259,14 @@ mod tests {
         );
         assert!(mailbox::failed_requests() > before);
         assert!(mailbox::latest().is_some());
-        let range = Error::OutOfRange {
+        let range = IoError::OutOfRange {
             offset: 0,
             len_bytes: 1,
             disksize: 0,
         };
         assert_eq!(cause(&range), "beyond the device's size");
         let short =
-            Error::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms: 1000 });
+            IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms: 1000 });
         assert!(cause(&short).contains("reserve"));
         assert_eq!(errno(&short), libc::ENOMEM);
     }

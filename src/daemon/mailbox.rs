@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use uzram_engine::Error;
+use uzram_engine::IoError;
 
 use super::io::{self, Op};
 
@@ -28,7 +28,7 @@ static FAILED_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static LATEST_FAILURE: Mutex<Option<Failure>> = Mutex::new(None);
 
 /// Counts a failed request and, if nobody holds the mailbox, leaves its details there.
-pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &Error) {
+pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
     FAILED_REQUESTS.fetch_add(1, Ordering::Relaxed);
     if let Some(mut latest) = LATEST_FAILURE.try_lock() {
         *latest = Some(Failure {

@@ -65,7 +65,7 @@ fn reclaim_after_swapoff(id: u32, device: &Device, seen: u32) {
     let mut page = vec![0u8; PAGE_SIZE];
     let signed = device
         .context()
-        .and_then(|mut ctx| device.read(&mut ctx, 0, &mut page))
+        .and_then(|mut ctx| Ok(device.read(&mut ctx, 0, &mut page)?))
         .is_ok()
         && page[PAGE_SIZE - 10..] == *b"SWAPSPACE2";
     if !signed {

@@ -128,6 +128,9 @@ pub enum BenchError {
     /// The device refused the configuration or an operation.
     #[error(transparent)]
     Device(#[from] Error),
+    /// A read or write of the device failed.
+    #[error(transparent)]
+    Io(#[from] uzram_engine::IoError),
     /// Pages read back differ from what was written: an engine bug, reported, never ignored.
     #[error("page {index} read back wrong after the {phase} pass")]
     Mismatch {

@@ -28,7 +28,7 @@ use self::slot::Slot;
 pub use self::slot::{SlotFlags, SlotState};
 use self::stats::{Counters, Field, Totals};
 pub use self::stats::{DeviceStats, IoStat, MmStat};
-use crate::Error;
+use crate::{Error, IoError};
 
 /// Bytes in a page.
 pub const PAGE_SIZE: usize = 4096;
@@ -283,16 +283,16 @@ fn decompress_with(
     prio: u8,
     src: &[u8],
     out: &mut [u8; PAGE_SIZE],
-) -> Result<(), Error> {
+) -> Result<(), IoError> {
     streams
         .get_mut(usize::from(prio))
         .and_then(Option::as_mut)
-        .ok_or(Error::NoCodec {
+        .ok_or(IoError::NoCodec {
             index,
             priority: prio,
         })?
         .decompress(src, out)
-        .map_err(|source| Error::Corrupt { index, source })
+        .map_err(|source| IoError::Corrupt { index, source })
 }
 
 impl Device {
@@ -324,7 +324,7 @@ impl Device {
         let backing = (!config.backing_devs.is_empty())
             .then(|| writeback::BackingStore::open_all(&config.backing_devs, disksize))
             .transpose()?;
-        let pool = Pool::new(config.pool.clone()).map_err(Error::OutOfMemory)?;
+        let pool = Pool::new(config.pool.clone()).map_err(IoError::OutOfMemory)?;
         pool.set_limit(config.mem_limit);
         // zram's rule: an object in the class of whole pages costs a page anyway, so store the
         // page raw (and skip decompression on read).
@@ -387,6 +387,10 @@ impl Device {
     /// it is returned, so that codecs that allocate their work memory lazily (zstd) have done so:
     /// the I/O path then runs on memory it already holds.
     pub fn context(&self) -> Result<IoContext, Error> {
+        Ok(self.new_context()?)
+    }
+
+    fn new_context(&self) -> Result<IoContext, uzram_codecs::ConfigError> {
         let streams = self
             .codecs
             .iter()
@@ -414,9 +418,9 @@ impl Device {
     }
 
     /// Gives `ctx` streams for this device if it was made for another one.
-    fn adopt(&self, ctx: &mut IoContext) -> Result<(), Error> {
+    fn adopt(&self, ctx: &mut IoContext) -> Result<(), IoError> {
         if ctx.device != self.id {
-            *ctx = self.context()?;
+            *ctx = self.new_context().map_err(IoError::Context)?;
         }
         Ok(())
     }
@@ -431,13 +435,13 @@ impl Device {
     }
 
     /// Checks that `[offset, offset + len)` is sector-aligned and inside the device.
-    fn check_range(&self, offset: u64, len_bytes: u64) -> Result<(), Error> {
+    fn check_range(&self, offset: u64, len_bytes: u64) -> Result<(), IoError> {
         if offset % SECTOR_SIZE != 0 || len_bytes % SECTOR_SIZE != 0 {
-            return Err(Error::Misaligned { offset, len_bytes });
+            return Err(IoError::Misaligned { offset, len_bytes });
         }
         match offset.checked_add(len_bytes) {
             Some(end) if end <= self.disksize => Ok(()),
-            _ => Err(Error::OutOfRange {
+            _ => Err(IoError::OutOfRange {
                 offset,
                 len_bytes,
                 disksize: self.disksize,
@@ -447,7 +451,7 @@ impl Device {
 
     /// Reads `buf.len()` bytes at byte `offset` (both multiples of 512). Fills all of `buf` or
     /// fails; on failure `buf` is zeroed, never left with stale or partial data.
-    pub fn read(&self, ctx: &mut IoContext, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+    pub fn read(&self, ctx: &mut IoContext, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         let result = self.read_inner(ctx, offset, buf);
         if result.is_err() {
             buf.fill(0);
@@ -456,7 +460,7 @@ impl Device {
         result
     }
 
-    fn read_inner(&self, ctx: &mut IoContext, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+    fn read_inner(&self, ctx: &mut IoContext, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         self.check_range(offset, buf.len() as u64)?;
         self.adopt(ctx)?;
         let mut done = 0;
@@ -477,7 +481,7 @@ impl Device {
 
     /// Writes `buf` at byte `offset` (both multiples of 512). On failure the pages not yet
     /// written keep their old contents, and so does the page that failed.
-    pub fn write(&self, ctx: &mut IoContext, offset: u64, buf: &[u8]) -> Result<(), Error> {
+    pub fn write(&self, ctx: &mut IoContext, offset: u64, buf: &[u8]) -> Result<(), IoError> {
         let result = self.write_inner(ctx, offset, buf);
         if result.is_err() {
             self.counters.bump(ctx.shard, Field::FailedWrites);
@@ -485,7 +489,7 @@ impl Device {
         result
     }
 
-    fn write_inner(&self, ctx: &mut IoContext, offset: u64, buf: &[u8]) -> Result<(), Error> {
+    fn write_inner(&self, ctx: &mut IoContext, offset: u64, buf: &[u8]) -> Result<(), IoError> {
         self.check_range(offset, buf.len() as u64)?;
         self.adopt(ctx)?;
         let mut done = 0;
@@ -524,7 +528,7 @@ impl Device {
     /// Discards `len_bytes` at byte `offset`: whole pages in the range are freed and read back
     /// as zeros; partial pages at the ends are left as they are (a discard is a hint), as zram
     /// does. Counts each whole page in `notify_free`, as zram does.
-    pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), Error> {
+    pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), IoError> {
         self.check_range(offset, len_bytes)?;
         for (index, _, len) in segments(offset, len_bytes as usize) {
             if len == PAGE_SIZE {
@@ -541,7 +545,7 @@ impl Device {
         ctx: &mut IoContext,
         offset: u64,
         len_bytes: u64,
-    ) -> Result<(), Error> {
+    ) -> Result<(), IoError> {
         self.check_range(offset, len_bytes)?;
         let zeros = [0u8; PAGE_SIZE];
         let mut pos = offset;
@@ -601,7 +605,7 @@ impl Device {
         index: PageIndex,
         g: &mut slot::SlotGuard<'_>,
         out: &mut [u8; PAGE_SIZE],
-    ) -> Result<(), Error> {
+    ) -> Result<(), IoError> {
         let mut s = g.get();
         self.decode(streams, buf, index, &s, out)?;
         let now = self.now();
@@ -621,11 +625,11 @@ impl Device {
         index: PageIndex,
         s: &SlotState,
         out: &mut [u8; PAGE_SIZE],
-    ) -> Result<(), Error> {
+    ) -> Result<(), IoError> {
         if s.flags.contains(SlotFlags::SAME) {
             fill(out, s.word);
         } else if s.flags.contains(SlotFlags::STORED) {
-            let lost = |source| Error::Lost { index, source };
+            let lost = |source| IoError::Lost { index, source };
             let handle = Handle::from_raw(s.word)
                 .ok_or(uzram_allocator::Error::InvalidHandle { raw: 0 })
                 .map_err(lost)?;
@@ -656,7 +660,7 @@ impl Device {
         mut evict: Option<&mut writeback::WbBuffers>,
         index: PageIndex,
         page: &[u8; PAGE_SIZE],
-    ) -> Result<SlotState, Error> {
+    ) -> Result<SlotState, IoError> {
         let atime = self.now();
         if let Some(word) = same_filled(page) {
             return Ok(SlotState {
@@ -671,7 +675,7 @@ impl Device {
             .as_mut()
             .expect("the primary codec is always there")
             .compress(page, buf)
-            .map_err(|source| Error::Compress { index, source })?;
+            .map_err(|source| IoError::Compress { index, source })?;
         let (bytes, flags) = if n >= self.huge_threshold {
             (&page[..], SlotFlags::STORED | SlotFlags::HUGE)
         } else {
@@ -700,9 +704,9 @@ impl Device {
             }
             return Err(match e {
                 uzram_allocator::Error::LimitExceeded { limit_bytes, .. } => {
-                    Error::MemLimit { index, limit_bytes }
+                    IoError::MemLimit { index, limit_bytes }
                 }
-                e => Error::OutOfMemory(e),
+                e => IoError::OutOfMemory(e),
             });
         };
         Ok(SlotState {
@@ -749,7 +753,7 @@ impl Device {
     /// surplus empty ones, outside the I/O path's locks. Call it from a thread that may wait for
     /// reclaim, after [`Device::wait_for_maintenance`].
     pub fn maintain_memory(&self) -> Result<Maintenance, Error> {
-        self.pool.maintain().map_err(Error::OutOfMemory)
+        Ok(self.pool.maintain().map_err(IoError::OutOfMemory)?)
     }
 
     /// Blocks until an I/O asks for pool memory or `timeout` passes.
@@ -1021,20 +1025,20 @@ mod tests {
         let mut buf = [1u8; 512];
         assert!(matches!(
             d.read(&mut ctx, 8192, &mut buf),
-            Err(Error::OutOfRange { .. })
+            Err(IoError::OutOfRange { .. })
         ));
         assert_eq!(buf, [0; 512], "a failed read leaves no stale bytes");
         assert!(matches!(
             d.read(&mut ctx, 100, &mut buf),
-            Err(Error::Misaligned { .. })
+            Err(IoError::Misaligned { .. })
         ));
         assert!(matches!(
             d.write(&mut ctx, u64::MAX - 511, &buf),
-            Err(Error::OutOfRange { .. })
+            Err(IoError::OutOfRange { .. })
         ));
         assert!(matches!(
             d.discard(4096, 8192),
-            Err(Error::OutOfRange { .. })
+            Err(IoError::OutOfRange { .. })
         ));
         let io = d.stats().io;
         assert_eq!((io.failed_reads, io.failed_writes), (2, 1));
@@ -1065,13 +1069,13 @@ mod tests {
         }
         let err = d.write(&mut ctx, 64 * 4096, &noise_page(64)).unwrap_err();
         assert!(
-            matches!(err, Error::MemLimit { index, limit_bytes } if limit_bytes == 64 * 4096 && index == PageIndex(64)),
+            matches!(err, IoError::MemLimit { index, limit_bytes } if limit_bytes == 64 * 4096 && index == PageIndex(64)),
             "{err}"
         );
         // Overwriting a page past the limit fails too, and the old page survives.
         assert!(matches!(
             d.write(&mut ctx, 0, &noise_page(99)),
-            Err(Error::MemLimit { .. })
+            Err(IoError::MemLimit { .. })
         ));
         let mut out = [0u8; PAGE_SIZE];
         d.read(&mut ctx, 0, &mut out).unwrap();

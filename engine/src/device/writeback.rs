@@ -54,7 +54,7 @@ pub use super::backing_io::BackingIo;
 #[cfg(any(test, feature = "testing"))]
 use super::backing_io::FaultyFile;
 use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
-use crate::Error;
+use crate::{Error, IoError};
 
 /// Bytes of one sector of the backing store.
 pub const SECTOR: u64 = 512;
@@ -800,15 +800,15 @@ impl Device {
         index: PageIndex,
         s: &SlotState,
         out: &mut [u8; PAGE_SIZE],
-    ) -> Result<(), Error> {
-        let backing = self.backing.as_ref().ok_or(Error::Backing {
+    ) -> Result<(), IoError> {
+        let backing = self.backing.as_ref().ok_or(IoError::Backing {
             index,
             source: BackingError::Full,
         })?;
         let len = usize::from(s.size);
         backing
             .read(index, s.word, len, buf)
-            .map_err(|source| Error::Backing { index, source })?;
+            .map_err(|source| IoError::Backing { index, source })?;
         if s.flags.contains(SlotFlags::HUGE) {
             out.copy_from_slice(&buf[..PAGE_SIZE]);
             return Ok(());
@@ -1099,7 +1099,7 @@ mod tests {
         let mut back = vec![0u8; PAGE_SIZE];
         assert!(matches!(
             d.read(&mut ctx, 0, &mut back),
-            Err(Error::Backing {
+            Err(IoError::Backing {
                 source: BackingError::Tampered { .. },
                 ..
             })

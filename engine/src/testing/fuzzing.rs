@@ -10,7 +10,7 @@
 //! What the model assumes of the engine: a page is same-filled (one 8-byte word repeated, zeros
 //! included), compressed (sized by the model's own stream of the same codec), or stored raw when
 //! its compressed size reaches [`Device::huge_threshold`]; a page that needs pool memory fails
-//! with [`Error::MemLimit`] exactly when its size class has no free slot and a new zspage would
+//! with [`IoError::MemLimit`] exactly when its size class has no free slot and a new zspage would
 //! pass the limit; a request is applied page by page and stops at the first page that fails;
 //! discard and write-zeroes free whole pages only, and write-zeroes stores its partial pages
 //! anew (an empty one becomes a same-filled zero page).
@@ -26,7 +26,7 @@ use super::pages::{fill_noise, fill_text};
 pub use super::pages::{mix, same_word};
 
 use crate::{
-    Device, DeviceConfig, DeviceStats, Error, IoContext, IoStat, PageIndex, SlotFlags, SlotState,
+    Device, DeviceConfig, DeviceStats, IoContext, IoError, IoStat, PageIndex, SlotFlags, SlotState,
     PAGE_SIZE, SECTOR_SIZE,
 };
 
@@ -225,9 +225,9 @@ impl PageKind {
 pub struct Tally {
     /// Requests refused for a misaligned or out-of-range span.
     pub refused: u64,
-    /// Requests that failed with [`Error::MemLimit`] on their first page.
+    /// Requests that failed with [`IoError::MemLimit`] on their first page.
     pub mem_limit_first: u64,
-    /// Requests that failed with [`Error::MemLimit`] after writing some pages.
+    /// Requests that failed with [`IoError::MemLimit`] after writing some pages.
     pub mem_limit_later: u64,
     /// Pages written in part (read-modify-write).
     pub partial_pages: u64,
@@ -317,16 +317,16 @@ impl Span {
 }
 
 /// What a request on a bad range must fail with.
-fn span_error(r: Span, disksize: u64) -> Option<Error> {
+fn span_error(r: Span, disksize: u64) -> Option<IoError> {
     if r.offset % SECTOR_SIZE != 0 || r.len_bytes % SECTOR_SIZE != 0 {
-        return Some(Error::Misaligned {
+        return Some(IoError::Misaligned {
             offset: r.offset,
             len_bytes: r.len_bytes,
         });
     }
     match r.offset.checked_add(r.len_bytes) {
         Some(end) if end <= disksize => None,
-        _ => Some(Error::OutOfRange {
+        _ => Some(IoError::OutOfRange {
             offset: r.offset,
             len_bytes: r.len_bytes,
             disksize,
@@ -334,22 +334,22 @@ fn span_error(r: Span, disksize: u64) -> Option<Error> {
     }
 }
 
-fn assert_span_error(got: Result<(), Error>, want: &Error, what: &str) {
+fn assert_span_error(got: Result<(), IoError>, want: &IoError, what: &str) {
     let same = match (&got, want) {
         (
-            Err(Error::Misaligned { offset, len_bytes }),
-            Error::Misaligned {
+            Err(IoError::Misaligned { offset, len_bytes }),
+            IoError::Misaligned {
                 offset: o,
                 len_bytes: l,
             },
         ) => (offset, len_bytes) == (o, l),
         (
-            Err(Error::OutOfRange {
+            Err(IoError::OutOfRange {
                 offset,
                 len_bytes,
                 disksize,
             }),
-            Error::OutOfRange {
+            IoError::OutOfRange {
                 offset: o,
                 len_bytes: l,
                 disksize: d,
@@ -487,7 +487,7 @@ impl Harness {
         ModelPage { data, stored }
     }
 
-    /// Whether storing `page` must fail with [`Error::MemLimit`] given the pool as it is now: its
+    /// Whether storing `page` must fail with [`IoError::MemLimit`] given the pool as it is now: its
     /// size class has no free slot and a new zspage would pass the limit.
     fn must_fail(&self, page: &ModelPage) -> bool {
         let len = match page.stored {
@@ -607,7 +607,7 @@ impl Harness {
     }
 
     /// Checks a request on a bad range failed as it should and changed no slot.
-    fn refused(&mut self, r: Span, got: Result<(), Error>, slots: &[SlotState], what: &str) {
+    fn refused(&mut self, r: Span, got: Result<(), IoError>, slots: &[SlotState], what: &str) {
         let want = span_error(r, self.device.disksize()).expect("a bad range");
         assert_span_error(got, &want, &format!("step {}: {what} {r:?}", self.step));
         assert_eq!(slots, self.slots(), "a refused {what} changed slots");
@@ -622,13 +622,13 @@ impl Harness {
     }
 
     /// Handles the end of a write-like request that was planned as `plan` (the state each page
-    /// must reach, in request order): all of it on success; on [`Error::MemLimit`], the pages
+    /// must reach, in request order): all of it on success; on [`IoError::MemLimit`], the pages
     /// before the one that failed. `first_must_fail` was judged before the request.
     fn settle(
         &mut self,
         what: &str,
         r: Span,
-        got: Result<(), Error>,
+        got: Result<(), IoError>,
         plan: Vec<(PageIndex, Option<ModelPage>)>,
         first_must_fail: bool,
     ) {
@@ -642,7 +642,7 @@ impl Harness {
                 );
                 plan.len()
             }
-            Err(Error::MemLimit {
+            Err(IoError::MemLimit {
                 index: failed,
                 limit_bytes,
             }) => {

@@ -1,6 +1,6 @@
 use super::super::testutil::{noise_page, tempdir, text_page};
 use super::*;
-use crate::DeviceSetup;
+use crate::{DeviceSetup, IoError};
 
 /// A device of `pages` with a backing file in `dir`, zstd as its secondary algorithm, and
 /// `policy` applied.
@@ -299,7 +299,7 @@ fn the_budget_bounds_eviction_and_refills() {
     for i in 0..600u64 {
         match d.write(&mut ctx, i * PAGE_SIZE as u64, &noise_page(i)) {
             Ok(()) => ok += 1,
-            Err(Error::MemLimit { .. }) => {
+            Err(IoError::MemLimit { .. }) => {
                 first_fail.get_or_insert(i);
             }
             Err(e) => panic!("{e}"),
