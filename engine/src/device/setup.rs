@@ -1,0 +1,163 @@
+//! A device before it has a disksize ([`DeviceSetup`]) and what it is made of
+//! ([`DeviceConfig`]).
+
+use uzram_codecs::{Algorithm, AlgorithmParams, Codec, CodecParams};
+
+use super::{Device, Growth, PolicyConfig, PoolConfig, PAGE_SIZE};
+use crate::Error;
+
+/// How a device compresses and what it may use.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The primary algorithm (zram's `comp_algorithm`).
+    pub algorithm: Algorithm,
+    /// Its parameters (zram's `algorithm_params`): level, dictionary.
+    pub params: CodecParams,
+    /// zram's `mem_limit` in bytes; `None` for none.
+    pub mem_limit: Option<u64>,
+    /// The allocator's tunables.
+    pub pool: PoolConfig,
+    /// zram's `recomp_algorithm`: the secondary algorithms by priority 1..=3 (`[0]` is
+    /// priority 1), each with its parameters.
+    pub secondary: [Option<(Algorithm, CodecParams)>; 3],
+    /// zram's `backing_dev`: files (created 0600 if missing, sized to the disksize if empty) or
+    /// block devices that written-back pages go to; more than one are striped.
+    pub backing_devs: Vec<std::path::PathBuf>,
+    /// The automatic tiering policy (uzram's `policy` attribute).
+    pub policy: PolicyConfig,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> DeviceConfig {
+        DeviceConfig {
+            algorithm: Algorithm::Lz4,
+            params: CodecParams::default(),
+            mem_limit: None,
+            pool: PoolConfig::default(),
+            secondary: Default::default(),
+            backing_devs: Vec::new(),
+            policy: PolicyConfig::default(),
+        }
+    }
+}
+
+/// A device before it has a disksize: zram's state after `reset` or hot-add, when the algorithm
+/// and its parameters may still change. [`DeviceSetup::init`] turns it into a [`Device`], whose
+/// algorithm is fixed for life.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceSetup {
+    config: DeviceConfig,
+}
+
+impl DeviceSetup {
+    /// A setup with zram's defaults (lz4, no limit).
+    pub fn new() -> DeviceSetup {
+        DeviceSetup::default()
+    }
+
+    /// zram's `comp_algorithm`: picks the primary algorithm by name; resets its parameters.
+    pub fn set_comp_algorithm(&mut self, name: &str) -> Result<(), Error> {
+        self.config.algorithm = name.trim().parse()?;
+        self.config.params = CodecParams::default();
+        Ok(())
+    }
+
+    /// zram's `algorithm_params` for the primary algorithm: `[algo=NAME] [priority=0] level=N
+    /// dict=PATH`. The codec is built once here to check the parameters.
+    pub fn set_algorithm_params(&mut self, text: &str) -> Result<(), Error> {
+        let p: AlgorithmParams = text.parse()?;
+        if let Some(prio) = p.priority.filter(|&p| p != 0) {
+            // Parameters of a recompression algorithm, which must be set first (zram's rule).
+            let slot = &mut self.config.secondary[usize::from(prio) - 1];
+            let Some((algorithm, _)) = slot.clone() else {
+                return Err(Error::NoRecompAlgorithm { priority: prio });
+            };
+            let algorithm = p.algo.unwrap_or(algorithm);
+            let params = p.load_codec_params()?;
+            Codec::new(algorithm, params.clone())?;
+            *slot = Some((algorithm, params));
+            return Ok(());
+        }
+        let algorithm = p.algo.unwrap_or(self.config.algorithm);
+        let params = p.load_codec_params()?;
+        Codec::new(algorithm, params.clone())?;
+        self.config.algorithm = algorithm;
+        self.config.params = params;
+        Ok(())
+    }
+
+    /// zram's `mem_limit` (0 or `None` for none).
+    pub fn set_mem_limit(&mut self, bytes: Option<u64>) {
+        self.config.mem_limit = bytes.filter(|&b| b > 0);
+    }
+
+    /// zram's `backing_dev`: where `writeback` puts pages. Opened (and checked) at init.
+    /// Replaces any file given before.
+    pub fn set_backing_dev(&mut self, path: &std::path::Path) {
+        self.config.backing_devs = vec![path.to_path_buf()];
+    }
+
+    /// Adds a backing file to stripe over (at most [`writeback::MAX_FILES`]).
+    pub fn add_backing_dev(&mut self, path: &std::path::Path) {
+        self.config.backing_devs.push(path.to_path_buf());
+    }
+
+    /// The tiering policy (see [`PolicyConfig`]): `key=value ...` as the `policy` attribute
+    /// takes it.
+    pub fn set_policy(&mut self, text: &str) -> Result<(), Error> {
+        self.config.policy.update(text)
+    }
+
+    /// zram's `recomp_algorithm`: `algo=NAME [priority=1..3] [level=N] [dict=PATH]` adds (or
+    /// replaces) the secondary algorithm of that priority (1 when not given); a bare `NAME` is
+    /// `algo=NAME`.
+    pub fn set_recomp_algorithm(&mut self, text: &str) -> Result<(), Error> {
+        // A bare name is shorthand for algo=NAME (priority 1).
+        let text = if text.contains('=') {
+            text.to_string()
+        } else {
+            format!("algo={}", text.trim())
+        };
+        let text = text.as_str();
+        let p: AlgorithmParams = text.parse()?;
+        let algorithm = p.algo.ok_or(Error::InvalidRequest {
+            text: text.to_string(),
+            why: "algo=NAME is required",
+        })?;
+        let prio = p.priority.unwrap_or(1);
+        if prio == 0 {
+            return Err(Error::InvalidRequest {
+                text: text.to_string(),
+                why: "priority 0 is the primary algorithm (comp_algorithm)",
+            });
+        }
+        let params = p.load_codec_params()?;
+        Codec::new(algorithm, params.clone())?;
+        self.config.secondary[usize::from(prio) - 1] = Some((algorithm, params));
+        Ok(())
+    }
+
+    /// Pool memory (bytes, rounded up to 2 MiB arenas) mapped at init and kept mapped.
+    pub fn set_pool_reserve(&mut self, bytes: u64) {
+        let arena = (uzram_allocator::ARENA_PAGES * PAGE_SIZE) as u64;
+        self.config.pool.reserve_arenas = bytes.div_ceil(arena).max(1) as usize;
+    }
+
+    /// How the pool gets memory: on demand (the default, for embedders), or from a reserve that
+    /// a maintenance thread keeps filled ([`Device::maintain_memory`]), so that the I/O path never
+    /// maps memory itself: what a swap device's daemon needs.
+    pub fn set_pool_growth(&mut self, growth: Growth) {
+        self.config.pool.growth = growth;
+    }
+
+    /// The configuration so far.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// zram's `disksize`: initialises the device. The size is rounded up to whole pages, as zram
+    /// does; 0 is refused.
+    pub fn init(self, disksize: u64) -> Result<Device, Error> {
+        Device::new(self.config, disksize)
+    }
+}

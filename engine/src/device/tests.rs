@@ -1,0 +1,216 @@
+use super::testutil::noise_page;
+use super::*;
+
+fn device(pages: u64) -> (Device, IoContext) {
+    let d = DeviceSetup::new().init(pages * PAGE_SIZE as u64).unwrap();
+    let ctx = d.context().unwrap();
+    (d, ctx)
+}
+
+fn text_page(seed: u8) -> [u8; PAGE_SIZE] {
+    crate::testing::pages::text_page(seed.into())
+}
+
+/// Compares pages without printing 4 KiB arrays on failure.
+fn assert_page(got: &[u8], want: &[u8]) {
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("pages differ first at byte {i}: {} != {}", got[i], want[i]);
+    }
+    assert_eq!(got.len(), want.len());
+}
+
+#[test]
+fn segments_cover_the_range_page_by_page() {
+    let s: Vec<_> = segments(3584, 5120).collect();
+    assert_eq!(
+        s,
+        vec![
+            (PageIndex(0), 3584, 512),
+            (PageIndex(1), 0, 4096),
+            (PageIndex(2), 0, 512)
+        ]
+    );
+    assert_eq!(segments(0, 0).count(), 0);
+}
+
+#[test]
+fn same_filled_detection() {
+    assert_eq!(same_filled(&[0; PAGE_SIZE]), Some(0));
+    let mut p = [0u8; PAGE_SIZE];
+    fill(&mut p, 0x0102_0304_0506_0708);
+    assert_eq!(same_filled(&p), Some(0x0102_0304_0506_0708));
+    p[2000] ^= 1;
+    assert_eq!(same_filled(&p), None);
+}
+
+#[test]
+fn pages_round_trip_by_kind() {
+    let (d, mut ctx) = device(8);
+    let text = text_page(1);
+    let noise = crate::testing::pages::noise_page(0x9e37_79b9_7f4a_7c15);
+    let mut same = [0u8; PAGE_SIZE];
+    fill(&mut same, 0xabab_abab_abab_abab);
+    d.write(&mut ctx, 0, &text).unwrap();
+    d.write(&mut ctx, 4096, &noise).unwrap();
+    d.write(&mut ctx, 8192, &same).unwrap();
+    let mut out = [0u8; PAGE_SIZE];
+    for (i, want) in [text, noise, same, [0; PAGE_SIZE]].iter().enumerate() {
+        d.read(&mut ctx, i as u64 * 4096, &mut out).unwrap();
+        assert_page(&out, want);
+    }
+    let st = d.stats().mm;
+    assert_eq!(
+        (st.same_pages, st.huge_pages, st.huge_pages_since),
+        (1, 1, 1)
+    );
+    assert_eq!(st.orig_data_size, 3 * 4096);
+    assert!(d
+        .slot_state(PageIndex(1))
+        .unwrap()
+        .flags
+        .contains(SlotFlags::HUGE));
+    d.check_invariants().unwrap();
+}
+
+#[test]
+fn partial_writes_read_modify_write() {
+    let (d, mut ctx) = device(4);
+    let text = text_page(3);
+    d.write(&mut ctx, 0, &text).unwrap();
+    d.write(&mut ctx, 512, &[7u8; 1024]).unwrap();
+    let mut out = [0u8; PAGE_SIZE];
+    d.read(&mut ctx, 0, &mut out).unwrap();
+    let mut want = text;
+    want[512..1536].fill(7);
+    assert_page(&out, &want);
+    let mut part = [0u8; 512];
+    d.read(&mut ctx, 1024, &mut part).unwrap();
+    assert_eq!(part[..], want[1024..1536]);
+    d.check_invariants().unwrap();
+}
+
+#[test]
+fn discard_and_write_zeroes_free_pages() {
+    let (d, mut ctx) = device(4);
+    for i in 0..4u8 {
+        d.write(&mut ctx, u64::from(i) * 4096, &text_page(i))
+            .unwrap();
+    }
+    d.discard(2048, 4096 + 2048).unwrap();
+    assert_eq!(
+        d.stats().io.notify_free,
+        1,
+        "only the whole page 1 is freed"
+    );
+    d.write_zeroes(&mut ctx, 8192 + 512, 4096 + 512).unwrap();
+    let mut out = [0u8; PAGE_SIZE];
+    d.read(&mut ctx, 4096, &mut out).unwrap();
+    assert_eq!(out, [0; PAGE_SIZE]);
+    d.read(&mut ctx, 8192, &mut out).unwrap();
+    let mut want = text_page(2);
+    want[512..].fill(0);
+    assert_page(&out, &want);
+    d.read(&mut ctx, 3 * 4096, &mut out).unwrap();
+    let mut want = text_page(3);
+    want[..1024].fill(0);
+    assert_page(&out, &want);
+    d.check_invariants().unwrap();
+    assert_eq!(
+        d.stats().mm.orig_data_size,
+        3 * 4096,
+        "pages 0, 2 and 3 hold data"
+    );
+}
+
+#[test]
+fn bad_ranges_are_errors_and_count() {
+    let (d, mut ctx) = device(2);
+    let mut buf = [1u8; 512];
+    assert!(matches!(
+        d.read(&mut ctx, 8192, &mut buf),
+        Err(IoError::OutOfRange { .. })
+    ));
+    assert_eq!(buf, [0; 512], "a failed read leaves no stale bytes");
+    assert!(matches!(
+        d.read(&mut ctx, 100, &mut buf),
+        Err(IoError::Misaligned { .. })
+    ));
+    assert!(matches!(
+        d.write(&mut ctx, u64::MAX - 511, &buf),
+        Err(IoError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        d.discard(4096, 8192),
+        Err(IoError::OutOfRange { .. })
+    ));
+    let io = d.stats().io;
+    assert_eq!((io.failed_reads, io.failed_writes), (2, 1));
+}
+
+#[test]
+fn algorithm_is_fixed_once_initialised() {
+    let mut setup = DeviceSetup::new();
+    setup.set_comp_algorithm("zstd").unwrap();
+    setup.set_algorithm_params("level=5").unwrap();
+    let err = setup.set_comp_algorithm("lzo").unwrap_err();
+    assert!(err.to_string().contains("lz4"), "{err}");
+    assert!(setup.set_algorithm_params("level=99").is_err());
+    let d = setup.init(10_000).unwrap();
+    assert_eq!(d.algorithm(), Algorithm::Zstd);
+    assert_eq!(d.codec().level(), 5);
+    assert_eq!(d.disksize(), 12_288, "rounded up to pages");
+    assert!(DeviceSetup::new().init(0).is_err());
+}
+
+#[test]
+fn memory_limit_refuses_writes_and_keeps_old_contents() {
+    let (d, mut ctx) = device(1024);
+    d.set_mem_limit(Some(64 * 4096));
+    // Incompressible pages take one pool page each: the 65th does not fit.
+    for i in 0..64 {
+        d.write(&mut ctx, i * 4096, &noise_page(i)).unwrap();
+    }
+    let err = d.write(&mut ctx, 64 * 4096, &noise_page(64)).unwrap_err();
+    assert!(
+        matches!(err, IoError::MemLimit { index, limit_bytes } if limit_bytes == 64 * 4096 && index == PageIndex(64)),
+        "{err}"
+    );
+    // Overwriting a page past the limit fails too, and the old page survives.
+    assert!(matches!(
+        d.write(&mut ctx, 0, &noise_page(99)),
+        Err(IoError::MemLimit { .. })
+    ));
+    let mut out = [0u8; PAGE_SIZE];
+    d.read(&mut ctx, 0, &mut out).unwrap();
+    assert_page(&out, &noise_page(0));
+    let st = d.stats();
+    assert_eq!(st.mm.mem_used_total, 64 * 4096);
+    assert_eq!(st.mm.orig_data_size, 64 * 4096);
+    assert_eq!(st.io.failed_writes, 2);
+    // Same-filled pages cost no pool memory and still go through.
+    d.write(&mut ctx, 100 * 4096, &[0u8; PAGE_SIZE]).unwrap();
+    // Freeing makes room again.
+    d.discard(0, 4096).unwrap();
+    d.write(&mut ctx, 64 * 4096, &noise_page(64)).unwrap();
+    d.check_invariants().unwrap();
+}
+
+#[test]
+fn free_pages_older_than_keeps_newer_pages_and_page_zero() {
+    let d = DeviceSetup::new().init(64 * PAGE_SIZE as u64).unwrap();
+    let mut ctx = d.context().unwrap();
+    for i in 0..8u64 {
+        d.write(&mut ctx, i * PAGE_SIZE as u64, &[i as u8 + 1; PAGE_SIZE])
+            .unwrap();
+    }
+    // Everything was written in second 0: a cutoff of 0 frees nothing, 1 frees all but page 0.
+    assert_eq!(d.free_pages_older_than(PageIndex(1), 0), 0);
+    assert_eq!(d.free_pages_older_than(PageIndex(1), d.clock_secs() + 1), 7);
+    let mut back = vec![0u8; PAGE_SIZE];
+    d.read(&mut ctx, 0, &mut back).unwrap();
+    assert_eq!(back, vec![1u8; PAGE_SIZE]);
+    d.read(&mut ctx, PAGE_SIZE as u64, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+    assert_eq!(d.stats().mm.orig_data_size, PAGE_SIZE as u64);
+    d.check_invariants().unwrap();
+}

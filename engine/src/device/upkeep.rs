@@ -1,0 +1,142 @@
+//! The device's memory upkeep (limit, reserve, compaction) and its reports (zram's `mm_stat`
+//! and `io_stat`, figures, the invariants the tests check).
+
+use uzram_allocator::Handle;
+
+use super::slot::Slot;
+use super::stats::Totals;
+use super::{
+    Device, DeviceStats, IoStat, Maintenance, MmStat, PageIndex, SlotFlags, SlotState, PAGE_SIZE,
+};
+use crate::{Error, IoError};
+
+impl Device {
+    /// zram's `mem_limit`: sets (or with `None`/0 clears) the limit.
+    pub fn set_mem_limit(&self, bytes: Option<u64>) {
+        self.pool.set_limit(bytes.filter(|&b| b > 0));
+    }
+
+    /// zram's `mem_used_max` reset.
+    pub fn reset_mem_used_max(&self) {
+        self.pool.reset_max_used();
+    }
+
+    /// The maintenance of a [`Growth::Reserve`] pool: maps arenas into the reserve and unmaps
+    /// surplus empty ones, outside the I/O path's locks. Call it from a thread that may wait for
+    /// reclaim, after [`Device::wait_for_maintenance`].
+    pub fn maintain_memory(&self) -> Result<Maintenance, Error> {
+        Ok(self.pool.maintain().map_err(IoError::OutOfMemory)?)
+    }
+
+    /// Blocks until an I/O asks for pool memory or `timeout` passes.
+    pub fn wait_for_maintenance(&self, timeout: std::time::Duration) -> bool {
+        self.pool.wait_for_maintenance(timeout)
+    }
+
+    /// zram's `compact`: compacts the pool. Returns pages freed.
+    pub fn compact(&self) -> u64 {
+        self.pool.compact().pages_freed
+    }
+
+    /// zram's `orig_data_size` and `mem_used_total`, read without taking any lock (for a
+    /// watchdog that must keep reporting while the I/O path is stuck).
+    pub fn usage(&self) -> (u64, u64) {
+        let page = PAGE_SIZE as u64;
+        (
+            self.counters.totals().pages_stored * page,
+            self.pool.pages_used() * page,
+        )
+    }
+
+    /// Everything counted, at once.
+    pub fn stats(&self) -> DeviceStats {
+        let pool = self.pool.stats();
+        let c = self.counters.totals();
+        let page = PAGE_SIZE as u64;
+        DeviceStats {
+            mm: MmStat {
+                orig_data_size: c.pages_stored * page,
+                compr_data_size: c.compr_data_size,
+                mem_used_total: pool.pages_used * page,
+                mem_limit: pool.limit_pages * page,
+                mem_used_max: pool.max_pages_used * page,
+                same_pages: c.same_pages,
+                pages_compacted: pool.pages_compacted,
+                huge_pages: c.huge_pages,
+                huge_pages_since: c.huge_pages_since,
+            },
+            io: IoStat {
+                failed_reads: c.failed_reads,
+                failed_writes: c.failed_writes,
+                notify_free: c.notify_free,
+            },
+            table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64
+                + pool.metadata_bytes,
+            pool_mapped_bytes: pool.pages_mapped * page,
+            stored_pages: c.stored_pages,
+        }
+    }
+
+    /// zram's `mm_stat` line.
+    pub fn mm_stat(&self) -> String {
+        self.stats().mm.to_string()
+    }
+
+    /// zram's `io_stat` line.
+    pub fn io_stat(&self) -> String {
+        self.stats().io.to_string()
+    }
+
+    /// The state of page `index`'s slot (racy: for tests and tools).
+    pub fn slot_state(&self, index: PageIndex) -> Option<SlotState> {
+        self.slots.get(index.0 as usize).map(Slot::peek)
+    }
+
+    /// Checks the slot table against the pool and the counters: every stored slot's handle is
+    /// live with the recorded size, and the counters add up. Needs a quiescent device.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool.check_invariants()?;
+        let mut expect = Totals::default();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let s = slot.peek();
+            expect.add(&s);
+            if s.flags.contains(SlotFlags::STORED) {
+                let h =
+                    Handle::from_raw(s.word).ok_or(format!("page {i}: stored with handle 0"))?;
+                let size = self
+                    .pool
+                    .object_size(h)
+                    .map_err(|e| format!("page {i}: {e}"))?;
+                if size != usize::from(s.size) {
+                    return Err(format!("page {i}: slot says {} bytes, pool {size}", s.size));
+                }
+                if s.flags.contains(SlotFlags::HUGE) != (size == PAGE_SIZE) {
+                    return Err(format!("page {i}: HUGE flag disagrees with size {size}"));
+                }
+            } else if s.flags.contains(SlotFlags::HUGE) && !s.flags.contains(SlotFlags::WB) {
+                return Err(format!("page {i}: HUGE without STORED"));
+            }
+        }
+        let c = self.counters.totals();
+        let pairs = [
+            ("pages_stored", expect.pages_stored, c.pages_stored),
+            ("stored_pages", expect.stored_pages, c.stored_pages),
+            ("compr_data_size", expect.compr_data_size, c.compr_data_size),
+            ("same_pages", expect.same_pages, c.same_pages),
+            ("huge_pages", expect.huge_pages, c.huge_pages),
+        ];
+        for (name, want, got) in pairs {
+            if want != got {
+                return Err(format!("{name}: counter {got}, slots add up to {want}"));
+            }
+        }
+        let objects = self.pool.stats().objects;
+        if objects != c.stored_pages {
+            return Err(format!(
+                "pool holds {objects} objects for {} stored pages",
+                c.stored_pages
+            ));
+        }
+        Ok(())
+    }
+}
