@@ -1,0 +1,459 @@
+//! Writeback: cold pages leave RAM for a backing file (or block device), compressed, packed and
+//! encrypted.
+//!
+//! # On disk
+//! The backing store is one file (or block device), or several striped: an array of 512-byte
+//! sectors each. A written-back page is one record of `12 + n + 16` bytes (nonce, the page's
+//! stored bytes encrypted, the Poly1305 tag), starting on a sector boundary; records of one batch
+//! lie back to back in one extent that starts on a 4 KiB boundary, written with one `pwrite`. The
+//! stored bytes are what the pool held: the compressed object (its codec priority stays in the
+//! slot) or the raw page of a huge one, so a page costs its compressed size on disk, not 4 KiB.
+//! A slot names its record by a location word: the file's number in the top byte, the sector
+//! below.
+//!
+//! Files are opened `O_DIRECT` where the filesystem allows it: written-back pages must leave RAM,
+//! not move into the page cache (and a write under memory pressure must not need page cache
+//! memory). Batches are written and records read in 4 KiB-aligned windows from aligned buffers,
+//! which satisfies any device's logical block size.
+//!
+//! # Striping
+//! With several files, each batch goes to the file with the most free space (ties in turn), so
+//! two files on two disks share the writes and the reads.
+//!
+//! # Secrets
+//! Swap holds secrets. Every record is sealed with ChaCha20-Poly1305 under a key drawn from the
+//! OS at device creation and kept only in the daemon's (locked) memory; the nonce is a counter
+//! (never reused under one key), and the additional data binds a record to its page index and
+//! location, so a record copied elsewhere fails to open. A stolen backing file reveals
+//! nothing; a flipped byte makes that page's read fail with EIO. A file is created 0600 and
+//! refused if others may write it.
+//!
+//! # Space
+//! A bitmap of sectors per file, first fit from a rotating cursor. Freeing a record (the page
+//! overwritten, discarded, or the device reset) clears its sectors for reuse.
+//!
+//! A regular file is allocated in full when opened (`fallocate`), as a swap file must be, and
+//! no hole is ever punched in it: a write into a hole allocates blocks, and both that and hole
+//! punching take the inode's lock exclusively and start journal transactions, which under memory
+//! pressure can wait for a task that waits for swap, that is, for this device. With every block
+//! allocated, a direct write is an overwrite under the inode's shared lock, and a direct read
+//! never waits for it. (The I/O threads still never write to a regular file: see
+//! `Device::make_room`.)
+
+use std::str::FromStr;
+use std::sync::atomic::Ordering;
+
+mod store;
+
+use self::store::Extent;
+pub use self::store::{AlignedBuf, BackingError, BackingStore, FileUsage};
+pub use super::backing_io::BackingIo;
+use super::{slot, Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
+use crate::{Error, IoError};
+
+/// Bytes of one sector of the backing store.
+pub const SECTOR: u64 = 512;
+const NONCE: usize = 12;
+const TAG: usize = 16;
+/// Largest record: a raw page, sealed.
+pub const MAX_RECORD: usize = NONCE + PAGE_SIZE + TAG;
+/// Pages per writeback batch of a pass (one extent, one write).
+pub(super) const BATCH: usize = 256;
+/// Alignment of direct I/O: offsets, lengths and buffers.
+const ALIGN: usize = 4096;
+const ALIGN_SECTORS: u64 = ALIGN as u64 / SECTOR;
+/// Bytes a record read may span: a record of at most 9 sectors starting anywhere in a 4 KiB
+/// block covers two blocks.
+pub(super) const READ_WINDOW: usize = 2 * ALIGN;
+/// Most files a store stripes over (the location word keeps the file in its top byte).
+pub const MAX_FILES: usize = 16;
+const FILE_SHIFT: u32 = 56;
+
+/// The buffers of one writeback batch, made once and reused: eviction inside a write must not
+/// allocate.
+pub(super) struct WbBuffers {
+    plain: Box<[u8; PAGE_SIZE]>,
+    out: AlignedBuf,
+    /// Page, its state when picked, its record's sector offset in the batch, and whether its
+    /// record was sealed (only sealed records are committed).
+    taken: Vec<(PageIndex, SlotState, u64, bool)>,
+    /// Candidates, for callers that pick pages without allocating (eviction).
+    pub(super) pages: Vec<PageIndex>,
+    capacity: usize,
+}
+
+impl WbBuffers {
+    pub(super) fn new(capacity: usize) -> WbBuffers {
+        WbBuffers {
+            plain: Box::new([0; PAGE_SIZE]),
+            out: AlignedBuf::new(
+                (capacity * MAX_RECORD.next_multiple_of(SECTOR as usize)).next_multiple_of(ALIGN),
+            ),
+            taken: Vec::with_capacity(capacity),
+            pages: Vec::with_capacity(capacity),
+            capacity,
+        }
+    }
+
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct BatchStats {
+    /// Pages now on the store.
+    pub written: u64,
+    /// Their stored bytes (what left the pool).
+    pub object_bytes: u64,
+    /// Bytes written to the file.
+    pub bytes: u64,
+    /// Pages left in RAM because the write failed.
+    pub failed: u64,
+    /// No room on the store.
+    pub full: bool,
+}
+
+/// Which pages a writeback pass takes (zram's `writeback` syntax).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritebackRequest {
+    /// `idle`: pages marked idle.
+    Idle,
+    /// `huge`: pages stored raw.
+    Huge,
+    /// `huge_idle`: both.
+    HugeIdle,
+    /// `incompressible`: pages recompression found no codec for.
+    Incompressible,
+    /// `page_index=N` / `page_indexes=LO-HI`: these pages, whatever their state.
+    Pages {
+        /// First page.
+        first: u64,
+        /// Last page (inclusive).
+        last: u64,
+    },
+}
+
+impl FromStr for WritebackRequest {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self, Error> {
+        let bad = |why| Error::InvalidRequest {
+            text: text.to_string(),
+            why,
+        };
+        let t = text.trim();
+        let t = t.strip_prefix("type=").unwrap_or(t);
+        Ok(match t {
+            "idle" => WritebackRequest::Idle,
+            "huge" => WritebackRequest::Huge,
+            "huge_idle" => WritebackRequest::HugeIdle,
+            "incompressible" => WritebackRequest::Incompressible,
+            _ => {
+                if let Some(n) = t.strip_prefix("page_index=") {
+                    let n = n.parse().map_err(|_| bad("page_index is a number"))?;
+                    WritebackRequest::Pages { first: n, last: n }
+                } else if let Some(r) = t.strip_prefix("page_indexes=") {
+                    let (lo, hi) = r.split_once('-').ok_or(bad("page_indexes is LO-HI"))?;
+                    let first = lo.parse().map_err(|_| bad("page_indexes is LO-HI"))?;
+                    let last: u64 = hi.parse().map_err(|_| bad("page_indexes is LO-HI"))?;
+                    if last < first {
+                        return Err(bad("page_indexes is LO-HI with LO <= HI"));
+                    }
+                    WritebackRequest::Pages { first, last }
+                } else {
+                    return Err(bad(
+                        "writeback takes idle, huge, huge_idle, incompressible, page_index=N or page_indexes=LO-HI",
+                    ));
+                }
+            }
+        })
+    }
+}
+
+/// What a writeback pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WritebackStats {
+    /// Pages that matched.
+    pub candidates: u64,
+    /// Pages now on the backing store.
+    pub written: u64,
+    /// Bytes written (sealed records, sector-rounded).
+    pub bytes: u64,
+    /// Pages left in RAM because a write failed.
+    pub failed: u64,
+    /// The pass stopped at the writeback limit or a full store.
+    pub stopped: bool,
+}
+
+impl Device {
+    /// The backing store, if the device has one.
+    pub fn backing(&self) -> Option<&BackingStore> {
+        self.backing.as_ref()
+    }
+
+    /// Reads page `s` (written back) into `out` through `buf`.
+    pub(super) fn load_written_back(
+        &self,
+        streams: &mut [Option<uzram_codecs::Stream>],
+        buf: &mut [u8],
+        index: PageIndex,
+        s: &SlotState,
+        out: &mut [u8; PAGE_SIZE],
+    ) -> Result<(), IoError> {
+        let backing = self.backing.as_ref().ok_or(IoError::Backing {
+            index,
+            source: BackingError::Full,
+        })?;
+        let len = usize::from(s.size);
+        backing
+            .read(index, s.word, len, buf)
+            .map_err(|source| IoError::Backing { index, source })?;
+        if s.flags.contains(SlotFlags::HUGE) {
+            out.copy_from_slice(&buf[..PAGE_SIZE]);
+            return Ok(());
+        }
+        super::decompress_with(streams, index, s.prio, &buf[..len], out)
+    }
+
+    /// Frees the backing space of a written-back slot state.
+    pub(super) fn free_written_back(&self, s: &SlotState) {
+        if let Some(b) = &self.backing {
+            b.free(s.word, usize::from(s.size));
+        }
+    }
+
+    fn wb_eligible(s: &SlotState, req: WritebackRequest, index: u64) -> bool {
+        match req {
+            WritebackRequest::Pages { first, last } => {
+                (first..=last).contains(&index) && s.flags.contains(SlotFlags::STORED)
+            }
+            _ => Self::wb_eligible_flags(s, req),
+        }
+    }
+
+    /// The flag part of [`Device::wb_eligible`] (a page range is checked by the caller).
+    fn wb_eligible_flags(s: &SlotState, req: WritebackRequest) -> bool {
+        let f = s.flags;
+        if !f.contains(SlotFlags::STORED) {
+            return false;
+        }
+        match req {
+            WritebackRequest::Idle => f.contains(SlotFlags::IDLE),
+            WritebackRequest::Huge => f.contains(SlotFlags::HUGE),
+            WritebackRequest::HugeIdle => f.contains(SlotFlags::HUGE | SlotFlags::IDLE),
+            WritebackRequest::Incompressible => f.contains(SlotFlags::INCOMPRESSIBLE),
+            WritebackRequest::Pages { .. } => true,
+        }
+    }
+
+    /// Writes back, as one batch, those of `pages` (at most the buffers' capacity) whose state
+    /// `keep` accepts under their lock, and swaps their slots over to the records. With `wait`
+    /// false a page whose lock is busy is skipped (eviction inside a write, which may hold a slot
+    /// lock itself). Allocates nothing.
+    pub(super) fn write_batch(
+        &self,
+        backing: &BackingStore,
+        bufs: &mut WbBuffers,
+        pages: &[PageIndex],
+        keep: &dyn Fn(&SlotState) -> bool,
+        wait: bool,
+    ) -> BatchStats {
+        let mut stats = BatchStats::default();
+        let sectors = self.pick(bufs, pages, keep, wait);
+        if bufs.taken.is_empty() {
+            return stats;
+        }
+        let Some(extent) = backing.reserve(sectors) else {
+            stats.full = true;
+            return stats;
+        };
+        let len = ((sectors * SECTOR) as usize).next_multiple_of(ALIGN);
+        self.seal_taken(backing, bufs, &extent, len, wait);
+        if backing.write_extent(&extent, &bufs.out[..len]).is_err() {
+            stats.failed = bufs.taken.len() as u64;
+            return stats;
+        }
+        stats.bytes = len as u64;
+        self.commit(backing, bufs, &extent, wait, &mut stats);
+        backing.charge_limit(stats.written);
+        stats
+    }
+
+    /// Locks page `index`'s slot, or with `wait` false only if nobody holds it.
+    fn lock_for_writeback(&self, index: PageIndex, wait: bool) -> Option<slot::SlotGuard<'_>> {
+        let slot = self.slot(index);
+        if wait {
+            Some(slot.lock())
+        } else {
+            slot.try_lock()
+        }
+    }
+
+    /// Takes into `bufs.taken` those of `pages` that are stored and that `keep` accepts, with
+    /// their records' sector offsets in the batch; returns the batch's sectors.
+    fn pick(
+        &self,
+        bufs: &mut WbBuffers,
+        pages: &[PageIndex],
+        keep: &dyn Fn(&SlotState) -> bool,
+        wait: bool,
+    ) -> u64 {
+        bufs.taken.clear();
+        let mut sectors = 0u64;
+        for &index in pages {
+            if bufs.taken.len() == bufs.capacity {
+                break;
+            }
+            let Some(g) = self.lock_for_writeback(index, wait) else {
+                continue;
+            };
+            let s = g.get();
+            drop(g);
+            if !s.flags.contains(SlotFlags::STORED) || !keep(&s) {
+                continue;
+            }
+            bufs.taken.push((index, s, sectors, false));
+            sectors += BackingStore::sectors_for(usize::from(s.size));
+        }
+        sectors
+    }
+
+    /// Seals each taken page's object into `bufs.out[..len]` at its offset. A page that changed
+    /// since it was picked, or that was busy, is left out (its record stays zeros, which never
+    /// open) and not committed.
+    fn seal_taken(
+        &self,
+        backing: &BackingStore,
+        bufs: &mut WbBuffers,
+        extent: &Extent,
+        len: usize,
+        wait: bool,
+    ) {
+        let out = &mut bufs.out[..len];
+        out.fill(0);
+        for (index, s, off, sealed) in bufs.taken.iter_mut() {
+            let (index, s, off) = (*index, *s, *off);
+            let Some(g) = self.lock_for_writeback(index, wait) else {
+                continue;
+            };
+            let n = usize::from(s.size);
+            let ok = g.get() == s
+                && uzram_allocator::Handle::from_raw(s.word)
+                    .is_some_and(|h| self.pool.read_into(h, &mut bufs.plain[..]).is_ok());
+            drop(g);
+            if ok {
+                let at = (off * SECTOR) as usize;
+                let location = BackingStore::location(extent.file, extent.start + off);
+                backing.seal(index, location, &bufs.plain[..n], &mut out[at..]);
+                *sealed = true;
+            }
+        }
+    }
+
+    /// After the extent is written: swaps each sealed page whose slot still holds what was
+    /// sealed over to its record; frees the records of the others.
+    fn commit(
+        &self,
+        backing: &BackingStore,
+        bufs: &WbBuffers,
+        extent: &Extent,
+        wait: bool,
+        stats: &mut BatchStats,
+    ) {
+        for &(index, s, off, sealed) in &bufs.taken {
+            let sector = extent.start + off;
+            let g = if sealed {
+                self.lock_for_writeback(index, wait)
+            } else {
+                None
+            };
+            let Some(mut g) = g.filter(|g| g.get() == s) else {
+                backing.release(
+                    extent.file,
+                    sector,
+                    BackingStore::sectors_for(usize::from(s.size)),
+                );
+                continue;
+            };
+            let wb = SlotState {
+                word: BackingStore::location(extent.file, sector),
+                flags: s
+                    .flags
+                    .difference(SlotFlags::STORED)
+                    .difference(SlotFlags::IDLE)
+                    | SlotFlags::WB,
+                prio: s.prio,
+                size: s.size,
+                atime: s.atime,
+            };
+            backing.counters.count.fetch_add(1, Ordering::Relaxed);
+            backing.counters.writes.fetch_add(1, Ordering::Relaxed);
+            self.replace(index, &mut g, wb);
+            stats.written += 1;
+            stats.object_bytes += u64::from(s.size);
+        }
+    }
+
+    /// zram's `writeback`: moves the pages `req` selects to the backing store, compressed and
+    /// sealed, in batches written with one `pwrite` each; then compacts the pool. A failed write
+    /// leaves its pages in RAM; a full store or the writeback limit ends the pass cleanly.
+    pub fn writeback(
+        &self,
+        ctx: &mut IoContext,
+        req: WritebackRequest,
+    ) -> Result<WritebackStats, Error> {
+        let Some(backing) = self.backing.as_ref() else {
+            return Err(Error::InvalidRequest {
+                text: "writeback".into(),
+                why: "the device has no backing device (create it with --backing-dev FILE)",
+            });
+        };
+        self.adopt(ctx)?;
+        if let WritebackRequest::Pages { last, .. } = req {
+            if last >= self.pages() {
+                return Err(Error::InvalidRequest {
+                    text: format!("{req:?}"),
+                    why: "page index beyond the device",
+                });
+            }
+        }
+        let range = match req {
+            WritebackRequest::Pages { first, last } => first..=last,
+            _ => 0..=self.pages() - 1,
+        };
+        let candidates: Vec<PageIndex> = range
+            .filter(|&i| Self::wb_eligible(&self.slot(PageIndex(i)).peek(), req, i))
+            .map(PageIndex)
+            .collect();
+        let mut stats = WritebackStats {
+            candidates: candidates.len() as u64,
+            ..WritebackStats::default()
+        };
+        let mut bufs = WbBuffers::new(BATCH);
+        for chunk in candidates.chunks(BATCH) {
+            let allowed = backing.limit_allows(chunk.len());
+            if allowed == 0 {
+                stats.stopped = true;
+                break;
+            }
+            let keep = |s: &SlotState| Self::wb_eligible_flags(s, req);
+            let b = self.write_batch(backing, &mut bufs, &chunk[..allowed], &keep, true);
+            stats.written += b.written;
+            stats.bytes += b.bytes;
+            stats.failed += b.failed;
+            if b.full {
+                stats.stopped = true;
+                break;
+            }
+        }
+        if stats.written > 0 {
+            self.compact();
+        }
+        Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,616 @@
+//! The backing store: its files (each with a sector bitmap), the key that seals records, and
+//! its counters (zram's `bd_stat`). The record format is in docs/design.md.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use chacha20poly1305::aead::{AeadInPlace, KeyInit, OsRng};
+use chacha20poly1305::{ChaCha20Poly1305, Nonce, Tag};
+use parking_lot::Mutex;
+
+use super::super::backing_io::BackingIo;
+#[cfg(any(test, feature = "testing"))]
+use super::super::backing_io::FaultyFile;
+use super::{ALIGN, ALIGN_SECTORS, FILE_SHIFT, MAX_FILES, NONCE, SECTOR, TAG};
+use crate::device::PageIndex;
+
+/// A byte buffer whose start is aligned for direct I/O: an over-long `Vec` and the aligned
+/// window inside it (no `unsafe`; the heap block never moves).
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` zeroed bytes starting on a 4 KiB boundary.
+    pub fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + ALIGN];
+        let start = (ALIGN - raw.as_ptr() as usize % ALIGN) % ALIGN;
+        AlignedBuf { raw, start, len }
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+/// Why the backing store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackingError {
+    /// The file could not be opened or sized.
+    #[error("backing device {path}: {source}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Others may write the file: it could be tampered with or swapped for another.
+    #[error("backing device {path}: mode {mode:o} lets others write it (chmod go-w)")]
+    Unsafe {
+        /// The file.
+        path: PathBuf,
+        /// Its mode.
+        mode: u32,
+    },
+    /// No file, or more than [`MAX_FILES`], or one named twice.
+    #[error("backing devices: {0}")]
+    Config(&'static str),
+    /// A read or write of the store failed.
+    #[error("backing device I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// A record failed its authentication: tampered with or corrupt.
+    #[error(
+        "backing device record at sector {sector} failed authentication (tampered or corrupt)"
+    )]
+    Tampered {
+        /// Where.
+        sector: u64,
+    },
+    /// No room left in the store.
+    #[error("backing device full")]
+    Full,
+}
+
+/// The sector bitmap of one file.
+pub(super) struct Space {
+    used: Vec<u64>,
+    sectors: u64,
+    cursor: u64,
+    free: u64,
+}
+
+impl Space {
+    fn new(sectors: u64) -> Space {
+        Space {
+            used: vec![0; sectors.div_ceil(64) as usize],
+            sectors,
+            cursor: 0,
+            free: sectors,
+        }
+    }
+
+    fn is_used(&self, s: u64) -> bool {
+        self.used[(s / 64) as usize] & (1 << (s % 64)) != 0
+    }
+
+    fn set(&mut self, start: u64, n: u64, used: bool) {
+        for s in start..start + n {
+            let (w, b) = ((s / 64) as usize, s % 64);
+            if used {
+                self.used[w] |= 1 << b;
+            } else {
+                self.used[w] &= !(1 << b);
+            }
+        }
+        if used {
+            self.free -= n;
+        } else {
+            self.free += n;
+        }
+    }
+
+    /// First fit of `n` contiguous sectors starting on a multiple of `align`, from the cursor
+    /// round to it.
+    fn alloc(&mut self, n: u64, align: u64) -> Option<u64> {
+        if n == 0 || n > self.free {
+            return None;
+        }
+        let mut start = self.cursor.next_multiple_of(align);
+        let mut scanned = 0;
+        while scanned < self.sectors + n + align {
+            if start + n > self.sectors {
+                scanned += self.sectors.saturating_sub(start);
+                start = 0;
+                continue;
+            }
+            // The last used sector in the window: the next start is past it.
+            match (start..start + n).rev().find(|&s| self.is_used(s)) {
+                None => {
+                    self.set(start, n, true);
+                    self.cursor = start + n;
+                    return Some(start);
+                }
+                Some(busy) => {
+                    let next = (busy + 1).next_multiple_of(align);
+                    scanned += next - start;
+                    start = next;
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Counters of the backing store (zram's `bd_stat`, and what uzram adds).
+#[derive(Debug, Default)]
+pub(super) struct BdCounters {
+    /// Pages on the store now.
+    pub(super) count: AtomicU64,
+    pub(super) reads: AtomicU64,
+    pub(super) writes: AtomicU64,
+    pub(super) bytes_written: AtomicU64,
+    pub(super) failed_writes: AtomicU64,
+    pub(super) failed_reads: AtomicU64,
+}
+
+/// One file of the store.
+pub(super) struct BackingFile {
+    pub(super) io: Box<dyn BackingIo>,
+    pub(super) path: PathBuf,
+    /// Opened `O_DIRECT`.
+    pub(super) direct: bool,
+    pub(super) space: Mutex<Space>,
+    pub(super) writes: AtomicU64,
+}
+
+impl BackingFile {
+    /// Opens (creating it 0600 if need be) `path`. A regular file of size 0 is sized to
+    /// `default_bytes` (sparse); an existing file or block device keeps its size.
+    fn open(
+        path: &Path,
+        default_bytes: u64,
+        wrap: &dyn Fn(File) -> Box<dyn BackingIo>,
+    ) -> Result<BackingFile, BackingError> {
+        let open_err = |source| BackingError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let open = |direct: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(
+                    libc::O_CLOEXEC | libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 },
+                )
+                .open(path)
+        };
+        // A filesystem without direct I/O (tmpfs before Linux 6.6) refuses O_DIRECT with EINVAL.
+        let (file, direct) = match open(true) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                (open(false).map_err(open_err)?, false)
+            }
+            Err(e) => return Err(open_err(e)),
+        };
+        let meta = file.metadata().map_err(open_err)?;
+        // A block device belongs to group disk, which may write it (0660); a file must be ours.
+        let forbidden = if meta.file_type().is_file() {
+            0o022
+        } else {
+            0o002
+        };
+        if meta.mode() & forbidden != 0 {
+            return Err(BackingError::Unsafe {
+                path: path.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+            });
+        }
+        let mut bytes = if meta.file_type().is_file() {
+            meta.len()
+        } else {
+            use std::io::{Seek, SeekFrom};
+            (&file).seek(SeekFrom::End(0)).map_err(open_err)?
+        };
+        if bytes == 0 && meta.file_type().is_file() {
+            bytes = default_bytes.next_multiple_of(ALIGN as u64);
+            file.set_len(bytes).map_err(open_err)?;
+        }
+        // Reads must not dirty the inode (an atime update is a journal transaction). Needs the
+        // file's owner or CAP_FOWNER; without it, atime updates stay.
+        crate::sys::set_noatime(&file);
+        if meta.file_type().is_file() {
+            // Allocate every block now (see the module docs). A filesystem without fallocate
+            // keeps a sparse file; one without room for it is an error now, not at swap-out.
+            if let Err(e) = crate::sys::allocate(&file, bytes) {
+                if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                    return Err(open_err(e));
+                }
+            }
+        }
+        Ok(BackingFile {
+            io: wrap(file),
+            path: path.to_path_buf(),
+            direct,
+            space: Mutex::new(Space::new(bytes / SECTOR)),
+            writes: AtomicU64::new(0),
+        })
+    }
+}
+
+/// The backing files (or block devices), with the key and the space maps.
+pub struct BackingStore {
+    pub(super) files: Vec<BackingFile>,
+    pub(super) cipher: ChaCha20Poly1305,
+    pub(super) nonce: AtomicU64,
+    pub(super) counters: BdCounters,
+    /// zram's `writeback_limit_enable` and `writeback_limit` (4 KiB units).
+    pub(super) limit: Mutex<(bool, u64)>,
+    /// Which file a tie of free space goes to next.
+    pub(super) turn: AtomicUsize,
+    /// Feature `testing`: while set, every write fails (the files are [`FaultyFile`]s).
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::fmt::Debug for BackingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackingStore")
+            .field(
+                "paths",
+                &self.files.iter().map(|f| &f.path).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where one batch landed.
+pub(super) struct Extent {
+    pub(super) file: usize,
+    pub(super) start: u64,
+    /// Sectors the records use (the write is rounded up to 4 KiB).
+    pub(super) sectors: u64,
+}
+
+/// One file's figures, for `policy_stat` and the listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileUsage {
+    /// The file.
+    pub path: PathBuf,
+    /// Bytes its records use (sector-rounded).
+    pub used_bytes: u64,
+    /// Its size.
+    pub size_bytes: u64,
+    /// Batches written to it.
+    pub writes: u64,
+    /// Opened with `O_DIRECT`.
+    pub direct: bool,
+}
+
+impl BackingStore {
+    /// Opens one backing file: see [`BackingStore::open_all`].
+    pub fn open(path: &Path, default_bytes: u64) -> Result<BackingStore, BackingError> {
+        BackingStore::open_all(&[path.to_path_buf()], default_bytes)
+    }
+
+    /// Opens (creating them 0600 if need be) the files to stripe over. A regular file of size 0
+    /// is sized to `default_bytes` (sparse); an existing file or block device keeps its size.
+    pub fn open_all(paths: &[PathBuf], default_bytes: u64) -> Result<BackingStore, BackingError> {
+        if paths.is_empty() || paths.len() > MAX_FILES {
+            return Err(BackingError::Config("between 1 and 16 files"));
+        }
+        #[cfg(any(test, feature = "testing"))]
+        let fail_writes = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        #[cfg(any(test, feature = "testing"))]
+        let wrap = |f: File| -> Box<dyn BackingIo> {
+            Box::new(FaultyFile::new(f, std::sync::Arc::clone(&fail_writes)))
+        };
+        #[cfg(not(any(test, feature = "testing")))]
+        let wrap = |f: File| -> Box<dyn BackingIo> { Box::new(f) };
+        let files = paths
+            .iter()
+            .map(|p| BackingFile::open(p, default_bytes, &wrap))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, a) in files.iter().enumerate() {
+            let ma = a.io.file().metadata()?;
+            if files[..i].iter().any(|b| {
+                b.io.file().metadata().is_ok_and(|mb| {
+                    (mb.dev(), mb.ino(), mb.rdev()) == (ma.dev(), ma.ino(), ma.rdev())
+                })
+            }) {
+                return Err(BackingError::Config("the same file named twice"));
+            }
+        }
+        let key = ChaCha20Poly1305::generate_key(&mut OsRng);
+        Ok(BackingStore {
+            files,
+            cipher: ChaCha20Poly1305::new(&key),
+            nonce: AtomicU64::new(1),
+            counters: BdCounters::default(),
+            limit: Mutex::new((false, 0)),
+            turn: AtomicUsize::new(0),
+            #[cfg(any(test, feature = "testing"))]
+            fail_writes,
+        })
+    }
+
+    /// The first file's path (zram's `backing_dev` shows one).
+    pub fn path(&self) -> &Path {
+        &self.files[0].path
+    }
+
+    /// Every file's figures.
+    pub fn files(&self) -> Vec<FileUsage> {
+        self.files
+            .iter()
+            .map(|f| {
+                let s = f.space.lock();
+                FileUsage {
+                    path: f.path.clone(),
+                    used_bytes: (s.sectors - s.free) * SECTOR,
+                    size_bytes: s.sectors * SECTOR,
+                    writes: f.writes.load(Ordering::Relaxed),
+                    direct: f.direct,
+                }
+            })
+            .collect()
+    }
+
+    /// Free bytes over all files.
+    pub fn free_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|f| f.space.lock().free * SECTOR)
+            .sum()
+    }
+
+    pub(super) fn sectors_for(len: usize) -> u64 {
+        ((NONCE + len + TAG) as u64).div_ceil(SECTOR)
+    }
+
+    pub(super) fn location(file: usize, sector: u64) -> u64 {
+        (file as u64) << FILE_SHIFT | sector
+    }
+
+    pub(super) fn split(location: u64) -> (usize, u64) {
+        (
+            (location >> FILE_SHIFT) as usize,
+            location & ((1 << FILE_SHIFT) - 1),
+        )
+    }
+
+    pub(super) fn aad(index: PageIndex, location: u64) -> [u8; 16] {
+        let mut aad = [0u8; 16];
+        aad[..8].copy_from_slice(&index.0.to_le_bytes());
+        aad[8..].copy_from_slice(&location.to_le_bytes());
+        aad
+    }
+
+    /// Seals `data` (page `index`'s stored bytes) into `out` as the record at `location`.
+    pub(super) fn seal(&self, index: PageIndex, location: u64, data: &[u8], out: &mut [u8]) {
+        let n = self.nonce.fetch_add(1, Ordering::Relaxed);
+        let mut nonce = [0u8; NONCE];
+        nonce[..8].copy_from_slice(&n.to_le_bytes());
+        out[..NONCE].copy_from_slice(&nonce);
+        let body = &mut out[NONCE..NONCE + data.len()];
+        body.copy_from_slice(data);
+        let tag = self
+            .cipher
+            .encrypt_in_place_detached(Nonce::from_slice(&nonce), &Self::aad(index, location), body)
+            .expect("a page is far below the AEAD's length limit");
+        out[NONCE + data.len()..NONCE + data.len() + TAG].copy_from_slice(&tag);
+    }
+
+    /// Reserves an extent for `sectors` of records on the file with the most free space, its
+    /// start 4 KiB-aligned and its length rounded up to 4 KiB (the rounding is given back by
+    /// [`BackingStore::release_padding`] once written).
+    pub(super) fn reserve(&self, sectors: u64) -> Option<Extent> {
+        let rounded = sectors.next_multiple_of(ALIGN_SECTORS);
+        let n = self.files.len();
+        let first = self.turn.fetch_add(1, Ordering::Relaxed) % n;
+        // A fixed array, not a Vec, and an unstable sort (a stable one may allocate): eviction
+        // on an I/O thread allocates nothing. Entries are (free sectors, place in the turn).
+        let mut order = [(0u64, 0usize); MAX_FILES];
+        for (k, slot) in order.iter_mut().enumerate().take(n) {
+            *slot = (self.files[(first + k) % n].space.lock().free, k);
+        }
+        let order = &mut order[..n];
+        // Most free first; among equals, the turn's order.
+        order.sort_unstable_by_key(|&(free, k)| (std::cmp::Reverse(free), k));
+        for file in order.iter().map(|&(_, k)| (first + k) % n) {
+            if let Some(start) = self.files[file].space.lock().alloc(rounded, ALIGN_SECTORS) {
+                return Some(Extent {
+                    file,
+                    start,
+                    sectors,
+                });
+            }
+        }
+        None
+    }
+
+    /// Frees `n` sectors from `sector` of `file`: a record reserved but not committed.
+    pub(super) fn release(&self, file: usize, sector: u64, n: u64) {
+        self.files[file].space.lock().set(sector, n, false);
+    }
+
+    /// Frees the rounding at the end of a written extent.
+    pub(super) fn release_padding(&self, e: &Extent) {
+        let rounded = e.sectors.next_multiple_of(ALIGN_SECTORS);
+        if rounded > e.sectors {
+            self.files[e.file]
+                .space
+                .lock()
+                .set(e.start + e.sectors, rounded - e.sectors, false);
+        }
+    }
+
+    /// Writes `data` (4 KiB-rounded) at the extent; on failure gives the extent back.
+    pub(super) fn write_extent(&self, e: &Extent, data: &[u8]) -> Result<(), std::io::Error> {
+        let f = &self.files[e.file];
+        match f.io.write_all_at(data, e.start * SECTOR) {
+            Ok(()) => {
+                f.writes.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .bytes_written
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                self.release_padding(e);
+                Ok(())
+            }
+            Err(err) => {
+                self.counters.failed_writes.fetch_add(1, Ordering::Relaxed);
+                let rounded = e.sectors.next_multiple_of(ALIGN_SECTORS);
+                f.space.lock().set(e.start, rounded, false);
+                Err(err)
+            }
+        }
+    }
+
+    /// Reads and opens page `index`'s record of `len` stored bytes at `location` into
+    /// `buf[..len]`. `buf` starts 4 KiB-aligned and holds at least [`READ_WINDOW`] bytes.
+    pub(super) fn read(
+        &self,
+        index: PageIndex,
+        location: u64,
+        len: usize,
+        buf: &mut [u8],
+    ) -> Result<(), BackingError> {
+        let (file, sector) = Self::split(location);
+        let f = self
+            .files
+            .get(file)
+            .ok_or(BackingError::Tampered { sector })?;
+        let total = NONCE + len + TAG;
+        let byte = sector * SECTOR;
+        let window_start = byte / ALIGN as u64 * ALIGN as u64;
+        let skip = (byte - window_start) as usize;
+        let window = (skip + total).next_multiple_of(ALIGN);
+        if window > buf.len() {
+            return Err(BackingError::Tampered { sector });
+        }
+        f.io.read_exact_at(&mut buf[..window], window_start)
+            .inspect_err(|_| {
+                self.counters.failed_reads.fetch_add(1, Ordering::Relaxed);
+            })?;
+        let record = &mut buf[skip..skip + total];
+        let nonce = *Nonce::from_slice(&record[..NONCE]);
+        let tag = *Tag::from_slice(&record[NONCE + len..total]);
+        let body = &mut record[NONCE..NONCE + len];
+        self.cipher
+            .decrypt_in_place_detached(&nonce, &Self::aad(index, location), body, &tag)
+            .map_err(|_| {
+                self.counters.failed_reads.fetch_add(1, Ordering::Relaxed);
+                BackingError::Tampered { sector }
+            })?;
+        buf.copy_within(skip + NONCE..skip + NONCE + len, 0);
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Frees the record of `len` stored bytes at `location` for reuse (no hole is punched:
+    /// see the module docs).
+    pub(super) fn free(&self, location: u64, len: usize) {
+        let (file, sector) = Self::split(location);
+        let Some(f) = self.files.get(file) else {
+            return;
+        };
+        f.space.lock().set(sector, Self::sectors_for(len), false);
+        self.counters.count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether every file is a block device: then an I/O thread may write to the store itself
+    /// (a block device has no journal or inode lock to wait behind).
+    pub fn all_block_devices(&self) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        self.files.iter().all(|f| {
+            f.io.file()
+                .metadata()
+                .is_ok_and(|m| m.file_type().is_block_device())
+        })
+    }
+
+    /// zram's `bd_stat`: pages on the store, pages read, pages written.
+    pub fn bd_stat(&self) -> String {
+        let c = &self.counters;
+        format!(
+            "{:>8} {:>8} {:>8}\n",
+            c.count.load(Ordering::Relaxed),
+            c.reads.load(Ordering::Relaxed),
+            c.writes.load(Ordering::Relaxed)
+        )
+    }
+
+    /// Pages on the store now.
+    pub fn pages(&self) -> u64 {
+        self.counters.count.load(Ordering::Relaxed)
+    }
+
+    /// Bytes written to the store so far (4 KiB-rounded extents).
+    pub fn bytes_written(&self) -> u64 {
+        self.counters.bytes_written.load(Ordering::Relaxed)
+    }
+
+    /// Batches whose write failed (their pages stayed in RAM), and reads that failed (I/O error
+    /// or a record that failed authentication).
+    pub fn failures(&self) -> (u64, u64) {
+        (
+            self.counters.failed_writes.load(Ordering::Relaxed),
+            self.counters.failed_reads.load(Ordering::Relaxed),
+        )
+    }
+
+    /// zram's `writeback_limit_enable` and `writeback_limit` (4 KiB units).
+    pub fn limit(&self) -> (bool, u64) {
+        *self.limit.lock()
+    }
+
+    /// Sets zram's `writeback_limit_enable`.
+    pub fn set_limit_enable(&self, on: bool) {
+        self.limit.lock().0 = on;
+    }
+
+    /// Sets zram's `writeback_limit` (4 KiB units).
+    pub fn set_limit(&self, pages: u64) {
+        self.limit.lock().1 = pages;
+    }
+
+    /// How many of `want` pages zram's writeback limit lets through now.
+    pub(in crate::device) fn limit_allows(&self, want: usize) -> usize {
+        let (on, left) = self.limit();
+        if on {
+            usize::try_from(left).unwrap_or(usize::MAX).min(want)
+        } else {
+            want
+        }
+    }
+
+    pub(super) fn charge_limit(&self, pages: u64) {
+        let mut limit = self.limit.lock();
+        if limit.0 {
+            limit.1 = limit.1.saturating_sub(pages);
+        }
+    }
+
+    /// Feature `testing`: make every write fail (the pages must stay in RAM).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn set_fail_writes(&self, on: bool) {
+        self.fail_writes.store(on, Ordering::Relaxed);
+    }
+}

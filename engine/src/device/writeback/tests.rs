@@ -1,0 +1,181 @@
+use std::fs::OpenOptions;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::super::testutil::{tempdir, text_page};
+use super::*;
+use crate::DeviceSetup;
+
+fn setup(dir: &Path) -> (Device, PathBuf) {
+    let path = dir.join("backing");
+    let mut setup = DeviceSetup::new();
+    setup.set_backing_dev(&path);
+    (setup.init(4 << 20).unwrap(), path)
+}
+
+#[test]
+fn written_back_pages_read_back_sealed_and_packed() {
+    let dir = tempdir("wb-rt");
+    let (d, path) = setup(&dir);
+    let mut ctx = d.context().unwrap();
+    let pages: Vec<[u8; PAGE_SIZE]> = (0..300).map(text_page).collect();
+    for (i, p) in pages.iter().enumerate() {
+        d.write(&mut ctx, i as u64 * 4096, p).unwrap();
+    }
+    let before = d.stats().mm;
+    d.mark_idle(None);
+    let s = d.writeback(&mut ctx, WritebackRequest::Idle).unwrap();
+    assert_eq!((s.candidates, s.written, s.failed), (300, 300, 0), "{s:?}");
+    assert!(
+        s.bytes * 2 <= 300 * 4096,
+        "{} bytes for 300 pages: not packed",
+        s.bytes
+    );
+    let after = d.stats().mm;
+    assert_eq!(after.compr_data_size, 0, "{after:?}");
+    assert!(after.mem_used_total < before.mem_used_total);
+    assert_eq!(
+        d.backing().unwrap().bd_stat(),
+        "     300        0      300\n"
+    );
+    let mut back = vec![0u8; PAGE_SIZE];
+    for (i, p) in pages.iter().enumerate() {
+        d.read(&mut ctx, i as u64 * 4096, &mut back).unwrap();
+        assert_eq!(&back, p, "page {i}");
+    }
+    // Nothing of the plain text is in the file: every line of a text page starts with
+    // "uzram: ", which compression keeps as a literal at least once per page.
+    let file = std::fs::read(&path).unwrap();
+    assert!(pages[0].starts_with(b"uzram: "));
+    assert!(
+        !file.windows(7).any(|w| w == b"uzram: "),
+        "plain text in the backing file"
+    );
+    let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    d.check_invariants().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_flipped_byte_fails_that_read_with_an_error() {
+    let dir = tempdir("wb-flip");
+    let (d, path) = setup(&dir);
+    let mut ctx = d.context().unwrap();
+    d.write(&mut ctx, 0, &text_page(1)).unwrap();
+    d.write(&mut ctx, 4096, &text_page(2)).unwrap();
+    d.writeback(&mut ctx, WritebackRequest::Pages { first: 0, last: 1 })
+        .unwrap();
+    let sector = d.slot_state(PageIndex(0)).unwrap().word;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, sector * SECTOR + 40).unwrap();
+    b[0] ^= 0x20;
+    f.write_all_at(&b, sector * SECTOR + 40).unwrap();
+    let mut back = vec![0u8; PAGE_SIZE];
+    assert!(matches!(
+        d.read(&mut ctx, 0, &mut back),
+        Err(IoError::Backing {
+            source: BackingError::Tampered { .. },
+            ..
+        })
+    ));
+    assert!(
+        back.iter().all(|&x| x == 0),
+        "a failed read returns no stale bytes"
+    );
+    d.read(&mut ctx, 4096, &mut back).unwrap();
+    assert_eq!(back, text_page(2), "the neighbour is intact");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn failed_writes_keep_pages_in_ram_and_frees_return_space() {
+    let dir = tempdir("wb-fail");
+    let (d, _path) = setup(&dir);
+    let mut ctx = d.context().unwrap();
+    for i in 0..20u64 {
+        d.write(&mut ctx, i * 4096, &text_page(i)).unwrap();
+    }
+    d.backing().unwrap().set_fail_writes(true);
+    let s = d
+        .writeback(&mut ctx, WritebackRequest::Pages { first: 0, last: 19 })
+        .unwrap();
+    assert_eq!((s.written, s.failed), (0, 20), "{s:?}");
+    assert_eq!(d.stats().mm.pages_compacted, 0);
+    d.backing().unwrap().set_fail_writes(false);
+    let s = d
+        .writeback(&mut ctx, WritebackRequest::Pages { first: 0, last: 19 })
+        .unwrap();
+    assert_eq!(s.written, 20);
+    let free_before = d.backing().unwrap().free_bytes();
+    d.discard(0, 10 * 4096).unwrap();
+    d.write(&mut ctx, 10 * 4096, &text_page(99)).unwrap();
+    let free_after = d.backing().unwrap().free_bytes();
+    assert!(
+        free_after > free_before,
+        "discard and overwrite free backing space"
+    );
+    assert_eq!(
+        d.backing().unwrap().bd_stat().split_whitespace().next(),
+        Some("9")
+    );
+    let mut back = vec![0u8; PAGE_SIZE];
+    for i in 11..20u64 {
+        d.read(&mut ctx, i * 4096, &mut back).unwrap();
+        assert_eq!(back, text_page(i));
+    }
+    // The writeback limit stops a pass.
+    let b = d.backing().unwrap();
+    b.set_limit_enable(true);
+    b.set_limit(2);
+    let s = d
+        .writeback(
+            &mut ctx,
+            WritebackRequest::Pages {
+                first: 10,
+                last: 10,
+            },
+        )
+        .unwrap();
+    assert_eq!(s.written, 1);
+    assert_eq!(b.limit(), (true, 1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_others_may_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir("wb-mode");
+    let path = dir.join("open");
+    std::fs::write(&path, b"").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert!(matches!(
+        BackingStore::open(&path, 1 << 20),
+        Err(BackingError::Unsafe { .. })
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn writeback_syntax_is_zrams() {
+    assert_eq!(
+        "idle".parse::<WritebackRequest>().unwrap(),
+        WritebackRequest::Idle
+    );
+    assert_eq!(
+        "type=huge_idle".parse::<WritebackRequest>().unwrap(),
+        WritebackRequest::HugeIdle
+    );
+    assert_eq!(
+        "page_indexes=3-9".parse::<WritebackRequest>().unwrap(),
+        WritebackRequest::Pages { first: 3, last: 9 }
+    );
+    for bad in ["cold", "page_index=x", "page_indexes=9-3", "page_indexes=4"] {
+        assert!(bad.parse::<WritebackRequest>().is_err(), "{bad}");
+    }
+}
