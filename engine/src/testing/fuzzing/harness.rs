@@ -1,0 +1,633 @@
+//! The model and the harness that holds the device beside it: each operation applied to both
+//! and the results compared.
+
+use std::collections::HashMap;
+
+use uzram_codecs::{Algorithm, Codec, CodecParams, Stream, MAX_COMPRESSED_LEN};
+
+use super::checks::check_slot;
+use super::{same_word, DeviceOp, PageKind, Tally, WildOp, DEVICE_PAGES, MAX_SECTORS, SECTOR_SPAN};
+use crate::{
+    Device, DeviceConfig, DeviceStats, IoContext, IoError, IoStat, PageIndex, SlotState, PAGE_SIZE,
+    SECTOR_SIZE,
+};
+
+/// How the engine must store a page's contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stored {
+    /// In the slot: the fill word.
+    Same(u64),
+    /// In the pool: compressed to this many bytes.
+    Compressed(usize),
+    /// In the pool: raw.
+    Huge,
+    /// On the backing file: this many stored bytes (compressed, or 4096 raw).
+    Backing(usize),
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub(super) struct ModelPage {
+    pub(super) data: Box<[u8; PAGE_SIZE]>,
+    pub(super) stored: Stored,
+}
+
+impl std::fmt::Debug for ModelPage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} ({:02x?}..)", self.stored, &self.data[..8])
+    }
+}
+
+/// The bytes a request covers.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span {
+    pub(super) offset: u64,
+    pub(super) len_bytes: u64,
+}
+
+impl Span {
+    pub(super) fn sectors(sector: u16, sectors: u8) -> Span {
+        Span {
+            offset: u64::from(sector % SECTOR_SPAN) * SECTOR_SIZE,
+            len_bytes: u64::from(sectors % (MAX_SECTORS + 1)) * SECTOR_SIZE,
+        }
+    }
+
+    /// Per-page pieces: (page, offset in page, length), computed independently of the engine.
+    pub(super) fn pieces(self) -> Vec<(PageIndex, usize, usize)> {
+        let page = PAGE_SIZE as u64;
+        let end = self.offset + self.len_bytes;
+        let mut out = Vec::new();
+        let mut pos = self.offset;
+        while pos < end {
+            let in_page = pos % page;
+            let n = (page - in_page).min(end - pos);
+            out.push((PageIndex(pos / page), in_page as usize, n as usize));
+            pos += n;
+        }
+        out
+    }
+}
+
+/// What a request on a bad range must fail with.
+pub(super) fn span_error(r: Span, disksize: u64) -> Option<IoError> {
+    if r.offset % SECTOR_SIZE != 0 || r.len_bytes % SECTOR_SIZE != 0 {
+        return Some(IoError::Misaligned {
+            offset: r.offset,
+            len_bytes: r.len_bytes,
+        });
+    }
+    match r.offset.checked_add(r.len_bytes) {
+        Some(end) if end <= disksize => None,
+        _ => Some(IoError::OutOfRange {
+            offset: r.offset,
+            len_bytes: r.len_bytes,
+            disksize,
+        }),
+    }
+}
+
+pub(super) fn assert_span_error(got: Result<(), IoError>, want: &IoError, what: &str) {
+    let same = match (&got, want) {
+        (
+            Err(IoError::Misaligned { offset, len_bytes }),
+            IoError::Misaligned {
+                offset: o,
+                len_bytes: l,
+            },
+        ) => (offset, len_bytes) == (o, l),
+        (
+            Err(IoError::OutOfRange {
+                offset,
+                len_bytes,
+                disksize,
+            }),
+            IoError::OutOfRange {
+                offset: o,
+                len_bytes: l,
+                disksize: d,
+            },
+        ) => (offset, len_bytes, disksize) == (o, l, d),
+        _ => false,
+    };
+    assert!(same, "{what}: got {got:?}, want Err({want:?})");
+}
+
+/// Panics with the first differing byte rather than two 4 KiB dumps.
+pub(super) fn assert_bytes(got: &[u8], want: &[u8], what: impl std::fmt::Display) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: differs first at byte {i} of {}: got {:#04x}, want {:#04x}",
+            got.len(),
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// The device, the model, and the streams the model sizes pages with.
+pub(super) struct Harness {
+    pub(super) device: Device,
+    /// Lends contexts made for another device, for [`DeviceOp::SwitchContext`].
+    pub(super) foreign: Device,
+    pub(super) ctxs: [IoContext; 2],
+    pub(super) current: usize,
+    /// The model's own stream of the device's codec: compressed sizes, independently.
+    pub(super) sizer: Stream,
+    /// The same for the secondary (recompression) codec.
+    pub(super) sizer2: Stream,
+    pub(super) scratch: Vec<u8>,
+    pub(super) pages: HashMap<PageIndex, ModelPage>,
+    pub(super) io: IoStat,
+    pub(super) huge_pages_since: u64,
+    pub(super) limit_pages: u64,
+    /// Stats after the previous operation.
+    pub(super) last: DeviceStats,
+    /// Which operation runs, for messages.
+    pub(super) step: usize,
+    pub(super) tally: Tally,
+}
+
+impl Harness {
+    pub(super) fn new(algorithm: Algorithm) -> Harness {
+        let other = if algorithm == Algorithm::Lz4 {
+            Algorithm::Zstd
+        } else {
+            Algorithm::Lz4
+        };
+        // A backing file of its own, unlinked as soon as the device has it open.
+        static FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let backing = std::env::temp_dir().join(format!(
+            "uzram-device-ops-{}-{}",
+            std::process::id(),
+            FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let config = DeviceConfig {
+            algorithm,
+            secondary: [Some((other, CodecParams::default())), None, None],
+            backing_devs: vec![backing.clone()],
+            // The model is zram's: a write past mem_limit fails. Eviction (which writes pages
+            // back instead) has its own model tests in device::policy.
+            policy: crate::PolicyConfig {
+                evict: false,
+                ..crate::PolicyConfig::default()
+            },
+            ..DeviceConfig::default()
+        };
+        let device = Device::new(config, DEVICE_PAGES * PAGE_SIZE as u64).expect("device");
+        let _ = std::fs::remove_file(&backing);
+        let foreign = Device::new(
+            DeviceConfig {
+                algorithm: other,
+                ..DeviceConfig::default()
+            },
+            PAGE_SIZE as u64,
+        )
+        .expect("foreign device");
+        let ctxs = [
+            device.context().expect("context"),
+            foreign.context().expect("context"),
+        ];
+        let sizer = Codec::new(algorithm, CodecParams::default())
+            .and_then(|c| c.stream())
+            .expect("model stream");
+        let sizer2 = Codec::new(other, CodecParams::default())
+            .and_then(|c| c.stream())
+            .expect("model stream");
+        let last = device.stats();
+        Harness {
+            device,
+            foreign,
+            ctxs,
+            current: 0,
+            sizer,
+            sizer2,
+            scratch: vec![0; MAX_COMPRESSED_LEN],
+            pages: HashMap::new(),
+            io: IoStat::default(),
+            huge_pages_since: 0,
+            limit_pages: 0,
+            last,
+            step: 0,
+            tally: Tally::default(),
+        }
+    }
+
+    /// The model's bytes of `index`.
+    pub(super) fn data(&self, index: PageIndex) -> Box<[u8; PAGE_SIZE]> {
+        self.pages
+            .get(&index)
+            .map_or_else(|| Box::new([0; PAGE_SIZE]), |p| p.data.clone())
+    }
+
+    /// A model page for `data`, with how the engine must store it.
+    pub(super) fn page(&mut self, data: Box<[u8; PAGE_SIZE]>) -> ModelPage {
+        let stored = match same_word(&data[..]) {
+            Some(word) => Stored::Same(word),
+            None => {
+                let n = self
+                    .sizer
+                    .compress(&data, &mut self.scratch)
+                    .expect("a page compresses into MAX_COMPRESSED_LEN");
+                if n >= self.device.huge_threshold() {
+                    Stored::Huge
+                } else {
+                    Stored::Compressed(n)
+                }
+            }
+        };
+        ModelPage { data, stored }
+    }
+
+    /// Whether storing `page` must fail with [`IoError::MemLimit`] given the pool as it is now: its
+    /// size class has no free slot and a new zspage would pass the limit.
+    pub(super) fn must_fail(&self, page: &ModelPage) -> bool {
+        let len = match page.stored {
+            Stored::Same(_) => return false,
+            Stored::Compressed(n) => n,
+            Stored::Huge => PAGE_SIZE,
+            Stored::Backing(_) => unreachable!("a page being written is never on the backing file"),
+        };
+        let pool = self.device.pool();
+        let class = pool
+            .classes()
+            .iter()
+            .position(|c| c.size >= len)
+            .expect("a class for every size");
+        let cs = pool.class_stats()[class];
+        let ps = pool.stats();
+        cs.obj_used == cs.obj_allocated
+            && ps.limit_pages != 0
+            && ps.pages_used + cs.pages_per_zspage as u64 > ps.limit_pages
+    }
+
+    pub(super) fn set(&mut self, index: PageIndex, page: Option<ModelPage>) {
+        match page {
+            Some(p) => {
+                match p.stored {
+                    Stored::Huge => {
+                        self.huge_pages_since += 1;
+                        self.tally.huge_pages += 1;
+                    }
+                    Stored::Same(_) => self.tally.same_pages += 1,
+                    Stored::Compressed(_) | Stored::Backing(_) => {}
+                }
+                self.pages.insert(index, p);
+            }
+            None => {
+                self.pages.remove(&index);
+            }
+        }
+    }
+
+    /// Whether the device's page `index` is `want` (None: empty), in contents and slot.
+    pub(super) fn holds(&mut self, index: PageIndex, want: Option<&ModelPage>) -> bool {
+        let state = self.device.slot_state(index).expect("page in range");
+        let mut buf = vec![0u8; PAGE_SIZE];
+        let offset = index.0 * PAGE_SIZE as u64;
+        let ctx = &mut self.ctxs[self.current];
+        self.device.read(ctx, offset, &mut buf).expect("read");
+        match want {
+            None => state.is_empty() && buf.iter().all(|&b| b == 0),
+            Some(p) => !state.is_empty() && buf[..] == p.data[..],
+        }
+    }
+
+    /// Reads page `index` and compares it and its slot with the model.
+    pub(super) fn check_page(&mut self, index: PageIndex) {
+        let offset = index.0 * PAGE_SIZE as u64;
+        let mut buf = vec![0xa5u8; PAGE_SIZE];
+        let ctx = &mut self.ctxs[self.current];
+        self.device
+            .read(ctx, offset, &mut buf)
+            .unwrap_or_else(|e| panic!("step {}: read of page {index}: {e}", self.step));
+        let want = self.pages.get(&index);
+        let zeros = [0u8; PAGE_SIZE];
+        let want_data = want.map_or(&zeros, |p| &p.data);
+        assert_bytes(
+            &buf,
+            &want_data[..],
+            format_args!("step {}: page {index}", self.step),
+        );
+        let state = self.device.slot_state(index).expect("page in range");
+        check_slot(state, want.map(|p| p.stored))
+            .unwrap_or_else(|e| panic!("step {}: page {index}: {e}", self.step));
+    }
+
+    /// Compares the pages of `r` that lie on the device with the model.
+    pub(super) fn check_pages(&mut self, r: Span) {
+        for (index, _, _) in r.pieces() {
+            if index.0 < DEVICE_PAGES {
+                self.check_page(index);
+            }
+        }
+    }
+
+    pub(super) fn slots(&self) -> Vec<SlotState> {
+        (0..DEVICE_PAGES)
+            .map(|i| self.device.slot_state(PageIndex(i)).expect("in range"))
+            .collect()
+    }
+
+    pub(super) fn read(&mut self, r: Span) {
+        let disksize = self.device.disksize();
+        let mut buf = vec![0xa5u8; r.len_bytes as usize];
+        let slots = self.slots();
+        let ctx = &mut self.ctxs[self.current];
+        let got = self.device.read(ctx, r.offset, &mut buf);
+        if let Some(want) = span_error(r, disksize) {
+            assert_span_error(got, &want, &format!("step {}: read {r:?}", self.step));
+            assert!(
+                buf.iter().all(|&b| b == 0),
+                "a failed read left bytes in the buffer"
+            );
+            assert_eq!(slots, self.slots(), "a failed read changed slots");
+            self.io.failed_reads += 1;
+            return;
+        }
+        got.unwrap_or_else(|e| panic!("step {}: read {r:?}: {e}", self.step));
+        let mut done = 0;
+        for (index, in_page, n) in r.pieces() {
+            let want = self.data(index);
+            assert_bytes(
+                &buf[done..done + n],
+                &want[in_page..in_page + n],
+                format_args!("step {}: read {r:?}, page {index}", self.step),
+            );
+            done += n;
+        }
+    }
+
+    /// Checks a request on a bad range failed as it should and changed no slot.
+    pub(super) fn refused(
+        &mut self,
+        r: Span,
+        got: Result<(), IoError>,
+        slots: &[SlotState],
+        what: &str,
+    ) {
+        let want = span_error(r, self.device.disksize()).expect("a bad range");
+        assert_span_error(got, &want, &format!("step {}: {what} {r:?}", self.step));
+        assert_eq!(slots, self.slots(), "a refused {what} changed slots");
+        self.tally.refused += 1;
+    }
+
+    /// Whether the first page of a planned request must fail, judged on the pool as it is now.
+    pub(super) fn first_must_fail(&self, plan: &[(PageIndex, Option<ModelPage>)]) -> bool {
+        plan.first()
+            .and_then(|(_, p)| p.as_ref())
+            .is_some_and(|p| self.must_fail(p))
+    }
+
+    /// Handles the end of a write-like request that was planned as `plan` (the state each page
+    /// must reach, in request order): all of it on success; on [`IoError::MemLimit`], the pages
+    /// before the one that failed. `first_must_fail` was judged before the request.
+    pub(super) fn settle(
+        &mut self,
+        what: &str,
+        r: Span,
+        got: Result<(), IoError>,
+        plan: Vec<(PageIndex, Option<ModelPage>)>,
+        first_must_fail: bool,
+    ) {
+        let step = self.step;
+        let limit = self.limit_pages * PAGE_SIZE as u64;
+        let applied = match got {
+            Ok(()) => {
+                assert!(
+                    !first_must_fail,
+                    "step {step}: {what} {r:?} succeeded past the limit"
+                );
+                plan.len()
+            }
+            Err(IoError::MemLimit {
+                index: failed,
+                limit_bytes,
+            }) => {
+                self.io.failed_writes += 1;
+                assert!(
+                    limit_bytes != 0 && limit_bytes == limit,
+                    "step {step}: {what} {r:?}: MemLimit of {limit_bytes} with limit {limit}"
+                );
+                // The engine names the page that did not fit: the pages before it were written,
+                // it and the pages after it keep their old state (checked after). (Content alone
+                // cannot tell: a page rewritten with the bytes it held looks written either way.)
+                let applied = plan
+                    .iter()
+                    .position(|(index, _)| *index == failed)
+                    .unwrap_or_else(|| panic!("step {step}: {what} {r:?}: MemLimit names page {failed}, not in the request"));
+                for (index, want) in &plan[..applied] {
+                    assert!(
+                        self.holds(*index, want.as_ref()),
+                        "step {step}: {what} {r:?}: page {index} before the failed {failed} was not written"
+                    );
+                }
+                if first_must_fail {
+                    let (index, _) = plan[0];
+                    let old = self.pages.get(&index).cloned();
+                    assert!(
+                        self.holds(index, old.as_ref()),
+                        "step {step}: {what} {r:?}: page {index} changed although it failed"
+                    );
+                } else {
+                    assert!(
+                        applied > 0,
+                        "step {step}: {what} {r:?}: MemLimit on page {} with room for it",
+                        plan[0].0
+                    );
+                }
+                // Some page up to the stop must have needed pool memory.
+                let needs_memory = plan.iter().take(applied + 1).any(|(_, p)| {
+                    p.as_ref()
+                        .is_some_and(|p| !matches!(p.stored, Stored::Same(_)))
+                });
+                assert!(
+                    needs_memory,
+                    "step {step}: {what} {r:?}: MemLimit though no page needs memory"
+                );
+                if applied == 0 {
+                    self.tally.mem_limit_first += 1;
+                } else {
+                    self.tally.mem_limit_later += 1;
+                }
+                applied
+            }
+            Err(e) => panic!("step {step}: {what} {r:?}: {e}"),
+        };
+        let pieces = r.pieces();
+        for (i, (index, page)) in plan.into_iter().take(applied).enumerate() {
+            if page.is_none() {
+                // zram counts every whole page zeroed, held data or not.
+                self.io.notify_free += 1;
+                if self.pages.contains_key(&index) {
+                    self.tally.freed_pages += 1;
+                }
+            }
+            if pieces[i].2 < PAGE_SIZE {
+                self.tally.partial_pages += 1;
+            }
+            self.set(index, page);
+        }
+        self.check_pages(r);
+    }
+
+    pub(super) fn write(&mut self, r: Span, buf: &[u8]) {
+        if span_error(r, self.device.disksize()).is_some() {
+            let slots = self.slots();
+            let ctx = &mut self.ctxs[self.current];
+            let got = self.device.write(ctx, r.offset, buf);
+            self.io.failed_writes += 1;
+            return self.refused(r, got, &slots, "write");
+        }
+        let mut plan = Vec::new();
+        let mut done = 0;
+        for (index, in_page, n) in r.pieces() {
+            let mut data = self.data(index);
+            data[in_page..in_page + n].copy_from_slice(&buf[done..done + n]);
+            done += n;
+            plan.push((index, Some(self.page(data))));
+        }
+        let first_must_fail = self.first_must_fail(&plan);
+        let ctx = &mut self.ctxs[self.current];
+        let got = self.device.write(ctx, r.offset, buf);
+        self.settle("write", r, got, plan, first_must_fail);
+    }
+
+    pub(super) fn discard(&mut self, r: Span) {
+        let slots = self.slots();
+        let got = self.device.discard(r.offset, r.len_bytes);
+        if span_error(r, self.device.disksize()).is_some() {
+            return self.refused(r, got, &slots, "discard");
+        }
+        got.unwrap_or_else(|e| panic!("step {}: discard {r:?}: {e}", self.step));
+        for (index, _, n) in r.pieces() {
+            if n == PAGE_SIZE {
+                // zram counts every whole page discarded, held data or not.
+                self.io.notify_free += 1;
+                if self.pages.remove(&index).is_some() {
+                    self.tally.freed_pages += 1;
+                }
+            }
+        }
+        self.check_pages(r);
+    }
+
+    pub(super) fn write_zeroes(&mut self, r: Span) {
+        if span_error(r, self.device.disksize()).is_some() {
+            let slots = self.slots();
+            let ctx = &mut self.ctxs[self.current];
+            let got = self.device.write_zeroes(ctx, r.offset, r.len_bytes);
+            return self.refused(r, got, &slots, "write_zeroes");
+        }
+        let mut plan = Vec::new();
+        for (index, in_page, n) in r.pieces() {
+            let page = if n == PAGE_SIZE {
+                None
+            } else {
+                let mut data = self.data(index);
+                data[in_page..in_page + n].fill(0);
+                Some(self.page(data))
+            };
+            plan.push((index, page));
+        }
+        let first_must_fail = self.first_must_fail(&plan);
+        let ctx = &mut self.ctxs[self.current];
+        let got = self.device.write_zeroes(ctx, r.offset, r.len_bytes);
+        self.settle("write_zeroes", r, got, plan, first_must_fail);
+    }
+
+    pub(super) fn compact(&mut self) {
+        let before = self.device.stats();
+        let freed = self.device.compact();
+        let after = self.device.stats();
+        assert_eq!(
+            after.mm.pages_compacted,
+            before.mm.pages_compacted + freed,
+            "pages_compacted counts what compact() freed"
+        );
+        assert_eq!(
+            after.mm.mem_used_total,
+            before.mm.mem_used_total - freed * PAGE_SIZE as u64,
+            "compaction frees the pages it reports"
+        );
+        self.tally.compacted_pages += freed;
+        self.check_all();
+    }
+
+    /// Applies one operation and checks it.
+    pub(super) fn apply(&mut self, op: DeviceOp) {
+        match op {
+            DeviceOp::Write {
+                sector,
+                sectors,
+                kind,
+                seed,
+            } => {
+                let r = Span::sectors(sector, sectors);
+                self.write(r, &kind.content(seed, r.len_bytes as usize));
+            }
+            DeviceOp::Read { sector, sectors } => self.read(Span::sectors(sector, sectors)),
+            DeviceOp::Discard { sector, sectors } => {
+                self.discard(Span::sectors(sector, sectors));
+            }
+            DeviceOp::WriteZeroes { sector, sectors } => {
+                self.write_zeroes(Span::sectors(sector, sectors));
+            }
+            DeviceOp::Wild {
+                op,
+                offset,
+                len_bytes,
+            } => {
+                let r = Span {
+                    offset,
+                    len_bytes: u64::from(len_bytes),
+                };
+                match op {
+                    WildOp::Read => self.read(r),
+                    WildOp::Write => {
+                        self.write(r, &PageKind::Noise.content(0, usize::from(len_bytes)));
+                    }
+                    WildOp::Discard => self.discard(r),
+                    WildOp::WriteZeroes => self.write_zeroes(r),
+                }
+            }
+            DeviceOp::Compact => self.compact(),
+            DeviceOp::SetMemLimit { pages } => {
+                let pages = pages.map_or(0, u64::from);
+                self.device
+                    .set_mem_limit((pages > 0).then_some(pages * PAGE_SIZE as u64));
+                self.limit_pages = pages;
+            }
+            DeviceOp::ResetMemUsedMax => {
+                self.device.reset_mem_used_max();
+                let mm = self.device.stats().mm;
+                assert_eq!(mm.mem_used_max, mm.mem_used_total, "reset mem_used_max");
+                self.last.mm.mem_used_max = mm.mem_used_max;
+            }
+            DeviceOp::SwitchContext { foreign } => {
+                self.current ^= 1;
+                if foreign {
+                    self.ctxs[self.current] = self.foreign.context().expect("context");
+                }
+            }
+            DeviceOp::MarkIdle { all } => {
+                let marked = self
+                    .device
+                    .mark_idle(if all { None } else { Some(u32::MAX) });
+                let stored = self
+                    .pages
+                    .values()
+                    .filter(|p| matches!(p.stored, Stored::Compressed(_) | Stored::Huge))
+                    .count() as u64;
+                assert_eq!(
+                    marked,
+                    if all { stored } else { 0 },
+                    "step {}: mark_idle(all={all})",
+                    self.step
+                );
+            }
+            DeviceOp::Recompress { huge_only } => self.recompress(huge_only),
+            DeviceOp::Writeback { page, pages, fail } => self.writeback(page, pages, fail),
+        }
+    }
+}
