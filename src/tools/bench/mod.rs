@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use uzram_codecs::backends::{lz4_flex, zstd};
 use uzram_codecs::{Algorithm, Codec, MAX_COMPRESSED_LEN};
 
+mod report;
+
 use crate::tools::corpus::{bench_corpus_path, Corpus};
 use crate::tools::pagedump::{dump_process, DumpOptions};
 use uzram_engine::device::{DeviceStats, PAGE_SIZE};
@@ -211,21 +213,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
     if threads == 0 {
         return Err(BenchError::Zero { what: "threads" });
     }
-    let (source, corpus) = match (args.pid, &args.corpus) {
-        (Some(pid), _) => {
-            let mut bytes = Vec::new();
-            dump_process(pid, &mut bytes, &DumpOptions::default())?;
-            let origin = PathBuf::from(format!("/proc/{pid}/mem"));
-            (
-                origin.display().to_string(),
-                Corpus::from_bytes(bytes, &origin)?,
-            )
-        }
-        (None, path) => {
-            let path = path.clone().unwrap_or_else(bench_corpus_path);
-            (path.display().to_string(), Corpus::open(&path)?)
-        }
-    };
+    let (source, corpus) = load_corpus(args)?;
     let setup = args.device.setup()?;
     let config = setup.config().clone();
     let pages: Vec<&[u8; PAGE_SIZE]> = corpus.pages().collect();
@@ -237,40 +225,11 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
     if threads > 1 {
         thread_counts.push(threads);
     }
-    // Per thread count: raw compress, raw decompress, engine write, engine read.
-    let mut times: Vec<[Vec<Duration>; 4]> = vec![Default::default(); thread_counts.len()];
-    let mut first_stats = None;
-    // One device per thread count, kept across rounds: round 0 fills it (the pool grows: arenas
-    // mapped and zeroed), later rounds overwrite every page (the steady state of swap, where
-    // freed objects make room for new ones).
-    // The timed devices have no backing file (only the slow path writes back).
-    let fast = uzram_engine::DeviceConfig {
-        backing_devs: Vec::new(),
-        ..config.clone()
-    };
-    let devices = thread_counts
-        .iter()
-        .map(|_| Device::new(fast.clone(), disksize))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut fills = Vec::new();
-    for round in 0..args.runs {
-        for (k, &nthreads) in thread_counts.iter().enumerate() {
-            let (c, d) = raw_pass(&codec, &pages, nthreads)?;
-            times[k][0].push(c);
-            times[k][1].push(d);
-            let (w, r) = engine_pass(&devices[k], &pages, nthreads)?;
-            if round == 0 {
-                fills.push(w);
-                if k == 0 {
-                    first_stats = Some(devices[0].stats());
-                }
-            }
-            if round > 0 || args.runs == 1 {
-                times[k][2].push(w);
-            }
-            times[k][3].push(r);
-        }
-    }
+    let Rounds {
+        times,
+        fills,
+        first_stats,
+    } = timed_rounds(&config, &codec, &pages, &thread_counts, args.runs)?;
     let by_threads = |phase: usize| -> Vec<(usize, f64)> {
         thread_counts
             .iter()
@@ -298,7 +257,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         pages: n as u64,
         threads,
         runs: args.runs,
-        stats: first_stats.expect("at least one run"),
+        stats: first_stats,
         raw_compress,
         raw_decompress,
         fill_pages_per_s,
@@ -306,6 +265,84 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         read_pages_per_s: by_threads(3),
         recompress,
         writeback,
+    })
+}
+
+/// The pages to bench: a live process's memory (`--pid`) or a file of pages.
+fn load_corpus(args: &BenchArgs) -> Result<(String, Corpus), BenchError> {
+    Ok(match (args.pid, &args.corpus) {
+        (Some(pid), _) => {
+            let mut bytes = Vec::new();
+            dump_process(pid, &mut bytes, &DumpOptions::default())?;
+            let origin = PathBuf::from(format!("/proc/{pid}/mem"));
+            (
+                origin.display().to_string(),
+                Corpus::from_bytes(bytes, &origin)?,
+            )
+        }
+        (None, path) => {
+            let path = path.clone().unwrap_or_else(bench_corpus_path);
+            (path.display().to_string(), Corpus::open(&path)?)
+        }
+    })
+}
+
+/// What the timed rounds measured.
+struct Rounds {
+    /// Per thread count: raw compress, raw decompress, engine write, engine read.
+    times: Vec<[Vec<Duration>; 4]>,
+    /// Per thread count: the first round's engine write (the fill).
+    fills: Vec<Duration>,
+    /// The one-thread device's figures after its first write pass.
+    first_stats: DeviceStats,
+}
+
+/// `runs` rounds of the raw codec and the engine at each thread count, interleaved. One device
+/// per thread count, kept across rounds: round 0 fills it (the pool grows: arenas mapped and
+/// zeroed), later rounds overwrite every page (the steady state of swap, where freed objects
+/// make room for new ones). The timed devices have no backing file (only the slow path writes
+/// back).
+fn timed_rounds(
+    config: &uzram_engine::DeviceConfig,
+    codec: &Codec,
+    pages: &[&[u8; PAGE_SIZE]],
+    thread_counts: &[usize],
+    runs: usize,
+) -> Result<Rounds, BenchError> {
+    let disksize = (pages.len() * PAGE_SIZE) as u64;
+    let mut times: Vec<[Vec<Duration>; 4]> = vec![Default::default(); thread_counts.len()];
+    let mut first_stats = None;
+    let fast = uzram_engine::DeviceConfig {
+        backing_devs: Vec::new(),
+        ..config.clone()
+    };
+    let devices = thread_counts
+        .iter()
+        .map(|_| Device::new(fast.clone(), disksize))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut fills = Vec::new();
+    for round in 0..runs {
+        for (k, &nthreads) in thread_counts.iter().enumerate() {
+            let (c, d) = raw_pass(codec, pages, nthreads)?;
+            times[k][0].push(c);
+            times[k][1].push(d);
+            let (w, r) = engine_pass(&devices[k], pages, nthreads)?;
+            if round == 0 {
+                fills.push(w);
+                if k == 0 {
+                    first_stats = Some(devices[0].stats());
+                }
+            }
+            if round > 0 || runs == 1 {
+                times[k][2].push(w);
+            }
+            times[k][3].push(r);
+        }
+    }
+    Ok(Rounds {
+        times,
+        fills,
+        first_stats: first_stats.unwrap_or_else(|| devices[0].stats()),
     })
 }
 
@@ -507,210 +544,4 @@ fn engine_pass(
         }
         Ok((w, r))
     })
-}
-
-impl BenchReport {
-    /// The raw codec compressing on one thread, pages per second (the engine's yardstick).
-    pub fn raw_compress_pages_per_s(&self) -> f64 {
-        self.raw_compress[0].1
-    }
-
-    /// The raw codec decompressing on one thread, pages per second.
-    pub fn raw_decompress_pages_per_s(&self) -> f64 {
-        self.raw_decompress[0].1
-    }
-
-    /// `(mem_used_total + table_bytes) / compr_data_size`: what storing the compressed bytes
-    /// really costs, every byte of metadata included.
-    pub fn memory_overhead(&self) -> f64 {
-        let m = &self.stats.mm;
-        (m.mem_used_total + self.stats.table_bytes) as f64 / m.compr_data_size.max(1) as f64
-    }
-
-    /// The report as one JSON object.
-    pub fn to_json(&self) -> serde_json::Value {
-        let by_threads = |v: &[(usize, f64)]| {
-            v.iter()
-                .map(|(t, r)| (t.to_string(), serde_json::json!(r.round())))
-                .collect::<serde_json::Map<_, _>>()
-        };
-        let m = &self.stats.mm;
-        let mut json = serde_json::json!({
-            "source": self.source,
-            "algorithm": self.algorithm.name(),
-            "level": self.level,
-            "pages": self.pages,
-            "threads": self.threads,
-            "runs": self.runs,
-            "orig_data_size": m.orig_data_size,
-            "compr_data_size": m.compr_data_size,
-            "mem_used_total": m.mem_used_total,
-            "mem_used_max": m.mem_used_max,
-            "table_bytes": self.stats.table_bytes,
-            "pool_mapped_bytes": self.stats.pool_mapped_bytes,
-            "same_pages": m.same_pages,
-            "huge_pages": m.huge_pages,
-            "memory_overhead": self.memory_overhead(),
-            "raw_compress_pages_per_s": self.raw_compress_pages_per_s().round(),
-            "raw_decompress_pages_per_s": self.raw_decompress_pages_per_s().round(),
-            "raw_compress_pages_per_s_by_threads": by_threads(&self.raw_compress),
-            "raw_decompress_pages_per_s_by_threads": by_threads(&self.raw_decompress),
-            "fill_pages_per_s": by_threads(&self.fill_pages_per_s),
-            "write_pages_per_s": by_threads(&self.write_pages_per_s),
-            "read_pages_per_s": by_threads(&self.read_pages_per_s),
-        });
-        if let Some(w) = &self.writeback {
-            let extra = serde_json::json!({
-                "bd_pages_written": w.pages,
-                "bd_bytes_written": w.bytes_written,
-                "bd_bytes_written_raw_equivalent": w.bytes_raw_equivalent,
-                "bd_bytes_ratio": w.bytes_written as f64 / w.bytes_raw_equivalent.max(1) as f64,
-                "writeback_pages_per_s": (w.pages as f64 / w.seconds.max(1e-9)).round(),
-                "mem_used_total_after_writeback": w.mem_used_total_after,
-            });
-            if let (Some(obj), serde_json::Value::Object(add)) = (json.as_object_mut(), extra) {
-                obj.extend(add);
-            }
-        }
-        if let Some(r) = &self.recompress {
-            let extra = serde_json::json!({
-                "mem_used_total_primary": r.mem_used_total_primary,
-                "mem_used_total_after_recompress": r.mem_used_total_after,
-                "recompress_memory_ratio": r.mem_used_total_after as f64 / r.mem_used_total_primary.max(1) as f64,
-                "compr_data_size_after_recompress": r.compr_after,
-                "recompressed_pages": r.stats.recompressed,
-                "recompress_pages_compacted": r.stats.pages_compacted,
-                "incompressible_pages": r.stats.incompressible,
-                "recompress_pages_per_s": (r.stats.candidates as f64 / r.seconds.max(1e-9)).round(),
-            });
-            if let (Some(obj), serde_json::Value::Object(add)) = (json.as_object_mut(), extra) {
-                obj.extend(add);
-            }
-        }
-        json
-    }
-
-    /// The report as a short table for people.
-    pub fn to_table(&self) -> String {
-        use std::fmt::Write;
-        let m = &self.stats.mm;
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "uzram bench: {} pages ({}) from {}, {} level {}, median of {} runs",
-            self.pages,
-            uzram_engine::format_size(self.pages * PAGE_SIZE as u64),
-            self.source,
-            self.algorithm,
-            self.level,
-            self.runs
-        );
-        let _ = write!(s, "\n{:<16}", "");
-        for (t, _) in &self.raw_compress {
-            let _ = write!(
-                s,
-                " {:>20}",
-                format!("{t} thread{}", if *t > 1 { "s" } else { "" })
-            );
-        }
-        let _ = writeln!(s, " {:>9}", "scaling");
-        let _ = write!(s, "{:<16}", "");
-        for _ in &self.raw_compress {
-            let _ = write!(s, " {:>11} {:>8}", "pages/s", "vs raw");
-        }
-        let _ = writeln!(s);
-        let row = |s: &mut String, label: &str, v: &[(usize, f64)], raw: &[(usize, f64)]| {
-            let _ = write!(s, "{label:<16}");
-            for ((_, r), (_, base)) in v.iter().zip(raw) {
-                let _ = write!(s, " {r:>11.0} {:>8.2}", r / base);
-            }
-            match v {
-                [(_, one), .., (_, many)] if v.len() > 1 => {
-                    let _ = writeln!(s, " {:>8.2}x", many / one);
-                }
-                _ => {
-                    let _ = writeln!(s);
-                }
-            }
-        };
-        row(
-            &mut s,
-            "raw compress",
-            &self.raw_compress,
-            &self.raw_compress,
-        );
-        row(
-            &mut s,
-            "engine fill",
-            &self.fill_pages_per_s,
-            &self.raw_compress,
-        );
-        row(
-            &mut s,
-            "engine write",
-            &self.write_pages_per_s,
-            &self.raw_compress,
-        );
-        row(
-            &mut s,
-            "raw decompress",
-            &self.raw_decompress,
-            &self.raw_decompress,
-        );
-        row(
-            &mut s,
-            "engine read",
-            &self.read_pages_per_s,
-            &self.raw_decompress,
-        );
-        let _ = writeln!(
-            s,
-            "(fill: writes into the empty device, the pool growing; write: overwrites, steady state)"
-        );
-        let _ = writeln!(s, "\nmm_stat after the first write pass:\n{m}");
-        let _ = writeln!(
-            s,
-            "ratio orig/compr {:.2}; same pages {}; huge pages {}",
-            m.orig_data_size as f64 / m.compr_data_size.max(1) as f64,
-            m.same_pages,
-            m.huge_pages
-        );
-        let _ = writeln!(
-            s,
-            "memory: pool {} + metadata {} = {:.4} x compr_data_size ({:.4} x orig)",
-            uzram_engine::format_size(m.mem_used_total),
-            uzram_engine::format_size(self.stats.table_bytes),
-            self.memory_overhead(),
-            (m.mem_used_total + self.stats.table_bytes) as f64 / m.orig_data_size.max(1) as f64
-        );
-        if let Some(r) = &self.recompress {
-            let _ = writeln!(
-                s,
-                "\nidle recompression: mem_used_total {} -> {} ({:.3}x, of which the pass's own compaction freed {}), compr {} -> {}; {} of {} pages recompressed, {} incompressible; {:.0} pages/s",
-                uzram_engine::format_size(r.mem_used_total_primary),
-                uzram_engine::format_size(r.mem_used_total_after),
-                r.mem_used_total_after as f64 / r.mem_used_total_primary.max(1) as f64,
-                uzram_engine::format_size(r.stats.pages_compacted * PAGE_SIZE as u64),
-                uzram_engine::format_size(r.compr_primary),
-                uzram_engine::format_size(r.compr_after),
-                r.stats.recompressed,
-                r.stats.candidates,
-                r.stats.incompressible,
-                r.stats.candidates as f64 / r.seconds.max(1e-9)
-            );
-        }
-        if let Some(w) = &self.writeback {
-            let _ = writeln!(
-                s,
-                "writeback: {} pages, {} written ({:.3}x of raw 4 KiB writeback's {}), {:.0} pages/s; mem_used_total after {}",
-                w.pages,
-                uzram_engine::format_size(w.bytes_written),
-                w.bytes_written as f64 / w.bytes_raw_equivalent.max(1) as f64,
-                uzram_engine::format_size(w.bytes_raw_equivalent),
-                w.pages as f64 / w.seconds.max(1e-9),
-                uzram_engine::format_size(w.mem_used_total_after)
-            );
-        }
-        s
-    }
 }
