@@ -82,42 +82,7 @@ pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool) {
     let mut model: Vec<(Handle, Vec<u8>)> = Vec::new();
     for (n, op) in ops.iter().enumerate() {
         match *op {
-            PoolOp::Store { size, seed } => {
-                let data = pattern(seed, usize::from(size) % MAX_OBJECT + 1);
-                let before = pool.stats();
-                match pool.store(&data) {
-                    Ok(h) => {
-                        assert!(
-                            model.iter().all(|(m, _)| *m != h),
-                            "handle {h:?} given twice"
-                        );
-                        model.push((h, data));
-                    }
-                    Err(Error::LimitExceeded { .. }) => {
-                        let after = pool.stats();
-                        assert_eq!(before.objects, after.objects, "failed store left an object");
-                        assert_eq!(
-                            before.pages_used, after.pages_used,
-                            "failed store kept pages"
-                        );
-                        let spec = pool.classes()[class_index(&pool, data.len())];
-                        assert!(
-                            after.pages_used + spec.pages_per_zspage as u64 > after.limit_pages,
-                            "limit refused a store that fits"
-                        );
-                    }
-                    Err(Error::ReserveExhausted { .. }) if reserve => {
-                        let after = pool.stats();
-                        assert_eq!(before.objects, after.objects, "failed store left an object");
-                        assert_eq!(
-                            before.pages_used, after.pages_used,
-                            "failed store kept pages"
-                        );
-                        assert_eq!(after.pages_reserved, 0, "refused with an empty arena left");
-                    }
-                    Err(e) => panic!("store of {} bytes failed: {e}", data.len()),
-                }
-            }
+            PoolOp::Store { size, seed } => store(&pool, &mut model, size, seed, reserve),
             PoolOp::Free { idx } if !model.is_empty() => {
                 let (h, _) = model.swap_remove(usize::from(idx) % model.len());
                 pool.free(h).expect("free of a live handle");
@@ -152,23 +117,7 @@ pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool) {
             PoolOp::SetLimit { pages } => {
                 pool.set_limit(pages.map(|p| u64::from(p) * PAGE_SIZE as u64));
             }
-            PoolOp::Maintain => {
-                let done = pool.maintain().expect("maintain");
-                let s = pool.stats();
-                if reserve {
-                    let reserved = s.pages_reserved as usize / ARENA_PAGES;
-                    assert!(
-                        (RESERVE..=2 * RESERVE).contains(&reserved),
-                        "{reserved} empty arenas after maintenance ({done:?})"
-                    );
-                } else {
-                    assert_eq!(
-                        done,
-                        Default::default(),
-                        "on-demand pools need no maintenance"
-                    );
-                }
-            }
+            PoolOp::Maintain => maintain(&pool, reserve),
             PoolOp::Bogus { raw } => {
                 if let Some(h) = Handle::from_raw(raw) {
                     if !model.iter().any(|(m, _)| *m == h) {
@@ -194,6 +143,65 @@ pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool) {
     );
     pool.check_invariants()
         .expect("invariants after freeing all");
+}
+
+/// A store against the model: a new handle never given before, or a refusal that the limit
+/// (or, with `reserve`, an empty reserve) explains and that changed nothing.
+fn store(pool: &Pool, model: &mut Vec<(Handle, Vec<u8>)>, size: u16, seed: u8, reserve: bool) {
+    let data = pattern(seed, usize::from(size) % MAX_OBJECT + 1);
+    let before = pool.stats();
+    match pool.store(&data) {
+        Ok(h) => {
+            assert!(
+                model.iter().all(|(m, _)| *m != h),
+                "handle {h:?} given twice"
+            );
+            model.push((h, data));
+        }
+        Err(Error::LimitExceeded { .. }) => {
+            let after = pool.stats();
+            assert_eq!(before.objects, after.objects, "failed store left an object");
+            assert_eq!(
+                before.pages_used, after.pages_used,
+                "failed store kept pages"
+            );
+            let spec = pool.classes()[class_index(pool, data.len())];
+            assert!(
+                after.pages_used + spec.pages_per_zspage as u64 > after.limit_pages,
+                "limit refused a store that fits"
+            );
+        }
+        Err(Error::ReserveExhausted { .. }) if reserve => {
+            let after = pool.stats();
+            assert_eq!(before.objects, after.objects, "failed store left an object");
+            assert_eq!(
+                before.pages_used, after.pages_used,
+                "failed store kept pages"
+            );
+            assert_eq!(after.pages_reserved, 0, "refused with an empty arena left");
+        }
+        Err(e) => panic!("store of {} bytes failed: {e}", data.len()),
+    }
+}
+
+/// Maintenance: in reserve mode it leaves between one and two reserves of empty arenas; an
+/// on-demand pool needs none.
+fn maintain(pool: &Pool, reserve: bool) {
+    let done = pool.maintain().expect("maintain");
+    let s = pool.stats();
+    if reserve {
+        let reserved = s.pages_reserved as usize / ARENA_PAGES;
+        assert!(
+            (RESERVE..=2 * RESERVE).contains(&reserved),
+            "{reserved} empty arenas after maintenance ({done:?})"
+        );
+    } else {
+        assert_eq!(
+            done,
+            Default::default(),
+            "on-demand pools need no maintenance"
+        );
+    }
 }
 
 fn class_index(pool: &Pool, size: usize) -> usize {

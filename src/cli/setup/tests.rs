@@ -85,8 +85,7 @@ fn drop_ins_override_key_by_key_and_zero_sizes_vanish() {
     )
     .is_err());
     assert!(
-        plan_zram_generator(&[("x".into(), "[zram0]\nzram-size = ram +\n".into())], 1.0)
-            .is_err()
+        plan_zram_generator(&[("x".into(), "[zram0]\nzram-size = ram +\n".into())], 1.0).is_err()
     );
 }
 
