@@ -198,6 +198,28 @@ impl Raw {
     }
 }
 
+/// The pages compressed, for the decompression passes, each checked against the raw library.
+fn compress_all(
+    algorithm: Algorithm,
+    stream: &mut Stream,
+    raw: &mut Raw,
+    pages: &[Page],
+) -> Vec<Vec<u8>> {
+    let (mut dst, mut raw_dst) = (vec![0u8; MAX_COMPRESSED_LEN], vec![0u8; MAX_COMPRESSED_LEN]);
+    pages
+        .iter()
+        .map(|page| {
+            let len = stream.compress(page, &mut dst).expect("compress");
+            let raw_len = raw.compress::<0>(page, &mut raw_dst);
+            assert_eq!(
+                raw_len, len,
+                "{algorithm}: wrapper and raw outputs differ in size"
+            );
+            dst[..len].to_vec()
+        })
+        .collect()
+}
+
 fn bench_case(algorithm: Algorithm, level: i32, pages: &[Page]) -> CaseResult {
     let codec = Codec::new(algorithm, CodecParams::default().with_level(level)).expect("codec");
     let mut streams: Vec<Stream> = (0..INSTANCES)
@@ -206,18 +228,8 @@ fn bench_case(algorithm: Algorithm, level: i32, pages: &[Page]) -> CaseResult {
     let mut raws: Vec<Raw> = (0..INSTANCES).map(|_| Raw::new(algorithm, level)).collect();
     let mut controls: Vec<Raw> = (0..INSTANCES).map(|_| Raw::new(algorithm, level)).collect();
 
-    // Compressed pages for the decompression passes, checked against the raw library.
+    let compressed = compress_all(algorithm, &mut streams[0], &mut raws[0], pages);
     let mut dst = vec![0u8; MAX_COMPRESSED_LEN];
-    let mut compressed: Vec<Vec<u8>> = Vec::with_capacity(pages.len());
-    for page in pages {
-        let len = streams[0].compress(page, &mut dst).expect("compress");
-        compressed.push(dst[..len].to_vec());
-        let raw_len = raws[0].compress::<0>(page, &mut dst);
-        assert_eq!(
-            raw_len, len,
-            "{algorithm}: wrapper and raw outputs differ in size"
-        );
-    }
 
     let mut out = Box::new([0u8; PAGE_SIZE]);
     let mut measure = |variant: Variant, chunk: usize, range: std::ops::Range<usize>| {

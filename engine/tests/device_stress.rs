@@ -136,125 +136,152 @@ fn pieces(offset: u64, len: u64) -> Vec<(u64, usize, usize)> {
 }
 
 fn worker(sh: &Shared, t: u64) -> Done {
-    let d = &sh.device;
-    let mut ctx = d.context().unwrap();
+    let mut ctx = sh.device.context().unwrap();
     let mut rng = StdRng::seed_from_u64(0x5eed + t);
     let mut me = Done::default();
-    let first = t * PRIVATE_PAGES;
-    let shared_pages = PAGES - SHARED_FIRST;
     for i in 0..OPS {
-        match rng.gen_range(0..100) {
-            // Private pages: any span, checked exactly.
-            0..=17 => {
-                let (off, len) = span(&mut rng, first, PRIVATE_PAGES, 20);
-                let kind = PageKind::ALL[rng.gen_range(0..PageKind::ALL.len())];
-                let data = kind.content(rng.gen(), len as usize);
-                d.write(&mut ctx, off, &data).unwrap();
-                let mut done = 0;
-                for (p, at, n) in pieces(off, len) {
-                    let page = me.private.entry(p).or_insert_with(|| vec![0; PAGE_SIZE]);
-                    page[at..at + n].copy_from_slice(&data[done..done + n]);
-                    done += n;
-                }
-            }
-            18..=27 => {
-                let (off, len) = span(&mut rng, first, PRIVATE_PAGES, 24);
-                let mut buf = vec![0xa5; len as usize];
-                d.read(&mut ctx, off, &mut buf).unwrap();
-                let mut done = 0;
-                for (p, at, n) in pieces(off, len) {
-                    let want = me.private.get(&p).map_or(&[0u8; PAGE_SIZE][..], |v| &v[..]);
-                    assert!(
-                        buf[done..done + n] == want[at..at + n],
-                        "thread {t}, op {i}: private page {p} differs"
-                    );
-                    done += n;
-                }
-            }
-            28..=31 => {
-                let (off, len) = span(&mut rng, first, PRIVATE_PAGES, 24);
-                d.discard(off, len).unwrap();
-                for (p, _, n) in pieces(off, len) {
-                    if n == PAGE_SIZE {
-                        // zram counts every whole page, held data or not.
-                        me.private.remove(&p);
-                        me.private_frees += 1;
-                    }
-                }
-            }
-            32..=34 => {
-                let (off, len) = span(&mut rng, first, PRIVATE_PAGES, 24);
-                d.write_zeroes(&mut ctx, off, len).unwrap();
-                for (p, at, n) in pieces(off, len) {
-                    if n == PAGE_SIZE {
-                        me.private.remove(&p);
-                        me.private_frees += 1;
-                    } else {
-                        // Zeroing part of a page stores it again, even an empty one.
-                        let page = me.private.entry(p).or_insert_with(|| vec![0; PAGE_SIZE]);
-                        page[at..at + n].fill(0);
-                    }
-                }
-            }
-            // Shared pages: whole-page writes of fresh stamps, one or two pages a request.
-            35..=59 => {
-                let n = rng.gen_range(1..=2u64);
-                let p = SHARED_FIRST + rng.gen_range(0..shared_pages - n + 1);
-                let data: Vec<u8> = (p..p + n)
-                    .flat_map(|page| {
-                        let version = sh.versions[(page - SHARED_FIRST) as usize]
-                            .fetch_add(1, Ordering::Relaxed)
-                            + 1;
-                        Stamp {
-                            kind: rng.gen_range(0..KINDS),
-                            writer: t as u8,
-                            page: page as u16,
-                            version,
-                        }
-                        .page_bytes()
-                    })
-                    .collect();
-                d.write(&mut ctx, p * PAGE, &data).unwrap();
-            }
-            60..=79 => {
-                let n = rng.gen_range(1..=4u64);
-                let p = SHARED_FIRST + rng.gen_range(0..shared_pages - n + 1);
-                let mut buf = vec![0xa5; (n * PAGE) as usize];
-                d.read(&mut ctx, p * PAGE, &mut buf).unwrap();
-                for (k, page) in buf.chunks(PAGE_SIZE).enumerate() {
-                    check_shared(page, p + k as u64, &sh.versions);
-                }
-            }
-            80..=86 => {
-                // A prefix of one page: the stamp and part of its body.
-                let p = SHARED_FIRST + rng.gen_range(0..shared_pages);
-                let mut buf = vec![0xa5; rng.gen_range(1..=8usize) * 512];
-                d.read(&mut ctx, p * PAGE, &mut buf).unwrap();
-                check_shared(&buf, p, &sh.versions);
-            }
-            87..=93 => {
-                // Any span: frees the whole pages in it, leaves the partial ones whole.
-                let (off, len) = span(&mut rng, SHARED_FIRST, shared_pages, 20);
-                d.discard(off, len).unwrap();
-                me.shared_frees += pieces(off, len)
-                    .iter()
-                    .filter(|(_, _, n)| *n == PAGE_SIZE)
-                    .count() as u64;
-            }
-            94..=96 => {
-                let n = rng.gen_range(1..=2u64);
-                let p = SHARED_FIRST + rng.gen_range(0..shared_pages - n + 1);
-                d.write_zeroes(&mut ctx, p * PAGE, n * PAGE).unwrap();
-                me.shared_frees += n;
-            }
-            _ => {
-                let p = rng.gen_range(0..PAGES);
-                std::hint::black_box(d.slot_state(PageIndex(p)));
-                let _ = d.stats();
-            }
+        let roll = rng.gen_range(0..100);
+        if roll < 35 {
+            private_op(sh, &mut ctx, &mut rng, &mut me, t, i, roll);
+        } else {
+            shared_op(sh, &mut ctx, &mut rng, &mut me, t, roll);
         }
     }
     me
+}
+
+/// One operation on thread `t`'s private pages (any span, checked exactly against `me`).
+fn private_op(
+    sh: &Shared,
+    ctx: &mut IoContext,
+    rng: &mut StdRng,
+    me: &mut Done,
+    t: u64,
+    i: usize,
+    roll: u32,
+) {
+    let d = &sh.device;
+    let first = t * PRIVATE_PAGES;
+    match roll {
+        // Private pages: any span, checked exactly.
+        0..=17 => {
+            let (off, len) = span(rng, first, PRIVATE_PAGES, 20);
+            let kind = PageKind::ALL[rng.gen_range(0..PageKind::ALL.len())];
+            let data = kind.content(rng.gen(), len as usize);
+            d.write(ctx, off, &data).unwrap();
+            let mut done = 0;
+            for (p, at, n) in pieces(off, len) {
+                let page = me.private.entry(p).or_insert_with(|| vec![0; PAGE_SIZE]);
+                page[at..at + n].copy_from_slice(&data[done..done + n]);
+                done += n;
+            }
+        }
+        18..=27 => {
+            let (off, len) = span(rng, first, PRIVATE_PAGES, 24);
+            let mut buf = vec![0xa5; len as usize];
+            d.read(ctx, off, &mut buf).unwrap();
+            let mut done = 0;
+            for (p, at, n) in pieces(off, len) {
+                let want = me.private.get(&p).map_or(&[0u8; PAGE_SIZE][..], |v| &v[..]);
+                assert!(
+                    buf[done..done + n] == want[at..at + n],
+                    "thread {t}, op {i}: private page {p} differs"
+                );
+                done += n;
+            }
+        }
+        28..=31 => {
+            let (off, len) = span(rng, first, PRIVATE_PAGES, 24);
+            d.discard(off, len).unwrap();
+            for (p, _, n) in pieces(off, len) {
+                if n == PAGE_SIZE {
+                    // zram counts every whole page, held data or not.
+                    me.private.remove(&p);
+                    me.private_frees += 1;
+                }
+            }
+        }
+        32..=34 => {
+            let (off, len) = span(rng, first, PRIVATE_PAGES, 24);
+            d.write_zeroes(ctx, off, len).unwrap();
+            for (p, at, n) in pieces(off, len) {
+                if n == PAGE_SIZE {
+                    me.private.remove(&p);
+                    me.private_frees += 1;
+                } else {
+                    // Zeroing part of a page stores it again, even an empty one.
+                    let page = me.private.entry(p).or_insert_with(|| vec![0; PAGE_SIZE]);
+                    page[at..at + n].fill(0);
+                }
+            }
+        }
+        _ => unreachable!("private rolls are 0..35"),
+    }
+}
+
+/// One operation on the shared pages: whole-page writes of fresh stamps, reads that check the
+/// stamps, frees.
+fn shared_op(sh: &Shared, ctx: &mut IoContext, rng: &mut StdRng, me: &mut Done, t: u64, roll: u32) {
+    let d = &sh.device;
+    let shared_pages = PAGES - SHARED_FIRST;
+    match roll {
+        // Shared pages: whole-page writes of fresh stamps, one or two pages a request.
+        35..=59 => {
+            let n = rng.gen_range(1..=2u64);
+            let p = SHARED_FIRST + rng.gen_range(0..shared_pages - n + 1);
+            let data: Vec<u8> = (p..p + n)
+                .flat_map(|page| {
+                    let version = sh.versions[(page - SHARED_FIRST) as usize]
+                        .fetch_add(1, Ordering::Relaxed)
+                        + 1;
+                    Stamp {
+                        kind: rng.gen_range(0..KINDS),
+                        writer: t as u8,
+                        page: page as u16,
+                        version,
+                    }
+                    .page_bytes()
+                })
+                .collect();
+            d.write(ctx, p * PAGE, &data).unwrap();
+        }
+        60..=79 => {
+            let n = rng.gen_range(1..=4u64);
+            let p = SHARED_FIRST + rng.gen_range(0..shared_pages - n + 1);
+            let mut buf = vec![0xa5; (n * PAGE) as usize];
+            d.read(ctx, p * PAGE, &mut buf).unwrap();
+            for (k, page) in buf.chunks(PAGE_SIZE).enumerate() {
+                check_shared(page, p + k as u64, &sh.versions);
+            }
+        }
+        80..=86 => {
+            // A prefix of one page: the stamp and part of its body.
+            let p = SHARED_FIRST + rng.gen_range(0..shared_pages);
+            let mut buf = vec![0xa5; rng.gen_range(1..=8usize) * 512];
+            d.read(ctx, p * PAGE, &mut buf).unwrap();
+            check_shared(&buf, p, &sh.versions);
+        }
+        87..=93 => {
+            // Any span: frees the whole pages in it, leaves the partial ones whole.
+            let (off, len) = span(rng, SHARED_FIRST, shared_pages, 20);
+            d.discard(off, len).unwrap();
+            me.shared_frees += pieces(off, len)
+                .iter()
+                .filter(|(_, _, n)| *n == PAGE_SIZE)
+                .count() as u64;
+        }
+        94..=96 => {
+            let n = rng.gen_range(1..=2u64);
+            let p = SHARED_FIRST + rng.gen_range(0..shared_pages - n + 1);
+            d.write_zeroes(ctx, p * PAGE, n * PAGE).unwrap();
+            me.shared_frees += n;
+        }
+        _ => {
+            let p = rng.gen_range(0..PAGES);
+            std::hint::black_box(d.slot_state(PageIndex(p)));
+            let _ = d.stats();
+        }
+    }
 }
 
 /// Compacts and reads the stats while the workers run; checks that the running totals never go

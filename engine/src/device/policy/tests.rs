@@ -360,6 +360,64 @@ fn striping_spreads_batches_over_the_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A policy thread serving evictions until `stop`; while `stall` is set it sleeps past
+/// `EVICT_WAIT` once (a backing file's filesystem stuck for longer than a write waits).
+fn eviction_server(
+    d: &std::sync::Arc<Device>,
+    stop: &std::sync::Arc<AtomicBool>,
+    stall: &std::sync::Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let (d, stop, stall) = (
+        std::sync::Arc::clone(d),
+        std::sync::Arc::clone(stop),
+        std::sync::Arc::clone(stall),
+    );
+    std::thread::spawn(move || {
+        let mut policy = Policy::new();
+        while !stop.load(Ordering::Relaxed) {
+            if stall.swap(false, Ordering::Relaxed) {
+                std::thread::sleep(EVICT_WAIT + Duration::from_millis(500));
+            }
+            policy.serve_evictions(&d, Duration::from_millis(20));
+        }
+    })
+}
+
+/// Writes pages `range` (noise and text by turns), each again until it lands as swap does (it
+/// keeps a page whose write failed). Returns the writes that failed, those of them that failed
+/// because the policy thread was late (timed out, or in the fast-fail window after), and the
+/// stats.
+fn write_until_landed(
+    d: &Device,
+    ctx: &mut IoContext,
+    range: std::ops::Range<u64>,
+    model: &mut Vec<(u64, [u8; PAGE_SIZE])>,
+) -> (u64, u64, PolicyStats) {
+    let before = d.policy_stats();
+    let mut failed = 0u64;
+    for i in range {
+        let p = if i % 2 == 0 {
+            noise_page(i)
+        } else {
+            text_page(i)
+        };
+        let t = Instant::now();
+        while d.write(ctx, i * PAGE_SIZE as u64, &p).is_err() {
+            failed += 1;
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "page {i} never landed"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        model.push((i, p));
+    }
+    let s = d.policy_stats();
+    let late =
+        (s.evict_timeouts - before.evict_timeouts) + (s.evict_fast_fails - before.evict_fast_fails);
+    (failed, late, s)
+}
+
 #[test]
 fn in_hand_off_mode_the_policy_thread_evicts_for_the_writes() {
     let dir = tempdir("policy-handoff");
@@ -395,23 +453,7 @@ fn in_hand_off_mode_the_policy_thread_evicts_for_the_writes() {
     // With one serving, writes at the limit wait for its rounds and land.
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let stall = std::sync::Arc::new(AtomicBool::new(false));
-    let server = {
-        let (d, stop, stall) = (
-            std::sync::Arc::clone(&d),
-            std::sync::Arc::clone(&stop),
-            std::sync::Arc::clone(&stall),
-        );
-        std::thread::spawn(move || {
-            let mut policy = Policy::new();
-            while !stop.load(Ordering::Relaxed) {
-                if stall.swap(false, Ordering::Relaxed) {
-                    // A backing file's filesystem stuck for longer than a write waits.
-                    std::thread::sleep(EVICT_WAIT + Duration::from_millis(500));
-                }
-                policy.serve_evictions(&d, Duration::from_millis(20));
-            }
-        })
-    };
+    let server = eviction_server(&d, &stop, &stall);
     let mut model: Vec<(u64, [u8; PAGE_SIZE])> = (0..64).map(|i| (i, noise_page(i))).collect();
     // Until the thread's first round the device is starved from above: writes fail at once.
     let t = Instant::now();
@@ -423,38 +465,10 @@ fn in_hand_off_mode_the_policy_thread_evicts_for_the_writes() {
         std::thread::sleep(Duration::from_millis(5));
     }
     model.push((64, noise_page(64)));
-    // Writes pages `range` (noise and text by turns), each again until it lands as swap
-    // does (it keeps a page whose write failed). Returns (writes failed, of them failed
-    // because the thread was late: timed out, or in the fast-fail window after).
-    let mut write_all = |range: std::ops::Range<u64>, model: &mut Vec<(u64, [u8; PAGE_SIZE])>| {
-        let before = d.policy_stats();
-        let mut failed = 0u64;
-        for i in range {
-            let p = if i % 2 == 0 {
-                noise_page(i)
-            } else {
-                text_page(i)
-            };
-            let t = Instant::now();
-            while d.write(&mut ctx, i * PAGE_SIZE as u64, &p).is_err() {
-                failed += 1;
-                assert!(
-                    t.elapsed() < Duration::from_secs(30),
-                    "page {i} never landed"
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            model.push((i, p));
-        }
-        let s = d.policy_stats();
-        let late = (s.evict_timeouts - before.evict_timeouts)
-            + (s.evict_fast_fails - before.evict_fast_fails);
-        (failed, late, s)
-    };
     // A write fails only when the thread did not answer within EVICT_WAIT. With it
     // running that takes a stall from outside (a test machine's disk under a build's dirty
     // pages can hold a pwrite for seconds), so none is expected, but one is not an error.
-    let (failed, late, s) = write_all(65..330, &mut model);
+    let (failed, late, s) = write_until_landed(&d, &mut ctx, 65..330, &mut model);
     assert!(
         failed <= late,
         "{failed} writes failed although the policy thread answered in time: {s:?}"
@@ -465,7 +479,7 @@ fn in_hand_off_mode_the_policy_thread_evicts_for_the_writes() {
     // A stalled thread: the write at the limit fails after EVICT_WAIT, and once the
     // thread is back every page lands.
     stall.store(true, Ordering::Relaxed);
-    let (failed, late, s) = write_all(330..600, &mut model);
+    let (failed, late, s) = write_until_landed(&d, &mut ctx, 330..600, &mut model);
     assert!(failed > 0 && s.evict_timeouts > 0, "{failed}: {s:?}");
     assert!(
         failed <= late,
