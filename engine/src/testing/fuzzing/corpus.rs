@@ -126,26 +126,43 @@ pub fn scramble(seed: u64, n: usize, limit_mod: u8) -> Vec<DeviceOp> {
 
 /// The seed corpus of `fuzz/corpus/device_ops/`: a name (the file's), an algorithm and the
 /// operations, each file aimed at one behaviour.
-pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
-    use DeviceOp::*;
-    use PageKind::*;
-    let whole = |page: u16, pages: u8, kind: PageKind, seed: u8| Write {
+fn whole(page: u16, pages: u8, kind: PageKind, seed: u8) -> DeviceOp {
+    DeviceOp::Write {
         sector: page * 8,
         sectors: pages * 8,
         kind,
         seed,
-    };
-    let part = |sector: u16, sectors: u8, kind: PageKind, seed: u8| Write {
+    }
+}
+
+fn part(sector: u16, sectors: u8, kind: PageKind, seed: u8) -> DeviceOp {
+    DeviceOp::Write {
         sector,
         sectors,
         kind,
         seed,
-    };
-    let read = |sector: u16, sectors: u8| Read { sector, sectors };
-    let discard = |sector: u16, sectors: u8| Discard { sector, sectors };
-    let zeroes = |sector: u16, sectors: u8| WriteZeroes { sector, sectors };
-    let limit = |pages: Option<u8>| SetMemLimit { pages };
+    }
+}
 
+fn read(sector: u16, sectors: u8) -> DeviceOp {
+    DeviceOp::Read { sector, sectors }
+}
+
+fn discard(sector: u16, sectors: u8) -> DeviceOp {
+    DeviceOp::Discard { sector, sectors }
+}
+
+fn zeroes(sector: u16, sectors: u8) -> DeviceOp {
+    DeviceOp::WriteZeroes { sector, sectors }
+}
+
+fn limit(pages: Option<u8>) -> DeviceOp {
+    DeviceOp::SetMemLimit { pages }
+}
+
+/// One page of every kind, then reads across them.
+fn kinds() -> Vec<DeviceOp> {
+    use PageKind::*;
     let mut kinds: Vec<DeviceOp> = PageKind::ALL
         .iter()
         .enumerate()
@@ -160,7 +177,13 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
         whole(8, 8, Mixed, 200),
         read(60, 40),
     ]);
-    let overwrite = [Same, Noise, Text, Zeros, Pointers, Mixed, Sparse, Noise]
+    kinds
+}
+
+/// One page overwritten with every kind in turn, read around, then freed.
+fn overwrite() -> Vec<DeviceOp> {
+    use PageKind::*;
+    [Same, Noise, Text, Zeros, Pointers, Mixed, Sparse, Noise]
         .iter()
         .enumerate()
         .flat_map(|(i, &k)| [whole(5, 1, k, i as u8), read(40, 8), read(41, 3)])
@@ -170,13 +193,25 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
             whole(5, 1, Text, 1),
             zeroes(40, 8),
         ])
-        .collect();
-    let compact: Vec<DeviceOp> = (0..48u16)
+        .collect()
+}
+
+/// Half of 48 pages freed, then compaction.
+fn compact() -> Vec<DeviceOp> {
+    use DeviceOp::*;
+    use PageKind::*;
+    (0..48u16)
         .map(|p| whole(p, 1, [Mixed, Text, Pointers][p as usize % 3], p as u8))
         .chain((0..48u16).step_by(2).map(|p| discard(p * 8, 8)))
         .chain([Compact, read(0, 64), read(256, 64)])
-        .collect();
-    let recompress: Vec<DeviceOp> = (0..32u16)
+        .collect()
+}
+
+/// Idle and huge pages recompressed, read back, recompressed again.
+fn recompress() -> Vec<DeviceOp> {
+    use DeviceOp::*;
+    use PageKind::*;
+    (0..32u16)
         .map(|p| {
             whole(
                 p,
@@ -197,8 +232,14 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
             Compact,
             read(0, 255),
         ])
-        .collect();
-    let writeback: Vec<DeviceOp> = (0..24u16)
+        .collect()
+}
+
+/// Pages written back (once with failing writes), read, freed, written back again.
+fn writeback() -> Vec<DeviceOp> {
+    use DeviceOp::*;
+    use PageKind::*;
+    (0..24u16)
         .map(|p| whole(p, 1, [Text, Noise, Pointers, Same][p as usize % 4], p as u8))
         .chain([
             Writeback {
@@ -224,7 +265,14 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
             Compact,
             read(0, 255),
         ])
-        .collect();
+        .collect()
+}
+
+pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
+    use DeviceOp::*;
+    use PageKind::*;
+    let (kinds, overwrite, compact) = (kinds(), overwrite(), compact());
+    let (recompress, writeback) = (recompress(), writeback());
     vec![
         ("seed-lz4-writeback", Algorithm::Lz4, writeback.clone()),
         ("seed-zstd-writeback", Algorithm::Zstd, writeback),
