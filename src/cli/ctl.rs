@@ -141,7 +141,7 @@ pub fn devices() -> Vec<DeviceRow> {
 
 /// One device's row; `None` when there is neither a daemon nor a kernel device (a stale socket).
 fn row(id: u32) -> Option<DeviceRow> {
-    let name = format!("/dev/ublkb{id}");
+    let name = block_path(id);
     let mut r = match control::call(id, &Request::Info) {
         Ok(info) => DeviceRow::parse(&info).ok()?,
         Err(CallError::NoDaemon { .. }) if kernel_knows(id) => DeviceRow::dead(name.clone()),
@@ -183,7 +183,7 @@ pub fn render(
 /// use), and waits until it is gone and its daemon has exited (so its backing file is closed:
 /// a `umount` of the file's filesystem right after works); a dead device is deleted directly.
 pub fn reset(id: u32) -> Result<(), CtlError> {
-    let name = format!("/dev/ublkb{id}");
+    let name = block_path(id);
     // The daemon's pid, to wait for its exit: the device and the socket go before the process
     // has closed its files.
     let pid = control::call(id, &Request::Info)
@@ -224,35 +224,37 @@ fn alive(pid: u32) -> bool {
 
 #[cfg(feature = "ublk")]
 fn remove_dead(id: u32) -> Result<(), CtlError> {
-    crate::daemon::remove_dead(id).map_err(|e| err(format!("/dev/ublkb{id}: {e}")))
+    crate::daemon::remove_dead(id).map_err(|e| err(format!("{}: {e}", block_path(id))))
 }
 
 #[cfg(not(feature = "ublk"))]
 fn remove_dead(id: u32) -> Result<(), CtlError> {
     Err(err(format!(
-        "/dev/ublkb{id}: its daemon is dead; this uzram was built without the ublk feature and cannot delete it"
+        "{}: its daemon is dead; this uzram was built without the ublk feature and cannot delete it",
+        block_path(id)
     )))
 }
 
 /// Reads (`value` None) or writes an attribute of `/dev/ublkbN` through its daemon. A read
 /// returns exactly the attribute's bytes.
 pub fn attr(id: u32, name: &str, value: Option<&str>) -> Result<String, CtlError> {
+    let dev = block_path(id);
     let request = match value {
         None => Request::Read(name.to_string()),
         Some(v) => Request::Write(name.to_string(), v.to_string()),
     };
     control::call(id, &request).map_err(|e| match e {
-        CallError::Refused(e) => err(format!("/dev/ublkb{id}: {name}: {}", e.message)),
+        CallError::Refused(e) => err(format!("{dev}: {name}: {}", e.message)),
         CallError::NoDaemon { ref source, .. }
             if source.kind() == std::io::ErrorKind::PermissionDenied =>
         {
-            err(format!("/dev/ublkb{id}: {e}"))
+            err(format!("{dev}: {e}"))
         }
         CallError::NoDaemon { .. } if kernel_knows(id) => err(format!(
-            "/dev/ublkb{id}: its daemon is dead (killed?): uzram --reset /dev/ublkb{id} removes it"
+            "{dev}: its daemon is dead (killed?): uzram --reset {dev} removes it"
         )),
-        CallError::NoDaemon { .. } => err(format!("/dev/ublkb{id}: no such device")),
-        e => err(format!("/dev/ublkb{id}: {e}")),
+        CallError::NoDaemon { .. } => err(format!("{dev}: no such device")),
+        e => err(format!("{dev}: {e}")),
     })
 }
 

@@ -77,7 +77,8 @@ fn reclaim_after_swapoff(id: u32, device: &Device, seen: u32) {
     // device exclusively nor touches page 0 is the one case not told apart.
     let freed = device.free_pages_older_than(PageIndex(1), seen.saturating_add(2));
     log(&format!(
-        "/dev/ublkb{id}: swapoff: freed {freed} old swap pages"
+        "{}: swapoff: freed {freed} old swap pages",
+        block_path(id)
     ));
     drop(claim);
 }
