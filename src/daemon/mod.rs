@@ -43,8 +43,9 @@ pub const MAX_IO_BYTES: u32 = 128 << 10;
 /// Longest a write waits for the memory thread to refill the pool's reserve without seeing it
 /// make progress, before it fails with ENOMEM (swap then keeps the page and retries it later);
 /// a refill that keeps faulting pages in is waited for up to 8 times this (see
-/// `Growth::Reserve`). Long enough for a slow refill (100 ms failed ext4 writes in the VM);
-/// short enough that a memory thread stuck in reclaim cannot stall swap-out for long.
+/// `Growth::Reserve`). Long enough for a slow refill (a mapping can take 100 ms on a slow or
+/// emulated machine); short enough that a memory thread stuck in reclaim cannot stall swap-out
+/// for long.
 const RESERVE_WAIT: Duration = Duration::from_secs(1);
 
 /// Default queue depth.
@@ -115,8 +116,8 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
     let (mut setup, disksize) = options::check(&args.size, &args.device, args.queues)?;
     let reserve = match &args.reserve {
         Some(r) => uzram_engine::parse_size(r)?,
-        // Smaller reserves ran dry under an ext4 write burst in the VM (TCG maps slowly): 8 MiB
-        // is the floor.
+        // 8 MiB is the floor: a smaller reserve runs dry under a filesystem's write burst where
+        // mapping is slow.
         None => (disksize / 64).clamp(8 << 20, 16 << 20),
     };
     setup.set_pool_reserve(reserve);

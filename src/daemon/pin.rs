@@ -35,9 +35,8 @@ pub fn heap_top_bytes() -> Option<usize> {
 /// that the free chunks cannot serve (so it comes from the top, extending the heap if need be),
 /// touches every page of it (faulting it in and, under `mlockall`, locking it) and frees it back
 /// into the top. An I/O thread's allocation then never lands on a page not yet faulted in: a
-/// fault there, under PR_SET_IO_FLUSHER and memory pressure, can wait forever (seen in the VM:
-/// an I/O thread spinning in reclaim inside malloc, holding malloc's lock). Returns bytes
-/// touched. For the memory thread, never an I/O thread.
+/// fault there, under PR_SET_IO_FLUSHER and memory pressure, can wait forever (an I/O thread
+/// spinning in reclaim inside malloc, holding malloc's lock). Returns bytes touched. For the memory thread, never an I/O thread.
 pub fn refill_heap() -> usize {
     let mut touched = 0;
     for _ in 0..4 {

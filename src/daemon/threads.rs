@@ -16,10 +16,9 @@ pub(super) static SLOWEST_REFILL_MS: AtomicU64 = AtomicU64::new(0);
 
 /// The thread that keeps the pool's reserve filled: it maps memory the I/O threads then use
 /// without asking the kernel. An I/O flusher too: its page faults may wait for reclaim, but never
-/// write to swap themselves. As a plain thread it did, and a swap storm then went like this:
-/// the refill's fault started swap writes to this device, waited for a tag held by writes that
-/// were waiting for the refill, and the reserve stayed empty (311 to 17220 failed writes per
-/// 2x-MemAvailable fill in the VM; none in three runs since).
+/// write to swap themselves: as a plain thread, a refill's fault could start swap writes to this
+/// very device and wait for a tag held by writes that wait for the refill, so the reserve would
+/// stay empty.
 pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
     std::thread::Builder::new()
         .name("uzram-memory".into())
