@@ -31,6 +31,24 @@ fn help_and_version_succeed() {
         assert!(out.contains(word), "--help lacks {word}:\n{out}");
     }
     assert_eq!(uzram(&["--version"]).0, 0);
+    // Every subcommand's options parse together (the device options are shared by several), and
+    // each that makes a device takes them all.
+    for sub in ["attr", "setup", "teardown", "bench", "dump-pages"] {
+        let (rc, out, err) = uzram(&[sub, "--help"]);
+        assert_eq!(rc, 0, "{sub} --help: {err}");
+        if sub == "bench" {
+            for opt in [
+                "--algorithm",
+                "--algorithm-params",
+                "--recomp-algorithm",
+                "--backing-dev",
+                "--policy",
+                "--mem-limit",
+            ] {
+                assert!(out.contains(opt), "bench --help lacks {opt}:\n{out}");
+            }
+        }
+    }
 }
 
 #[test]
