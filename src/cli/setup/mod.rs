@@ -286,13 +286,15 @@ pub fn plan_zram_generator(
 
 /// A `[zramN]` section's settings, merged over the files in order.
 type Section = (String, Vec<(String, String)>);
+/// The `set!` variables: name and value in MiB.
+type Vars = Vec<(String, f64)>;
 
 /// The `[zramN]` sections of `files`, merged key by key in file order, and the `set!`
 /// variables of their global sections (each command run by `/bin/sh`, its output evaluated).
 fn merge_sections(
     files: &[(String, String)],
     ram_mib: f64,
-) -> Result<(Vec<Section>, Vec<(String, f64)>), SetupError> {
+) -> Result<(Vec<Section>, Vars), SetupError> {
     // Merged key/value settings per section, in file order.
     let mut sections: Vec<(String, Vec<(String, String)>)> = Vec::new();
     let mut vars: Vec<(String, f64)> = Vec::new();

@@ -122,7 +122,8 @@ impl BenchReport {
             let _ = write!(s, " {:>11} {:>8}", "pages/s", "vs raw");
         }
         let _ = writeln!(s);
-        let rows: [(&str, &[(usize, f64)], &[(usize, f64)]); 5] = [
+        type Rates<'a> = &'a [(usize, f64)];
+        let rows: [(&str, Rates, Rates); 5] = [
             ("raw compress", &self.raw_compress, &self.raw_compress),
             ("engine fill", &self.fill_pages_per_s, &self.raw_compress),
             ("engine write", &self.write_pages_per_s, &self.raw_compress),
