@@ -85,8 +85,7 @@ impl Device {
             return false;
         }
         let now = self.now();
-        if !tier.budget.lock().allows(now) {
-            tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+        if !tier.budget_allows(now) {
             return false;
         }
         let allowed = backing.limit_allows(bufs.capacity());

@@ -140,6 +140,15 @@ pub(super) struct Tier {
 }
 
 impl Tier {
+    /// Whether the budget allows writing back now; a refusal is counted in `budget_denied`.
+    fn budget_allows(&self, now: u32) -> bool {
+        let allowed = self.budget.lock().allows(now);
+        if !allowed {
+            self.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+        }
+        allowed
+    }
+
     pub(super) fn new(config: PolicyConfig) -> Tier {
         let t = Tier {
             config: Mutex::new(config),
@@ -236,12 +245,7 @@ impl Policy {
             return 0;
         };
         let now = device.now();
-        if !device.tier.budget.lock().allows(now) {
-            device
-                .tier
-                .counters
-                .budget_denied
-                .fetch_add(1, Ordering::Relaxed);
+        if !device.tier.budget_allows(now) {
             return 0;
         }
         let done = self.write_back_coldest(device, bytes.min(TICK_BYTES), 0, now);
@@ -324,8 +328,7 @@ impl Policy {
         let Some((reason, bytes, min_age)) = want else {
             return Ok(report);
         };
-        if !tier.budget.lock().allows(now) {
-            tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+        if !tier.budget_allows(now) {
             report.budget_denied = true;
             return Ok(report);
         }
@@ -407,12 +410,7 @@ impl Policy {
             if self.pages.is_empty() {
                 break;
             }
-            if !device.tier.budget.lock().allows(now) {
-                device
-                    .tier
-                    .counters
-                    .budget_denied
-                    .fetch_add(1, Ordering::Relaxed);
+            if !device.tier.budget_allows(now) {
                 break;
             }
             let allowed = backing.limit_allows(self.pages.len());
