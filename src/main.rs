@@ -1,6 +1,8 @@
 //! The `uzram` binary: parse the arguments, run them, map the outcome to an exit code (0 success,
 //! 1 failure, as zramctl's; a usage error is a failure too).
 
+#![deny(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

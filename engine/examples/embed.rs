@@ -4,6 +4,8 @@
 //!
 //! Run with `cargo run -p uzram-engine --example embed`.
 
+#![deny(unsafe_code)]
+
 use uzram_engine::testing::pages::noise_page;
 use uzram_engine::{
     format_size, parse_size, Device, DeviceSetup, Error, PageIndex, SlotFlags, PAGE_SIZE,
