@@ -75,7 +75,7 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "FILE")]
     pub backing_dev: Vec<PathBuf>,
     /// The tiering policy, uzram's `policy` attribute: "key=value ..." of recompress_after,
-    /// writeback_after, high_watermark, low_watermark, min_free, psi, budget, evict
+    /// writeback_after, high_watermark, low_watermark, min_free, psi, pool_share, budget, evict
     #[arg(long, value_name = "SETTINGS")]
     pub policy: Option<String>,
     /// zram's mem_limit (0 = none)

@@ -456,6 +456,21 @@ impl Device {
         let mut s = g.get();
         self.decode(streams, buf, index, &s, out)?;
         let now = self.now();
+        if s.flags.contains(SlotFlags::WB) {
+            // A written-back page's atime is when it was written back, and a read leaves it
+            // there (the page stays on the backing store): a read soon after is the policy's
+            // mistake, counted once (the stamp then moves out of the window, to 0 at the
+            // latest, which is never counted: second 0 is before any writeback worth judging).
+            let early = s.atime != 0 && self.tier.note_read_back(now.saturating_sub(s.atime));
+            if early {
+                s.atime = now.saturating_sub(policy::EARLY_READ_SECS);
+            }
+            if early || s.flags.contains(SlotFlags::IDLE) {
+                s.flags = s.flags.difference(SlotFlags::IDLE);
+                g.set(s);
+            }
+            return Ok(());
+        }
         if s.atime != now || s.flags.contains(SlotFlags::IDLE) {
             s.atime = now;
             s.flags = s.flags.difference(SlotFlags::IDLE);

@@ -1,12 +1,14 @@
 #!/bin/sh
-# The side-by-side benchmark (tests/vm/run bench): uzram and kernel zram in the same guest, same
-# data, same fio jobs, lz4 and zstd; then a swap workload on disk swap, zram and uzram.
+# The benchmarks (tests/vm/run bench), by suite (UZRAM_VM_CHECKS): "starved", the memory-starved
+# build on each kind of swap (starved.sh); "devices", uzram and kernel zram in the same guest, same
+# data, same fio jobs, lz4 and zstd, then a swap workload on disk swap, zram and uzram.
 # Prints one "BENCH: {json}" line per measurement; tests/vm/bench-report turns them into the
 # table, the JSON file and the plot. Under TCG the absolute figures mean little (and userspace is
 # slowed more than the kernel): compare the ratios, and only between runs of the same setup.
 D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
+. "$D/starved.sh"
 
 RUNTIME=${UZRAM_BENCH_RUNTIME:-5}
 FILL_MB=${UZRAM_BENCH_FILL_MB:-128}
@@ -84,25 +86,31 @@ swap_workload() {
     SWAP_DEV=
 }
 
+devices_suite() {
+    for algo in lz4 zstd; do
+        if zram_has_algo $algo; then
+            zram_setup $algo 512M && device_bench /dev/zram0 "zram-$algo"
+            zram_reset
+        fi
+        uzram_setup $algo 512M && device_bench "$UZRAM_DEV" "uzram-$algo"
+        uzram_reset
+    done
+    if [ -b /dev/vda ]; then
+        swap_workload /dev/vda disk
+    fi
+    for algo in lz4 zstd; do
+        if zram_has_algo $algo; then
+            zram_setup $algo 2048M && swap_workload /dev/zram0 "zram-$algo"
+            zram_reset
+        fi
+        uzram_setup $algo 2048M && swap_workload "$UZRAM_DEV" "uzram-$algo"
+        uzram_reset
+    done
+}
+
+SUITES=${UZRAM_VM_CHECKS:-starved devices}
 zram_begin || exit 1
 uzram_begin || exit 1
-for algo in lz4 zstd; do
-    if zram_has_algo $algo; then
-        zram_setup $algo 512M && device_bench /dev/zram0 "zram-$algo"
-        zram_reset
-    fi
-    uzram_setup $algo 512M && device_bench "$UZRAM_DEV" "uzram-$algo"
-    uzram_reset
-done
-if [ -b /dev/vda ]; then
-    swap_workload /dev/vda disk
-fi
-for algo in lz4 zstd; do
-    if zram_has_algo $algo; then
-        zram_setup $algo 2048M && swap_workload /dev/zram0 "zram-$algo"
-        zram_reset
-    fi
-    uzram_setup $algo 2048M && swap_workload "$UZRAM_DEV" "uzram-$algo"
-    uzram_reset
-done
+case " $SUITES " in *" starved "*) starved_suite ;; esac
+case " $SUITES " in *" devices "*) devices_suite ;; esac
 echo "UZRAM-BENCH-DONE"

@@ -22,6 +22,11 @@ pub struct PolicyConfig {
     pub min_free: u8,
     /// Host pressure: memory PSI `some avg10` at or above this (`psi`; `off`).
     pub psi: Option<f32>,
+    /// Percent of `MemTotal` the pool keeps under host pressure (`pool_share`, as zswap's
+    /// `max_pool_percent`; 0: none). Above it, host pressure writes back the coldest pages down
+    /// to 90 % of the share; below it, only pages idle for the adaptive cold age, and never
+    /// below half the share.
+    pub pool_share: u8,
     /// Bytes per day the policy and eviction may write (`budget`; `off`: no budget).
     pub budget: Option<u64>,
     /// Evict cold pages instead of failing a write that finds no room (`evict`, 1/0).
@@ -37,6 +42,7 @@ impl Default for PolicyConfig {
             low_watermark: 80,
             min_free: 5,
             psi: Some(20.0),
+            pool_share: 20,
             budget: None,
             evict: true,
         }
@@ -76,13 +82,14 @@ impl fmt::Display for PolicyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} budget={} evict={}",
+            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} budget={} evict={}",
             duration_text(self.recompress_after),
             duration_text(self.writeback_after),
             self.high_watermark,
             self.low_watermark,
             self.min_free,
             self.psi.map_or("off".into(), |p| p.to_string()),
+            self.pool_share,
             self.budget.map_or("off".into(), |b| b.to_string()),
             u8::from(self.evict),
         )
@@ -118,6 +125,7 @@ impl PolicyConfig {
                 }
                 "low_watermark" => next.low_watermark = pct(v).ok_or(bad("a percentage 0..=100"))?,
                 "min_free" => next.min_free = pct(v).ok_or(bad("a percentage 0..=100"))?,
+                "pool_share" => next.pool_share = pct(v).ok_or(bad("a percentage 0..=100"))?,
                 "psi" => {
                     next.psi = if v == "off" {
                         None
@@ -149,7 +157,7 @@ impl PolicyConfig {
                 }
                 _ => {
                     return Err(bad(
-                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi budget evict",
+                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share budget evict",
                     ))
                 }
             }

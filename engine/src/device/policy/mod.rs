@@ -33,7 +33,7 @@ pub use self::config::{PolicyConfig, Pressure};
 use self::stats::Counters;
 pub use self::stats::PolicyStats;
 
-use super::writeback::{BatchStats, WbBuffers, BATCH};
+use super::writeback::{BackingStore, BatchStats, WbBuffers, BATCH};
 use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, RecompressRequest};
 
@@ -58,6 +58,15 @@ const TICK_RECOMPRESS: u64 = 2 * 1024;
 const AGE_SCAN_SECS: u32 = 10;
 /// Histogram buckets of page age (log-scaled, see [`age_bucket`]).
 const BUCKETS: usize = 136;
+/// A written-back page read within this many seconds of its writeback is an early read: the
+/// policy's mistake (`early_reads`).
+pub(super) const EARLY_READ_SECS: u32 = 60;
+/// The cold age host pressure starts with below `pool_share`, and its bounds.
+const COLD_AGE_START: u32 = 60;
+const COLD_AGE_MIN: u32 = 10;
+const COLD_AGE_MAX: u32 = 3600;
+/// Writebacks (or early reads) a cold-age adjustment waits for: less is no evidence.
+const COLD_AGE_EVIDENCE: u64 = 32;
 
 /// The budget of bytes per day: a bucket that refills continuously, full at the start.
 #[derive(Debug, Default)]
@@ -155,7 +164,34 @@ impl Tier {
             ..Tier::default()
         };
         t.budget.lock().set(config.budget, 0);
+        t.counters
+            .cold_age_secs
+            .store(u64::from(COLD_AGE_START), Ordering::Relaxed);
         t
+    }
+
+    /// A written-back page was read `age` seconds after its writeback: counts an early read
+    /// (the policy's mistake) when that is under [`EARLY_READ_SECS`]. Returns whether it did.
+    pub(super) fn note_read_back(&self, age: u32) -> bool {
+        let early = age < EARLY_READ_SECS;
+        if early {
+            self.counters.early_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        early
+    }
+
+    /// Pages written back so far, for every reason.
+    fn written_back(&self) -> u64 {
+        let c = &self.counters;
+        [
+            &c.age_wb_pages,
+            &c.watermark_wb_pages,
+            &c.host_wb_pages,
+            &c.evicted_pages,
+        ]
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .sum()
     }
 }
 
@@ -197,6 +233,9 @@ pub struct Policy {
     /// Recompression's candidate list, kept between rounds.
     candidates: Vec<(u16, u64)>,
     last_age_scan: Option<u32>,
+    /// Early reads and pages written back when the cold age was last adjusted.
+    seen_early: u64,
+    seen_written: u64,
 }
 
 impl Default for Policy {
@@ -213,6 +252,8 @@ impl Policy {
             pages: Vec::with_capacity(BATCH),
             candidates: Vec::new(),
             last_age_scan: None,
+            seen_early: 0,
+            seen_written: 0,
         }
     }
 
@@ -315,10 +356,7 @@ impl Policy {
             && pressure.mem_available * 100 < pressure.mem_total * u64::from(cfg.min_free);
         let psi_high = matches!((cfg.psi, pressure.psi_some_avg10), (Some(t), Some(v)) if v >= t);
         if want.is_none() && (host_short || psi_high) && used > 0 {
-            // A thirty-second of the pool per tick, at least 4 MiB: pressure that lasts moves
-            // the coldest pages out steadily rather than the whole pool at once.
-            let bytes = (used * PAGE_SIZE as u64 / 32).max(4 << 20);
-            want = Some((Reason::Host, bytes, 0));
+            want = self.host_want(device, &cfg, pressure, used * PAGE_SIZE as u64);
         }
         if want.is_none() && age_scan {
             if let Some(after) = cfg.writeback_after {
@@ -352,6 +390,52 @@ impl Policy {
             tier.progress();
         }
         Ok(report)
+    }
+
+    /// What host pressure asks of a tick, for a pool of `used` bytes: the pool keeps its share
+    /// of RAM (`pool_share`), the compressed tier that relieves the pressure. Above the share,
+    /// the coldest pages go, down to 90 % of it (the gap keeps it from oscillating); within it,
+    /// only pages idle for the cold age, and never below half the share. Either way at most a
+    /// thirty-second of the pool per tick (at least 4 MiB), so pressure that lasts moves pages
+    /// out steadily rather than the whole pool at once.
+    fn host_want(
+        &mut self,
+        device: &Device,
+        cfg: &PolicyConfig,
+        pressure: &Pressure,
+        used: u64,
+    ) -> Option<(Reason, u64, u32)> {
+        let slice = (used / 32).max(4 << 20);
+        let share = pressure.mem_total / 100 * u64::from(cfg.pool_share);
+        let cold_age = self.adapt_cold_age(&device.tier);
+        if used > share {
+            return Some((Reason::Host, (used - share / 10 * 9).min(slice), 0));
+        }
+        let room = used.saturating_sub(share / 2);
+        (room > 0).then_some((Reason::Host, room.min(slice), cold_age))
+    }
+
+    /// The cold age, adjusted by what happened since the last adjustment: doubled when more
+    /// than a tenth of the pages written back were read back early (the policy moved pages
+    /// that were still in use), brought down by a quarter when none was. Waits for
+    /// [`COLD_AGE_EVIDENCE`] writebacks or early reads before it judges.
+    fn adapt_cold_age(&mut self, tier: &Tier) -> u32 {
+        let gauge = &tier.counters.cold_age_secs;
+        let mut age = u32::try_from(gauge.load(Ordering::Relaxed)).unwrap_or(COLD_AGE_MAX);
+        let early = tier.counters.early_reads.load(Ordering::Relaxed);
+        let written = tier.written_back();
+        let (de, dw) = (early - self.seen_early, written - self.seen_written);
+        if de + dw >= COLD_AGE_EVIDENCE {
+            if de * 10 > dw {
+                age = age.saturating_mul(2);
+            } else if de == 0 {
+                age -= age / 4;
+            }
+            age = age.clamp(COLD_AGE_MIN, COLD_AGE_MAX);
+            gauge.store(u64::from(age), Ordering::Relaxed);
+            (self.seen_early, self.seen_written) = (early, written);
+        }
+        age
     }
 
     /// Writes back the coldest stored pages at least `min_age` seconds old, oldest buckets
@@ -391,19 +475,50 @@ impl Policy {
         if sum == 0 {
             return total;
         }
-        let keep = |s: &SlotState| {
-            s.flags.contains(SlotFlags::STORED) && {
-                let age = now.saturating_sub(s.atime);
-                age >= min_age && age_bucket(age).min(BUCKETS - 1) >= cutoff
+        // Pages older than the cutoff bucket first, then the cutoff bucket: each pass stops as
+        // soon as the target is met, so the coldest pages go first and no more than needed.
+        for min_bucket in [cutoff + 1, cutoff] {
+            if total.object_bytes >= target || min_bucket >= BUCKETS {
+                continue;
             }
-        };
+            let keep = |s: &SlotState| {
+                s.flags.contains(SlotFlags::STORED) && {
+                    let age = now.saturating_sub(s.atime);
+                    age >= min_age && age_bucket(age).min(BUCKETS - 1) >= min_bucket
+                }
+            };
+            if !self.write_back_pass(device, backing, target, now, &keep, &mut total) {
+                break;
+            }
+        }
+        total
+    }
+
+    /// One pass over the slots for [`Policy::write_back_coldest`]: batches of the pages `keep`
+    /// accepts, until `total` reaches `target`. Returns false when writeback must stop (the
+    /// store full, a write failed, the budget or the writeback limit spent).
+    fn write_back_pass(
+        &mut self,
+        device: &Device,
+        backing: &BackingStore,
+        target: u64,
+        now: u32,
+        keep: &dyn Fn(&SlotState) -> bool,
+        total: &mut BatchStats,
+    ) -> bool {
         self.pages.clear();
         let mut i = 0;
         while i < device.pages() && total.object_bytes < target {
-            // Fill a batch of candidates, then write it.
-            while i < device.pages() && self.pages.len() < BATCH {
-                if keep(&device.slot(PageIndex(i)).peek()) {
+            // Fill a batch of candidates (no more than the target still needs), then write it.
+            let mut batch_bytes = 0;
+            while i < device.pages()
+                && self.pages.len() < BATCH
+                && total.object_bytes + batch_bytes < target
+            {
+                let s = device.slot(PageIndex(i)).peek();
+                if keep(&s) {
                     self.pages.push(PageIndex(i));
+                    batch_bytes += u64::from(s.size);
                 }
                 i += 1;
             }
@@ -411,14 +526,13 @@ impl Policy {
                 break;
             }
             if !device.tier.budget_allows(now) {
-                break;
+                return false;
             }
             let allowed = backing.limit_allows(self.pages.len());
             if allowed == 0 {
-                break;
+                return false;
             }
-            let b =
-                device.write_batch(backing, &mut self.bufs, &self.pages[..allowed], &keep, true);
+            let b = device.write_batch(backing, &mut self.bufs, &self.pages[..allowed], keep, true);
             device.tier.budget.lock().charge(b.bytes);
             self.pages.clear();
             // Writes waiting for room come first (hand-off mode).
@@ -428,10 +542,10 @@ impl Policy {
             total.bytes += b.bytes;
             total.failed += b.failed;
             if b.full || b.failed > 0 {
-                break;
+                return false;
             }
         }
-        total
+        true
     }
 }
 

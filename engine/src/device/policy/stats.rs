@@ -76,6 +76,12 @@ policy_counters! {
     budget_denied => "budget_denied",
     /// Pool pages the policy's compaction freed.
     pages_compacted => "pages_compacted",
+    /// Written-back pages read within `EARLY_READ_SECS` of their writeback: the policy's
+    /// mistakes, each counted once.
+    early_reads => "early_reads",
+    /// A gauge, not a counter: the idle age host pressure writes back at below `pool_share`,
+    /// which the early reads push up and a clean round brings down.
+    cold_age_secs => "cold_age_secs",
 }
 
 impl fmt::Display for PolicyStats {
@@ -102,9 +108,17 @@ mod tests {
         c.pages_compacted.store(3, Ordering::Relaxed);
         let text = c.snapshot(Some(42)).to_string();
         let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
-        assert_eq!(keys.len(), 18);
+        assert_eq!(keys.len(), 20);
         assert_eq!(keys.first(), Some(&"ticks"));
-        assert_eq!(keys[16..], ["pages_compacted", "budget_left_bytes"]);
+        assert_eq!(
+            keys[16..],
+            [
+                "pages_compacted",
+                "early_reads",
+                "cold_age_secs",
+                "budget_left_bytes"
+            ]
+        );
         assert!(text.contains("\nevictions 7\n"), "{text}");
         assert!(text.contains("\npages_compacted 3\n"), "{text}");
         assert!(text.ends_with("budget_left_bytes 42\n"), "{text}");

@@ -26,10 +26,11 @@ fn settings_parse_print_and_refuse_nonsense() {
     let mut c = PolicyConfig::default();
     assert_eq!(
         c.to_string(),
-        "recompress_after=10m writeback_after=1h high_watermark=90 low_watermark=80 min_free=5 psi=20 budget=off evict=1"
+        "recompress_after=10m writeback_after=1h high_watermark=90 low_watermark=80 min_free=5 psi=20 pool_share=20 budget=off evict=1"
     );
-    c.update("writeback_after=2d budget=1G/day psi=off recompress_after=90")
+    c.update("writeback_after=2d budget=1G/day psi=off recompress_after=90 pool_share=35")
         .unwrap();
+    assert_eq!(c.pool_share, 35);
     assert_eq!(c.writeback_after, Some(2 * 86400));
     assert_eq!(c.budget, Some(1 << 30));
     assert_eq!(c.psi, None);
@@ -198,7 +199,12 @@ fn above_the_watermark_the_coldest_pages_go_first() {
             .flags
             .contains(SlotFlags::WB)
     };
-    assert!((0..120).all(wb), "the oldest generation is written back");
+    let written: Vec<u64> = model.iter().map(|&(i, _)| i).filter(|&i| wb(i)).collect();
+    assert!(
+        written.iter().all(|&i| i < 120),
+        "only the oldest generation is written back: {written:?}"
+    );
+    assert_eq!(written.len() as u64, r.written_back);
     assert!(!(2000..2120).any(wb), "the newest generation stays in RAM");
     assert_eq!(d.policy_stats().watermark_wb_pages, r.written_back);
     check_all(&d, &mut ctx, &model);
@@ -211,7 +217,7 @@ fn host_pressure_and_psi_write_back_a_slice() {
     let d = device(
         &dir,
         2048,
-        "recompress_after=off writeback_after=off min_free=10 psi=15",
+        "recompress_after=off writeback_after=off min_free=10 psi=15 pool_share=0",
     );
     let mut ctx = d.context().unwrap();
     let mut policy = Policy::new();
@@ -242,6 +248,112 @@ fn host_pressure_and_psi_write_back_a_slice() {
         r.written_back + r2.written_back
     );
     check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Memory short on a host of `mem_total_mib` (MemAvailable at 1 %).
+fn short_of_memory(mem_total_mib: u64) -> Pressure {
+    Pressure {
+        mem_total: mem_total_mib << 20,
+        mem_available: (mem_total_mib << 20) / 100,
+        psi_some_avg10: Some(1.0),
+    }
+}
+
+/// 1500 incompressible pages (5.9 MiB of pool) on a device with the default pool share (20 %).
+fn full_of_noise(dir: &std::path::Path) -> (Device, IoContext, Vec<(u64, [u8; PAGE_SIZE])>) {
+    let d = device(dir, 2048, "recompress_after=off writeback_after=off");
+    let mut ctx = d.context().unwrap();
+    let model: Vec<(u64, [u8; PAGE_SIZE])> = (0..1500).map(|i| (i, noise_page(i))).collect();
+    for (i, p) in &model {
+        d.write(&mut ctx, i * PAGE_SIZE as u64, p).unwrap();
+    }
+    (d, ctx, model)
+}
+
+#[test]
+fn under_host_pressure_the_pool_keeps_its_share_and_only_cold_pages_leave() {
+    let dir = tempdir("policy-share");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    let mut policy = Policy::new();
+    // A 40 MiB host: the share is 8 MiB, half of it 4 MiB; the pool (5.9 MiB) is within it.
+    let short = short_of_memory(40);
+    let used = |d: &Device| d.pool.pages_used() * PAGE_SIZE as u64;
+    for _ in 0..5 {
+        let r = policy.tick(&d, &mut ctx, &short).unwrap();
+        assert_eq!(r.written_back, 0, "young pages stay in RAM: {r:?}");
+    }
+    d.advance_clock(COLD_AGE_START + 1);
+    let mut written = 0;
+    for _ in 0..10 {
+        written += policy.tick(&d, &mut ctx, &short).unwrap().written_back;
+    }
+    assert!(written > 0, "cold pages leave");
+    let floor = (40u64 << 20) / 100 * 20 / 2;
+    assert!(
+        used(&d) + PAGE_SIZE as u64 >= floor,
+        "never below half the share: {} < {floor}",
+        used(&d)
+    );
+    assert_eq!(d.policy_stats().host_wb_pages, written);
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn above_its_share_the_pool_goes_down_to_nine_tenths_of_it() {
+    let dir = tempdir("policy-above");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    let mut policy = Policy::new();
+    // A 20 MiB host: the share is 4 MiB, and the pool (5.9 MiB) is above it, however young.
+    let share = (20u64 << 20) / 100 * 20;
+    let r = policy.tick(&d, &mut ctx, &short_of_memory(20)).unwrap();
+    assert!(r.written_back > 0, "{r:?}");
+    let used = d.pool.pages_used() * PAGE_SIZE as u64;
+    assert!(
+        used <= share / 10 * 9 + (8 * PAGE_SIZE) as u64,
+        "{used} > 0.9 x {share}"
+    );
+    assert!(used >= share / 2, "not drained: {used}");
+    // Within the share now, with young pages: the next ticks leave it alone.
+    assert_eq!(
+        policy
+            .tick(&d, &mut ctx, &short_of_memory(20))
+            .unwrap()
+            .written_back,
+        0
+    );
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pages_read_back_soon_after_writeback_count_once_and_raise_the_cold_age() {
+    let dir = tempdir("policy-early");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    d.advance_clock(5);
+    let s = d
+        .writeback(
+            &mut ctx,
+            crate::device::writeback::WritebackRequest::Pages { first: 0, last: 99 },
+        )
+        .unwrap();
+    assert_eq!(s.written, 100, "{s:?}");
+    // Read at once (twice): 100 early reads, not 200.
+    check_all(&d, &mut ctx, &model[..100]);
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!(d.policy_stats().early_reads, 100);
+    // Read again later: not early.
+    d.advance_clock(EARLY_READ_SECS + 1);
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!(d.policy_stats().early_reads, 100);
+    // The next pressured tick judges: a tenth and more read back early, so the age doubles.
+    let mut policy = Policy::new();
+    policy.tick(&d, &mut ctx, &short_of_memory(40)).unwrap();
+    assert_eq!(
+        d.policy_stats().cold_age_secs,
+        u64::from(COLD_AGE_START * 2)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

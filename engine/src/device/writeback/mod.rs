@@ -362,6 +362,8 @@ impl Device {
         wait: bool,
         stats: &mut BatchStats,
     ) {
+        // A written-back slot's atime is its writeback's time (see `Device::load`).
+        let now = self.now();
         for &(index, s, off, sealed) in &bufs.taken {
             let sector = extent.start + off;
             let g = if sealed {
@@ -386,7 +388,7 @@ impl Device {
                     | SlotFlags::WB,
                 prio: s.prio,
                 size: s.size,
-                atime: s.atime,
+                atime: now,
             };
             backing.counters.count.fetch_add(1, Ordering::Relaxed);
             backing.counters.writes.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,138 @@
+# The memory-starved build (tests/vm/run bench, suite "starved"): one workload standing in for a
+# build's analysis step, run with each kind of swap users choose between, on a throttled virtio
+# disk (/dev/vda, tests/vm/run sets the limits) standing in for the SSD.
+#
+# The workload: vmtool swapfill, about 2.5x the MemAvailable measured before any device exists,
+# of realistic pages (the corpus mix: several languages' heaps, same-filled and incompressible
+# pages), walked and verified PASSES times. Per configuration: time, bytes read from and written
+# to the disk (/sys/block/vda/stat), the exit status (0 completed and verified, 1 bad pages, 124
+# timed out, >128 killed: 137 is the OOM killer), swap write errors in the kernel log, peak swap
+# use, and uzram's policy_stat and bd_stat. One "BENCH: {json}" line each, kind "starved".
+#
+# Sourced by bench.sh (lib.sh and checks.sh are loaded).
+
+STARVED_X10=${UZRAM_BENCH_STARVED_X10:-25}      # workload, tenths of MemAvailable
+STARVED_PASSES=${UZRAM_BENCH_STARVED_PASSES:-2}
+STARVED_TIMEOUT=${UZRAM_BENCH_STARVED_TIMEOUT:-1800}
+STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 zswap-lz4 uzram-lz4 zram-zstd zswap-zstd uzram-lz4-pc3}
+STARVED_DISK=/dev/vda
+
+# sectors read and written by the disk so far
+disk_sectors() { awk '{ print $3, $7 }' /sys/block/vda/stat; }
+
+swap_errors() { dmesg | grep -c 'Write-error on swap-device'; }
+
+# starved_run LABEL EXTRA_JSON: the workload on whatever swap is on now; one BENCH line
+starved_run() {
+    local label=$1 extra=$2 t0 r0 w0 e0 rc peak=0 used p secs
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    set -- $(disk_sectors)
+    r0=$1 w0=$2
+    e0=$(swap_errors)
+    note "starved: $label: $STARVED_MB MiB x $STARVED_PASSES passes (timeout ${STARVED_TIMEOUT}s)"
+    t0=$(uptime_s)
+    timeout "$STARVED_TIMEOUT" "$TOOL" swapfill "$STARVED_MB" "$SEED" "$STARVED_PASSES" \
+        >"$UZ_TMP/starved-$label.log" 2>&1 &
+    p=$!
+    while kill -0 $p 2>/dev/null; do
+        used=$(awk 'NR > 1 { s += $4 } END { print s + 0 }' /proc/swaps)
+        [ "$used" -gt "$peak" ] && peak=$used
+        sleep 2
+    done
+    wait $p
+    rc=$?
+    secs=$(elapsed "$t0")
+    set -- $(disk_sectors)
+    note "starved: $label: exit $rc in ${secs}s, disk read $(mib $((($1 - r0) * 512))), written $(mib $((($2 - w0) * 512))); $(tail -1 "$UZ_TMP/starved-$label.log")"
+    emit "{\"kind\":\"starved\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak$extra}"
+}
+
+# disk swap at priority PRIO (below any compressed swap)
+disk_swap_on() { mkswap "$STARVED_DISK" >/dev/null 2>&1 && swapon -p "$1" "$STARVED_DISK"; }
+disk_swap_off() { swapoff "$STARVED_DISK" 2>/dev/null; }
+
+starved_disk() {
+    disk_swap_on 10 || { note "starved: swapon $STARVED_DISK failed"; return; }
+    starved_run disk ""
+    disk_swap_off
+}
+
+# zram (disksize 1.5x RAM) at priority 100 in front of the disk swap at 10
+starved_zram() { # ALGO
+    local algo=$1 ram
+    zram_has_algo "$algo" || { note "starved: kernel zram has no $algo"; return; }
+    ram=$(($(meminfo_kb MemTotal) / 1024))
+    zram_setup "$algo" $((ram * 3 / 2))M || return
+    mkswap /dev/zram0 >/dev/null 2>&1 && swapon -p 100 /dev/zram0 || { zram_reset; return; }
+    disk_swap_on 10 || { swapoff /dev/zram0; zram_reset; return; }
+    starved_run "zram-$algo" ",\"mm_stat\":\"$(tr -s ' ' <$ZRAM/mm_stat | sed 's/^ //')\""
+    disk_swap_off
+    swapoff /dev/zram0
+    zram_reset
+}
+
+# zswap (zsmalloc, max_pool_percent=20) in front of the disk swap
+starved_zswap() { # ALGO
+    local algo=$1 z=/sys/module/zswap/parameters stats=
+    [ -d $z ] || { note "starved: this kernel has no zswap"; return; }
+    echo "$algo" >$z/compressor 2>/dev/null || { note "starved: zswap refuses compressor $algo"; return; }
+    echo zsmalloc >$z/zpool 2>/dev/null
+    echo 20 >$z/max_pool_percent
+    echo 1 >$z/enabled
+    disk_swap_on 10 || { echo 0 >$z/enabled; return; }
+    mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+    starved_run "zswap-$algo" ""
+    if [ -d /sys/kernel/debug/zswap ]; then
+        stats=$(for f in written_back_pages reject_reclaim_fail pool_limit_hit stored_pages; do
+            [ -r /sys/kernel/debug/zswap/$f ] && printf '%s=%s ' $f "$(cat /sys/kernel/debug/zswap/$f)"
+        done)
+        note "starved: zswap-$algo: $stats"
+    fi
+    disk_swap_off
+    echo 0 >$z/enabled
+}
+
+# uzram lz4 with zstd recompression, the disk as backing device, the default policy, no disk swap
+starved_uzram() { # LABEL
+    local label=$1 ram dev ps bd ms
+    ram=$(($(meminfo_kb MemTotal) / 1024))
+    uzram_reset
+    dev=$(UZRAM_PROGRESS_SECS=10 "$UZRAM_BIN" --find --size $((ram * 3))M --algorithm lz4 \
+        --recomp-algorithm zstd --backing-dev "$STARVED_DISK" --log "$UZRAM_LOG" 2>>"$UZ_TMP/starved-$label.err")
+    [ -b "$dev" ] || { note "starved: no uzram device: $(cat "$UZ_TMP/starved-$label.err")"; return; }
+    UZRAM_DEV=$dev
+    mkswap "$dev" >/dev/null 2>&1 && swapon --discard=pages -p 100 "$dev" || { uzram_reset; return; }
+    SWAP_DEV=$dev
+    starved_run "$label" ""
+    ps=$("$UZRAM_BIN" attr "$dev" policy_stat | tr '\n' ' ')
+    bd=$("$UZRAM_BIN" attr "$dev" bd_stat | tr -s ' ' | sed 's/^ //')
+    ms=$(dev_mm_stat "$dev" | tr -s ' ' | sed 's/^ //')
+    note "starved: $label: policy_stat $ps"
+    note "starved: $label: bd_stat $bd; mm_stat $ms; io_stat $("$UZRAM_BIN" attr "$dev" io_stat)"
+    emit "{\"kind\":\"starved-uzram\",\"label\":\"$label\",\"policy_stat\":\"$ps\",\"bd_stat\":\"$bd\",\"mm_stat\":\"$ms\"}"
+    swapoff "$dev"
+    SWAP_DEV=
+    uzram_reset
+}
+
+starved_suite() {
+    local c avail
+    [ -b "$STARVED_DISK" ] || { note "starved: no $STARVED_DISK (tests/vm/run attaches one)"; return; }
+    avail=$(($(meminfo_kb MemAvailable) / 1024))
+    STARVED_MB=$((avail * STARVED_X10 / 10))
+    note "starved: MemAvailable $avail MiB before any device: workload $STARVED_MB MiB; configurations: $STARVED_CONFIGS"
+    zram_begin || true
+    for c in $STARVED_CONFIGS; do
+        echo 0 >/proc/sys/vm/page-cluster
+        case $c in
+        disk) starved_disk ;;
+        zram-*) starved_zram "${c#zram-}" ;;
+        zswap-*) starved_zswap "${c#zswap-}" ;;
+        uzram-lz4) starved_uzram uzram-lz4 ;;
+        uzram-lz4-pc3) echo 3 >/proc/sys/vm/page-cluster && starved_uzram uzram-lz4-pc3 ;;
+        *) note "starved: unknown configuration $c" ;;
+        esac
+    done
+    echo 3 >/proc/sys/vm/page-cluster
+}
