@@ -8,6 +8,8 @@
 D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
+# the host's UZRAM_BENCH_* settings (tests/vm/run writes them here)
+[ -f "$UZRAM_VM_DIR/cache/bench.env" ] && . "$UZRAM_VM_DIR/cache/bench.env"
 . "$D/starved.sh"
 
 RUNTIME=${UZRAM_BENCH_RUNTIME:-5}

@@ -122,7 +122,6 @@ starved_suite() {
     avail=$(($(meminfo_kb MemAvailable) / 1024))
     STARVED_MB=$((avail * STARVED_X10 / 10))
     note "starved: MemAvailable $avail MiB before any device: workload $STARVED_MB MiB; configurations: $STARVED_CONFIGS"
-    zram_begin || true
     for c in $STARVED_CONFIGS; do
         echo 0 >/proc/sys/vm/page-cluster
         case $c in
