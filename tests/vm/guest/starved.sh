@@ -14,6 +14,7 @@
 STARVED_X10=${UZRAM_BENCH_STARVED_X10:-25}      # workload, tenths of MemAvailable
 STARVED_PASSES=${UZRAM_BENCH_STARVED_PASSES:-2}
 STARVED_TIMEOUT=${UZRAM_BENCH_STARVED_TIMEOUT:-1800}
+# uzram-lz4-shareN: uzram with pool_share=N
 STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 zswap-lz4 uzram-lz4 zram-zstd zswap-zstd uzram-lz4-pc3}
 STARVED_DISK=/dev/vda
 
@@ -93,13 +94,15 @@ starved_zswap() { # ALGO
     echo 0 >$z/enabled
 }
 
-# uzram lz4 with zstd recompression, the disk as backing device, the default policy, no disk swap
-starved_uzram() { # LABEL
-    local label=$1 ram dev ps bd ms
+# uzram lz4 with zstd recompression, the disk as backing device, no disk swap; the default
+# policy, or POLICY's settings on top of it
+starved_uzram() { # LABEL [POLICY]
+    local label=$1 policy=${2:-} ram dev ps bd ms
     ram=$(($(meminfo_kb MemTotal) / 1024))
     uzram_reset
     dev=$(UZRAM_PROGRESS_SECS=10 "$UZRAM_BIN" --find --size $((ram * 3))M --algorithm lz4 \
-        --recomp-algorithm zstd --backing-dev "$STARVED_DISK" --log "$UZRAM_LOG" 2>>"$UZ_TMP/starved-$label.err")
+        --recomp-algorithm zstd --backing-dev "$STARVED_DISK" ${policy:+--policy "$policy"} \
+        --log "$UZRAM_LOG" 2>>"$UZ_TMP/starved-$label.err")
     [ -b "$dev" ] || { note "starved: no uzram device: $(cat "$UZ_TMP/starved-$label.err")"; return; }
     UZRAM_DEV=$dev
     mkswap "$dev" >/dev/null 2>&1 && swapon --discard=pages -p 100 "$dev" || { uzram_reset; return; }
@@ -130,6 +133,7 @@ starved_suite() {
         zswap-*) starved_zswap "${c#zswap-}" ;;
         uzram-lz4) starved_uzram uzram-lz4 ;;
         uzram-lz4-pc3) echo 3 >/proc/sys/vm/page-cluster && starved_uzram uzram-lz4-pc3 ;;
+        uzram-lz4-share*) starved_uzram "$c" "pool_share=${c#uzram-lz4-share}" ;;
         *) note "starved: unknown configuration $c" ;;
         esac
     done
