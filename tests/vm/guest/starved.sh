@@ -15,7 +15,8 @@ STARVED_X10=${UZRAM_BENCH_STARVED_X10:-25}      # workload, tenths of MemAvailab
 STARVED_PASSES=${UZRAM_BENCH_STARVED_PASSES:-2}
 STARVED_TIMEOUT=${UZRAM_BENCH_STARVED_TIMEOUT:-1800}
 # uzram-lz4-shareN: uzram with pool_share=N
-STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 zswap-lz4 uzram-lz4 zram-zstd zswap-zstd uzram-lz4-pc3}
+# zswap-zstd comes last: in Debian's 6.12.117 it oopsed in ZSTD_CCtx_reset under zswap_store.
+STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 zswap-lz4 uzram-lz4 zram-zstd uzram-lz4-pc3 zswap-zstd}
 STARVED_DISK=/dev/vda
 
 # sectors read and written by the disk so far
