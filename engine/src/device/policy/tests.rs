@@ -26,7 +26,7 @@ fn settings_parse_print_and_refuse_nonsense() {
     let mut c = PolicyConfig::default();
     assert_eq!(
         c.to_string(),
-        "recompress_after=10m writeback_after=1h high_watermark=90 low_watermark=80 min_free=5 psi=20 pool_share=20 budget=off evict=1"
+        "recompress_after=10m writeback_after=1h high_watermark=90 low_watermark=80 min_free=5 psi=20 pool_share=70 budget=off evict=1"
     );
     c.update("writeback_after=2d budget=1G/day psi=off recompress_after=90 pool_share=35")
         .unwrap();
@@ -260,9 +260,13 @@ fn short_of_memory(mem_total_mib: u64) -> Pressure {
     }
 }
 
-/// 1500 incompressible pages (5.9 MiB of pool) on a device with the default pool share (20 %).
+/// 1500 incompressible pages (5.9 MiB of pool) on a device with a pool share of 20 %.
 fn full_of_noise(dir: &std::path::Path) -> (Device, IoContext, Vec<(u64, [u8; PAGE_SIZE])>) {
-    let d = device(dir, 2048, "recompress_after=off writeback_after=off");
+    let d = device(
+        dir,
+        2048,
+        "recompress_after=off writeback_after=off pool_share=20",
+    );
     let mut ctx = d.context().unwrap();
     let model: Vec<(u64, [u8; PAGE_SIZE])> = (0..1500).map(|i| (i, noise_page(i))).collect();
     for (i, p) in &model {
