@@ -59,7 +59,11 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
         assert_eq!(pool.read(h, |o| o[0]).unwrap(), 10);
     });
     assert!(t.elapsed() >= WAIT * 3, "waited {:?}", t.elapsed());
-    for _ in 1..per_arena {
+    // The refill may have mapped a second arena: it keeps one empty, and the store may have
+    // taken the first before it looked again. Fill what there is.
+    let spare = pool.stats().pages_reserved as usize / ARENA_PAGES;
+    assert!(spare <= 1, "{spare} spare arenas");
+    for _ in 1..per_arena * (1 + spare) {
         pool.store(&[10u8; 3000]).unwrap();
     }
 
@@ -81,6 +85,6 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
         waited >= WAIT * RESERVE_WAIT_CAP && waited < WAIT * RESERVE_WAIT_CAP * 2,
         "waited {waited:?}"
     );
-    assert_eq!(pool.stats().pages_mapped, 3 * ARENA_PAGES as u64);
+    assert_eq!(pool.stats().pages_mapped, (3 + spare) as u64 * ARENA_PAGES as u64);
     pool.check_invariants().unwrap();
 }

@@ -24,7 +24,8 @@ pub struct PolicyConfig {
     pub psi: Option<f32>,
     /// Percent of `MemTotal` the pool keeps under host pressure (`pool_share`, as zswap's
     /// `max_pool_percent`; 0: none). The default, 70, is what the starved-build benchmark
-    /// favours (20, zswap's default, wrote 2.6x the disk bytes; see docs/benchmarks.md). Above it, host pressure writes back the coldest pages down
+    /// favours (20, zswap's default, wrote 2.6x the disk bytes; 90 let the locked pool grow
+    /// until the kernel OOM-killed the workload in a 462 MiB guest; see docs/benchmarks.md). Above it, host pressure writes back the coldest pages down
     /// to 90 % of the share; below it, only pages idle for the adaptive cold age, and never
     /// below half the share.
     pub pool_share: u8,
