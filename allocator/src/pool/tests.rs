@@ -85,6 +85,9 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
         waited >= WAIT * RESERVE_WAIT_CAP && waited < WAIT * RESERVE_WAIT_CAP * 2,
         "waited {waited:?}"
     );
-    assert_eq!(pool.stats().pages_mapped, (3 + spare) as u64 * ARENA_PAGES as u64);
+    assert_eq!(
+        pool.stats().pages_mapped,
+        (3 + spare) as u64 * ARENA_PAGES as u64
+    );
     pool.check_invariants().unwrap();
 }
