@@ -424,7 +424,11 @@ impl Policy {
         let mut age = u32::try_from(gauge.load(Ordering::Relaxed)).unwrap_or(COLD_AGE_MAX);
         let early = tier.counters.early_reads.load(Ordering::Relaxed);
         let written = tier.written_back();
-        let (de, dw) = (early - self.seen_early, written - self.seen_written);
+        // Saturating: a `Policy` may be moved to another device, whose counters start lower.
+        let (de, dw) = (
+            early.saturating_sub(self.seen_early),
+            written.saturating_sub(self.seen_written),
+        );
         if de + dw >= COLD_AGE_EVIDENCE {
             if de * 10 > dw {
                 age = age.saturating_mul(2);
