@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::listing::{self, Column, DeviceRow, Format};
 use crate::common::control::{self, CallError, Request};
 use crate::common::options::{self, DeviceArgs};
-use crate::common::{block_path, is_swap, mount_point};
+use crate::common::{block_path, is_swap, mount_point, socket_path, RUN_DIR};
 
 /// A failure of a `uzram` command: the message to print (exit code 1, as zramctl's).
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,7 @@ pub struct CreateArgs {
 pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
     options::check(&args.size, &args.device, args.streams).map_err(|e| err(e.to_string()))?;
     if let Some(id) = args.id {
-        if control::socket_path(id).exists() || Path::new(&block_path(id)).exists() {
+        if socket_path(id).exists() || Path::new(&block_path(id)).exists() {
             return Err(err(format!("{} already exists", block_path(id))));
         }
     }
@@ -123,7 +123,7 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
 
 /// The devices uzram daemons serve (and those whose daemon died), by id.
 pub fn devices() -> Vec<DeviceRow> {
-    let mut ids: Vec<u32> = std::fs::read_dir(control::RUN_DIR)
+    let mut ids: Vec<u32> = std::fs::read_dir(RUN_DIR)
         .into_iter()
         .flatten()
         .flatten()
@@ -195,13 +195,13 @@ pub fn reset(id: u32) -> Result<(), CtlError> {
         Err(CallError::Refused(e)) => return Err(err(format!("{name}: {}", e.message))),
         Err(CallError::NoDaemon { .. }) if kernel_knows(id) => return remove_dead(id),
         Err(CallError::NoDaemon { .. }) => {
-            let _ = std::fs::remove_file(control::socket_path(id));
+            let _ = std::fs::remove_file(socket_path(id));
             return Err(err(format!("{name}: no such device")));
         }
         Err(e) => return Err(err(format!("{name}: {e}"))),
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while kernel_knows(id) || control::socket_path(id).exists() || pid.is_some_and(alive) {
+    while kernel_knows(id) || socket_path(id).exists() || pid.is_some_and(alive) {
         if Instant::now() > deadline {
             return Err(err(format!(
                 "{name}: the daemon did not finish stopping in 30 s"

@@ -15,7 +15,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use super::{socket_path, RUN_DIR};
+use super::socket_path;
 use crate::sys::peer;
 use uzram_engine::attrs::AttrError;
 
