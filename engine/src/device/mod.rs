@@ -352,8 +352,11 @@ impl Device {
                     index,
                     page,
                 )?;
+                let flags = new.flags;
                 let mut g = self.slot(index).lock();
                 self.replace(index, &mut g, new);
+                drop(g);
+                self.note_stored(index, flags);
             } else {
                 // Read-modify-write under the slot lock, so no other write slips in between.
                 let mut g = self.slot(index).lock();
@@ -366,7 +369,10 @@ impl Device {
                     index,
                     &ctx.page,
                 )?;
+                let flags = new.flags;
                 self.replace(index, &mut g, new);
+                drop(g);
+                self.note_stored(index, flags);
             }
         }
         Ok(())

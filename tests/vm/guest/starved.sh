@@ -14,7 +14,7 @@
 STARVED_X10=${UZRAM_BENCH_STARVED_X10:-25}      # workload, tenths of MemAvailable
 STARVED_PASSES=${UZRAM_BENCH_STARVED_PASSES:-2}
 STARVED_TIMEOUT=${UZRAM_BENCH_STARVED_TIMEOUT:-1800}
-# uzram-lz4-shareN: uzram with pool_share=N
+# uzram-lz4-shareN: uzram with pool_share=N; uzram-lz4-nospill: uzram with spill=0
 # zswap-zstd comes last: in Debian's 6.12.117 it oopsed in ZSTD_CCtx_reset under zswap_store.
 STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 zswap-lz4 uzram-lz4 zram-zstd uzram-lz4-pc3 zswap-zstd}
 STARVED_DISK=/dev/vda
@@ -135,6 +135,7 @@ starved_suite() {
         uzram-lz4) starved_uzram uzram-lz4 ;;
         uzram-lz4-pc3) echo 3 >/proc/sys/vm/page-cluster && starved_uzram uzram-lz4-pc3 ;;
         uzram-lz4-share*) starved_uzram "$c" "pool_share=${c#uzram-lz4-share}" ;;
+        uzram-lz4-nospill) starved_uzram "$c" "spill=0" ;;
         *) note "starved: unknown configuration $c" ;;
         esac
     done

@@ -33,6 +33,11 @@ pub struct PolicyConfig {
     pub budget: Option<u64>,
     /// Evict cold pages instead of failing a write that finds no room (`evict`, 1/0).
     pub evict: bool,
+    /// Under host pressure with the pool at 90 % of its share, store what swap writes next
+    /// straight through to the backing store, as zram + disk swap spills to the disk
+    /// (`spill`, 1/0): the kernel swaps out its coldest pages, so a page arriving when the pool
+    /// is full is colder than the ones the pool holds.
+    pub spill: bool,
 }
 
 impl Default for PolicyConfig {
@@ -47,6 +52,7 @@ impl Default for PolicyConfig {
             pool_share: 70,
             budget: None,
             evict: true,
+            spill: true,
         }
     }
 }
@@ -80,11 +86,20 @@ fn parse_duration(v: &str) -> Option<Option<u32>> {
     n.checked_mul(mul).map(Some)
 }
 
+/// A switch: `1`/`on` or `0`/`off`.
+fn on_off(v: &str) -> Option<bool> {
+    match v {
+        "1" | "on" => Some(true),
+        "0" | "off" => Some(false),
+        _ => None,
+    }
+}
+
 impl fmt::Display for PolicyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} budget={} evict={}",
+            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} budget={} evict={} spill={}",
             duration_text(self.recompress_after),
             duration_text(self.writeback_after),
             self.high_watermark,
@@ -94,6 +109,7 @@ impl fmt::Display for PolicyConfig {
             self.pool_share,
             self.budget.map_or("off".into(), |b| b.to_string()),
             u8::from(self.evict),
+            u8::from(self.spill),
         )
     }
 }
@@ -150,16 +166,11 @@ impl PolicyConfig {
                         )
                     }
                 }
-                "evict" => {
-                    next.evict = match v {
-                        "1" | "on" => true,
-                        "0" | "off" => false,
-                        _ => return Err(bad("evict is 1 or 0")),
-                    }
-                }
+                "evict" => next.evict = on_off(v).ok_or(bad("evict is 1 or 0"))?,
+                "spill" => next.spill = on_off(v).ok_or(bad("spill is 1 or 0"))?,
                 _ => {
                     return Err(bad(
-                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share budget evict",
+                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share budget evict spill",
                     ))
                 }
             }

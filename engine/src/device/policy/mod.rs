@@ -27,6 +27,7 @@ use parking_lot::{Condvar, Mutex};
 
 mod config;
 mod evict;
+mod spill;
 mod stats;
 
 pub use self::config::{PolicyConfig, Pressure};
@@ -146,6 +147,8 @@ pub(super) struct Tier {
     wake: Condvar,
     /// Writes wait here for a round.
     served: Condvar,
+    /// Pages queued to go straight through to the backing store.
+    spill: spill::Spill,
 }
 
 impl Tier {
@@ -188,6 +191,7 @@ impl Tier {
             &c.watermark_wb_pages,
             &c.host_wb_pages,
             &c.evicted_pages,
+            &c.spilled_pages,
         ]
         .iter()
         .map(|a| a.load(Ordering::Relaxed))
@@ -236,6 +240,8 @@ pub struct Policy {
     /// Early reads and pages written back when the cold age was last adjusted.
     seen_early: u64,
     seen_written: u64,
+    /// Pages spilled since the pool was last compacted.
+    spilled_since_compact: u64,
 }
 
 impl Default for Policy {
@@ -254,6 +260,7 @@ impl Policy {
             last_age_scan: None,
             seen_early: 0,
             seen_written: 0,
+            spilled_since_compact: 0,
         }
     }
 
@@ -272,6 +279,7 @@ impl Policy {
         // Between ticks, keep the margin under the limit too: the second between ticks is
         // long under a swap storm.
         self.relieve(device);
+        self.drain_spill(device);
         asked
     }
 
@@ -355,7 +363,19 @@ impl Policy {
             && cfg.min_free > 0
             && pressure.mem_available * 100 < pressure.mem_total * u64::from(cfg.min_free);
         let psi_high = matches!((cfg.psi, pressure.psi_some_avg10), (Some(t), Some(v)) if v >= t);
-        if want.is_none() && (host_short || psi_high) && used > 0 {
+        let pressed = host_short || psi_high;
+        let share = pressure.mem_total / 100 * u64::from(cfg.pool_share);
+        tier.spill.decide(
+            used * PAGE_SIZE as u64,
+            (pressed && cfg.spill && cfg.pool_share > 0).then_some(share),
+        );
+        if self.spilled_since_compact > 0 {
+            self.spilled_since_compact = 0;
+            tier.counters
+                .pages_compacted
+                .fetch_add(device.compact(), Ordering::Relaxed);
+        }
+        if want.is_none() && pressed && used > 0 {
             want = self.host_want(device, &cfg, pressure, used * PAGE_SIZE as u64);
         }
         if want.is_none() && age_scan {

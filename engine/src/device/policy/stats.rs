@@ -66,6 +66,11 @@ policy_counters! {
     evicted_pages => "evicted_pages",
     /// Their stored bytes.
     evicted_bytes => "evicted_bytes",
+    /// Pages swap wrote while the pool was at its share, stored straight through to the
+    /// backing store (`spill`).
+    spilled_pages => "spill_pages",
+    /// Their stored bytes.
+    spilled_bytes => "spill_bytes",
     /// Writes that failed although eviction was tried.
     evict_failed => "evict_failed",
     /// Of those, waits for the policy thread that timed out (hand-off mode).
@@ -108,10 +113,10 @@ mod tests {
         c.pages_compacted.store(3, Ordering::Relaxed);
         let text = c.snapshot(Some(42)).to_string();
         let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
-        assert_eq!(keys.len(), 20);
+        assert_eq!(keys.len(), 22);
         assert_eq!(keys.first(), Some(&"ticks"));
         assert_eq!(
-            keys[16..],
+            keys[18..],
             [
                 "pages_compacted",
                 "early_reads",

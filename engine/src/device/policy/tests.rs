@@ -26,7 +26,7 @@ fn settings_parse_print_and_refuse_nonsense() {
     let mut c = PolicyConfig::default();
     assert_eq!(
         c.to_string(),
-        "recompress_after=10m writeback_after=1h high_watermark=90 low_watermark=80 min_free=5 psi=20 pool_share=70 budget=off evict=1"
+        "recompress_after=10m writeback_after=1h high_watermark=90 low_watermark=80 min_free=5 psi=20 pool_share=70 budget=off evict=1 spill=1"
     );
     c.update("writeback_after=2d budget=1G/day psi=off recompress_after=90 pool_share=35")
         .unwrap();
@@ -327,6 +327,60 @@ fn above_its_share_the_pool_goes_down_to_nine_tenths_of_it() {
             .written_back,
         0
     );
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn at_nine_tenths_of_its_share_under_pressure_new_pages_spill_through() {
+    let dir = tempdir("policy-spill");
+    let (d, mut ctx, mut model) = full_of_noise(&dir);
+    let mut policy = Policy::new();
+    // A 30 MiB host: the share is 6.0 MiB; the pool (5.9 MiB) is past nine tenths of it but
+    // within it, and young: host pressure writes nothing back, spill turns on.
+    let short = short_of_memory(30);
+    let r = policy.tick(&d, &mut ctx, &short).unwrap();
+    assert_eq!(r.written_back, 0, "{r:?}");
+    let backing = d.backing().unwrap();
+    assert_eq!(backing.pages(), 0);
+    let mut write = |d: &Device, ctx: &mut IoContext, model: &mut Vec<_>, range| {
+        for i in range {
+            let p = text_page(i);
+            d.write(ctx, i * PAGE_SIZE as u64, &p).unwrap();
+            model.push((i, p));
+        }
+    };
+    write(&d, &mut ctx, &mut model, 1500..1800);
+    // A zero page is not stored, so it does not spill.
+    d.write(&mut ctx, 1800 * PAGE_SIZE as u64, &[0; PAGE_SIZE])
+        .unwrap();
+    model.push((1800, [0; PAGE_SIZE]));
+    policy.serve_evictions(&d, Duration::ZERO);
+    let stats = d.policy_stats();
+    assert_eq!(stats.spilled_pages, 300, "{stats:?}");
+    assert_eq!(
+        backing.pages(),
+        300,
+        "the new pages, not the pool's old ones"
+    );
+    assert_eq!(stats.host_wb_pages, 0);
+    assert!(stats.spilled_bytes > 0 && stats.spilled_bytes < 300 * PAGE_SIZE as u64);
+    check_all(&d, &mut ctx, &model);
+    // The pressure gone, spill stops.
+    let calm = Pressure {
+        mem_available: 20 << 20,
+        ..short
+    };
+    policy.tick(&d, &mut ctx, &calm).unwrap();
+    write(&d, &mut ctx, &mut model, 1801..1850);
+    policy.serve_evictions(&d, Duration::ZERO);
+    assert_eq!(d.policy_stats().spilled_pages, 300);
+    // Turned off, it does not start under pressure.
+    d.set_policy("spill=0").unwrap();
+    policy.tick(&d, &mut ctx, &short).unwrap();
+    write(&d, &mut ctx, &mut model, 1850..1900);
+    policy.serve_evictions(&d, Duration::ZERO);
+    assert_eq!(d.policy_stats().spilled_pages, 300);
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,128 @@
+//! Spill: under host pressure, once the pool holds 90 % of its share of RAM, the pages swap
+//! writes next go straight through to the backing store, as zram + disk swap spills to the
+//! disk. The kernel swaps out the pages it used least recently, so a page that arrives while
+//! the pool is full is colder than those already in it: moving the pool's oldest pages out
+//! instead (what host pressure does above the share) moves the ones a cyclic workload reads
+//! next.
+//!
+//! The I/O path only queues the page's index ([`Device::note_stored`]: no lock, no
+//! allocation, no I/O); the policy thread writes the queued pages back in batches
+//! ([`Policy::drain_spill`]), so a write never waits for the backing store, whatever it is.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crossbeam::queue::ArrayQueue;
+
+use super::{Policy, BATCH};
+use crate::device::{Device, PageIndex, SlotFlags, SlotState};
+
+/// Page indexes the queue holds; a page that finds it full stays in the pool (host pressure
+/// writes it back later if it gets old).
+const QUEUE: usize = 4096;
+/// Pages queued before a write wakes the policy thread (it also looks every 100 ms).
+const WAKE: usize = 64;
+/// Batches one [`Policy::drain_spill`] writes at most, so evictions asked for meanwhile are
+/// not kept waiting.
+const ROUND: usize = 4;
+
+/// Spill's state, part of the policy's [`super::Tier`].
+#[derive(Debug)]
+pub(super) struct Spill {
+    /// Set by the policy's tick; read by every write.
+    on: AtomicBool,
+    queue: ArrayQueue<u64>,
+}
+
+impl Default for Spill {
+    fn default() -> Spill {
+        Spill {
+            on: AtomicBool::new(false),
+            queue: ArrayQueue::new(QUEUE),
+        }
+    }
+}
+
+impl Spill {
+    /// Whether writes spill now.
+    pub(super) fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Decides for the next tick, from the pool's `used` bytes and its `share` of RAM under
+    /// host pressure (`None`: no pressure, or spill is off): on at 90 % of the share, off
+    /// below 80 % (the gap keeps it from flapping) or when the pressure is gone.
+    pub(super) fn decide(&self, used: u64, share: Option<u64>) {
+        let on = share.is_some_and(|share| {
+            let at = if self.is_on() { 8 } else { 9 };
+            share > 0 && used >= share / 10 * at
+        });
+        self.on.store(on, Ordering::Relaxed);
+    }
+}
+
+impl Device {
+    /// On the I/O path, after page `index` was stored with `flags`: while spill is on, queues
+    /// a stored (compressed or huge) page for the policy thread to write through.
+    pub(in crate::device) fn note_stored(&self, index: PageIndex, flags: SlotFlags) {
+        let tier = &self.tier;
+        if !tier.spill.is_on() || !flags.contains(SlotFlags::STORED) {
+            return;
+        }
+        // Full: the page stays in the pool.
+        let _ = tier.spill.queue.push(index.0);
+        if tier.spill.queue.len() >= WAKE {
+            tier.wake.notify_one();
+        }
+    }
+}
+
+impl Policy {
+    /// Writes the pages spill queued through to the backing store, in batches (at most
+    /// [`ROUND`]); a page rewritten or freed since is written as it is now, or skipped. Returns
+    /// the pages written.
+    pub(super) fn drain_spill(&mut self, device: &Device) -> u64 {
+        let tier = &device.tier;
+        let Some(backing) = device.backing() else {
+            return 0;
+        };
+        let mut written = 0;
+        for _ in 0..ROUND {
+            if tier.spill.queue.is_empty() || !tier.budget_allows(device.now()) {
+                break;
+            }
+            self.pages.clear();
+            while self.pages.len() < BATCH {
+                match tier.spill.queue.pop() {
+                    Some(i) if i < device.pages() => self.pages.push(PageIndex(i)),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            let allowed = backing.limit_allows(self.pages.len());
+            if allowed == 0 {
+                tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            let keep = |s: &SlotState| s.flags.contains(SlotFlags::STORED);
+            let b =
+                device.write_batch(backing, &mut self.bufs, &self.pages[..allowed], &keep, true);
+            self.pages.clear();
+            tier.budget.lock().charge(b.bytes);
+            tier.counters
+                .spilled_pages
+                .fetch_add(b.written, Ordering::Relaxed);
+            tier.counters
+                .spilled_bytes
+                .fetch_add(b.object_bytes, Ordering::Relaxed);
+            written += b.written;
+            if b.full || b.failed > 0 {
+                // Nothing more fits (or the store fails): stop spilling until the next tick.
+                tier.spill.on.store(false, Ordering::Relaxed);
+                while tier.spill.queue.pop().is_some() {}
+                break;
+            }
+        }
+        self.spilled_since_compact += written;
+        written
+    }
+}
