@@ -343,7 +343,7 @@ fn at_nine_tenths_of_its_share_under_pressure_new_pages_spill_through() {
     assert_eq!(r.written_back, 0, "{r:?}");
     let backing = d.backing().unwrap();
     assert_eq!(backing.pages(), 0);
-    let mut write = |d: &Device, ctx: &mut IoContext, model: &mut Vec<_>, range| {
+    let write = |d: &Device, ctx: &mut IoContext, model: &mut Vec<_>, range| {
         for i in range {
             let p = text_page(i);
             d.write(ctx, i * PAGE_SIZE as u64, &p).unwrap();
