@@ -185,6 +185,13 @@ pub fn read_dictionary(path: &Path) -> Result<Arc<[u8]>, ParamsError> {
         path: path.to_owned(),
         source: Arc::new(source),
     };
+    // Opening a FIFO would wait for a writer, and a device has no end: a dictionary is a file.
+    if !std::fs::metadata(path).map_err(read_error)?.is_file() {
+        return Err(read_error(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
     let file = std::fs::File::open(path).map_err(read_error)?;
     let mut dict = Vec::new();
     // One byte more than allowed tells a file of exactly MAX_DICT_LEN from a longer one.

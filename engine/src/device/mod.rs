@@ -169,7 +169,13 @@ impl Device {
             );
         }
         let backing = (!config.backing_devs.is_empty())
-            .then(|| writeback::BackingStore::open_all(&config.backing_devs, disksize))
+            .then(|| {
+                writeback::BackingStore::open_all(
+                    &config.backing_devs,
+                    disksize,
+                    config.backing_force,
+                )
+            })
             .transpose()?;
         let pool = Pool::new(config.pool.clone()).map_err(IoError::OutOfMemory)?;
         pool.set_limit(config.mem_limit);

@@ -23,6 +23,9 @@ pub struct DeviceConfig {
     /// zram's `backing_dev`: files (created 0600 if missing, sized to the disksize if empty) or
     /// block devices that written-back pages go to; more than one are striped.
     pub backing_devs: Vec<std::path::PathBuf>,
+    /// Overwrite backing devices that hold data uzram did not write (a filesystem, a swap
+    /// area): off, they are refused.
+    pub backing_force: bool,
     /// The automatic tiering policy (uzram's `policy` attribute).
     pub policy: PolicyConfig,
 }
@@ -36,6 +39,7 @@ impl Default for DeviceConfig {
             pool: PoolConfig::default(),
             secondary: Default::default(),
             backing_devs: Vec::new(),
+            backing_force: false,
             policy: PolicyConfig::default(),
         }
     }
@@ -65,23 +69,51 @@ impl DeviceSetup {
     /// zram's `algorithm_params` for the primary algorithm: `[algo=NAME] [priority=0] level=N
     /// dict=PATH`. The codec is built once here to check the parameters.
     pub fn set_algorithm_params(&mut self, text: &str) -> Result<(), Error> {
-        let p: AlgorithmParams = text.parse()?;
+        let mut p: AlgorithmParams = text.parse()?;
+        if let (Some(algo), None) = (p.algo, p.priority) {
+            // zram's rule: `algo=` names the algorithm (primary or secondary) the parameters are
+            // for; it never changes which algorithms the device has.
+            p.priority = if self.config.algorithm == algo {
+                Some(0)
+            } else {
+                let found = self
+                    .config
+                    .secondary
+                    .iter()
+                    .position(|s| s.as_ref().is_some_and(|(a, _)| *a == algo));
+                Some(found.ok_or_else(|| Error::InvalidRequest {
+                    text: text.to_string(),
+                    why: "algo= names neither the primary algorithm nor a recompression algorithm (set those first)",
+                })? as u8
+                    + 1)
+            };
+        }
         if let Some(prio) = p.priority.filter(|&p| p != 0) {
             // Parameters of a recompression algorithm, which must be set first (zram's rule).
             let slot = &mut self.config.secondary[usize::from(prio) - 1];
             let Some((algorithm, _)) = slot.clone() else {
                 return Err(Error::NoRecompAlgorithm { priority: prio });
             };
-            let algorithm = p.algo.unwrap_or(algorithm);
+            if p.algo.is_some_and(|a| a != algorithm) {
+                return Err(Error::InvalidRequest {
+                    text: text.to_string(),
+                    why: "algo= is not the recompression algorithm of that priority",
+                });
+            }
             let params = p.load_codec_params()?;
             Codec::new(algorithm, params.clone())?;
             *slot = Some((algorithm, params));
             return Ok(());
         }
-        let algorithm = p.algo.unwrap_or(self.config.algorithm);
+        let algorithm = self.config.algorithm;
+        if p.algo.is_some_and(|a| a != algorithm) {
+            return Err(Error::InvalidRequest {
+                text: text.to_string(),
+                why: "algo= is not the primary algorithm, which priority=0 names",
+            });
+        }
         let params = p.load_codec_params()?;
         Codec::new(algorithm, params.clone())?;
-        self.config.algorithm = algorithm;
         self.config.params = params;
         Ok(())
     }
@@ -95,6 +127,22 @@ impl DeviceSetup {
     /// Replaces any file given before.
     pub fn set_backing_dev(&mut self, path: &std::path::Path) {
         self.config.backing_devs = vec![path.to_path_buf()];
+    }
+
+    /// Whether a backing device that holds data uzram did not write is overwritten (`true`) or
+    /// refused (the default).
+    pub fn set_backing_force(&mut self, force: bool) {
+        self.config.backing_force = force;
+    }
+
+    /// Checks the backing devices as opening them will (their kind, size and label; see
+    /// [`super::writeback::check_backing`]) without writing anything: for validating a plan before a
+    /// device is started.
+    pub fn check_backing(&self) -> Result<(), Error> {
+        for path in &self.config.backing_devs {
+            super::writeback::check_backing(path, self.config.backing_force)?;
+        }
+        Ok(())
     }
 
     /// Adds a backing file to stripe over (at most [`writeback::MAX_FILES`]).

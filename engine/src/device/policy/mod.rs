@@ -6,6 +6,9 @@
 //!   back until it is under `low_watermark`; likewise a slice of the coldest pages per tick when
 //!   the host runs short (`MemAvailable` under `min_free` percent of `MemTotal`, or memory PSI
 //!   `some avg10` at or above `psi`). Compaction follows each pass.
+//! - Under host pressure with the pool at 9/10 of its `pool_share`, what swap writes next goes
+//!   straight through to the backing store (`spill`, see [`spill`]): the kernel swaps out its
+//!   least recently used pages, so the newest arrival is colder than what the pool holds.
 //! - A write that finds no room (the limit, or no pool memory) evicts cold pages to the backing
 //!   store and retries, instead of failing: a bounded batch, with buffers made when the I/O
 //!   context was, on the I/O thread itself (see [`Device::evict`]); or, in hand-off mode (the

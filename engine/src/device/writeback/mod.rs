@@ -43,8 +43,10 @@
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
 
+mod label;
 mod store;
 
+pub use self::label::check as check_backing;
 use self::store::Extent;
 pub use self::store::{AlignedBuf, BackingError, BackingStore, FileUsage};
 pub use super::backing_io::BackingIo;

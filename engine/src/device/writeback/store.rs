@@ -2,7 +2,7 @@
 //! its counters (zram's `bd_stat`). The record format is in docs/design.md.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -66,6 +66,35 @@ pub enum BackingError {
         path: PathBuf,
         /// Its mode.
         mode: u32,
+    },
+    /// Not a file uzram may use as it is.
+    #[error("backing device {path}: {why}")]
+    NotUsable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: &'static str,
+    },
+    /// Too small to hold the label and a batch.
+    #[error("backing device {path}: {bytes} bytes is too small (at least {min})")]
+    TooSmall {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+        /// The least.
+        min: u64,
+    },
+    /// Holds data uzram did not write.
+    #[error(
+        "backing device {path} holds data uzram did not write (the first non-zero byte at offset {offset}: a filesystem, swap area or partition table?); \
+         wipe it (wipefs -a, or zeros) or give --force to overwrite it"
+    )]
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// Where its data starts.
+        offset: u64,
     },
     /// No file, or more than [`MAX_FILES`], or one named twice.
     #[error("backing devices: {0}")]
@@ -179,26 +208,48 @@ pub(super) struct BackingFile {
 }
 
 impl BackingFile {
-    /// Opens (creating it 0600 if need be) `path`. A regular file of size 0 is sized to
-    /// `default_bytes` (sparse); an existing file or block device keeps its size.
+    /// Opens (creating it 0600 if need be) `path`: a regular file, or a block device (opened
+    /// exclusively: not one mounted or in use as swap). A regular file of size 0 is sized to
+    /// `default_bytes`; an existing file or block device keeps its size. Its start must be
+    /// uzram's label or zeros unless `force` (see [`super::label`]).
     fn open(
         path: &Path,
         default_bytes: u64,
+        force: bool,
         wrap: &dyn Fn(File) -> Box<dyn BackingIo>,
     ) -> Result<BackingFile, BackingError> {
         let open_err = |source| BackingError::Open {
             path: path.to_path_buf(),
             source,
         };
+        let refuse = |why| BackingError::NotUsable {
+            path: path.to_path_buf(),
+            why,
+        };
+        let block = match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(refuse("is a symbolic link: name the file or device itself"))
+            }
+            Ok(m) if m.file_type().is_block_device() => true,
+            Ok(m) if m.file_type().is_file() => false,
+            Ok(_) => return Err(refuse("is neither a block device nor a regular file")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(open_err(e)),
+        };
         let open = |direct: bool| {
+            // O_EXCL without O_CREAT opens a block device exclusively.
+            let excl = if block { libc::O_EXCL } else { 0 };
             OpenOptions::new()
                 .read(true)
                 .write(true)
-                .create(true)
+                .create(!block)
                 .truncate(false)
                 .mode(0o600)
                 .custom_flags(
-                    libc::O_CLOEXEC | libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 },
+                    libc::O_CLOEXEC
+                        | libc::O_NOFOLLOW
+                        | excl
+                        | if direct { libc::O_DIRECT } else { 0 },
                 )
                 .open(path)
         };
@@ -207,6 +258,11 @@ impl BackingFile {
             Ok(f) => (f, true),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 (open(false).map_err(open_err)?, false)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(refuse(
+                    "is in use (mounted, swap, or held by another device)",
+                ))
             }
             Err(e) => return Err(open_err(e)),
         };
@@ -230,7 +286,9 @@ impl BackingFile {
             (&file).seek(SeekFrom::End(0)).map_err(open_err)?
         };
         if bytes == 0 && meta.file_type().is_file() {
-            bytes = default_bytes.next_multiple_of(ALIGN as u64);
+            bytes = default_bytes
+                .max(super::label::MIN_BYTES)
+                .next_multiple_of(ALIGN as u64);
             file.set_len(bytes).map_err(open_err)?;
         }
         // Reads must not dirty the inode (an atime update is a journal transaction). Needs the
@@ -245,11 +303,15 @@ impl BackingFile {
                 }
             }
         }
+        super::label::claim(&file, path, bytes, force)?;
+        let mut space = Space::new(bytes / SECTOR);
+        // The label's sectors are never a record's.
+        space.set(0, super::label::LABEL_LEN / SECTOR, true);
         Ok(BackingFile {
             io: wrap(file),
             path: path.to_path_buf(),
             direct,
-            space: Mutex::new(Space::new(bytes / SECTOR)),
+            space: Mutex::new(space),
             writes: AtomicU64::new(0),
         })
     }
@@ -306,13 +368,22 @@ pub struct FileUsage {
 
 impl BackingStore {
     /// Opens one backing file: see [`BackingStore::open_all`].
-    pub fn open(path: &Path, default_bytes: u64) -> Result<BackingStore, BackingError> {
-        BackingStore::open_all(&[path.to_path_buf()], default_bytes)
+    pub fn open(
+        path: &Path,
+        default_bytes: u64,
+        force: bool,
+    ) -> Result<BackingStore, BackingError> {
+        BackingStore::open_all(&[path.to_path_buf()], default_bytes, force)
     }
 
     /// Opens (creating them 0600 if need be) the files to stripe over. A regular file of size 0
-    /// is sized to `default_bytes` (sparse); an existing file or block device keeps its size.
-    pub fn open_all(paths: &[PathBuf], default_bytes: u64) -> Result<BackingStore, BackingError> {
+    /// is sized to `default_bytes`; an existing file or block device keeps its size. Each must
+    /// start with uzram's label or zeros, unless `force` (see [`super::label`]).
+    pub fn open_all(
+        paths: &[PathBuf],
+        default_bytes: u64,
+        force: bool,
+    ) -> Result<BackingStore, BackingError> {
         if paths.is_empty() || paths.len() > MAX_FILES {
             return Err(BackingError::Config("between 1 and 16 files"));
         }
@@ -326,7 +397,7 @@ impl BackingStore {
         let wrap = |f: File| -> Box<dyn BackingIo> { Box::new(f) };
         let files = paths
             .iter()
-            .map(|p| BackingFile::open(p, default_bytes, &wrap))
+            .map(|p| BackingFile::open(p, default_bytes, force, &wrap))
             .collect::<Result<Vec<_>, _>>()?;
         for (i, a) in files.iter().enumerate() {
             let ma = a.io.file().metadata()?;

@@ -155,9 +155,53 @@ fn a_file_others_may_write_is_refused() {
     std::fs::write(&path, b"").unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
     assert!(matches!(
-        BackingStore::open(&path, 1 << 20),
+        BackingStore::open(&path, 1 << 20, false),
         Err(BackingError::Unsafe { .. })
     ));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_of_someone_elses_data_is_refused_unless_forced_and_records_spare_the_label() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir("wb-label");
+    let path = dir.join("document");
+    let doc = b"my thesis\n".repeat(300_000);
+    std::fs::write(&path, &doc).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let e = BackingStore::open(&path, 1 << 20, false).unwrap_err();
+    assert!(matches!(e, BackingError::Foreign { offset: 0, .. }), "{e}");
+    assert_eq!(std::fs::read(&path).unwrap(), doc, "not a byte written");
+    // A store uzram made is taken again, and writeback never writes over its label.
+    let own = dir.join("own");
+    let mut setup = crate::DeviceSetup::new();
+    setup.set_backing_dev(&own);
+    let d = setup.init(256 * PAGE_SIZE as u64).unwrap();
+    let mut ctx = d.context().unwrap();
+    for i in 0..200u64 {
+        d.write(&mut ctx, i * PAGE_SIZE as u64, &text_page(i))
+            .unwrap();
+    }
+    let s = d
+        .writeback(
+            &mut ctx,
+            WritebackRequest::Pages {
+                first: 0,
+                last: 199,
+            },
+        )
+        .unwrap();
+    assert_eq!(s.written, 200);
+    let mut back = [0u8; PAGE_SIZE];
+    for i in 0..200u64 {
+        d.read(&mut ctx, i * PAGE_SIZE as u64, &mut back).unwrap();
+        assert!(back == text_page(i), "page {i}");
+    }
+    drop(d);
+    assert!(std::fs::read(&own).unwrap().starts_with(b"uzram backing"));
+    BackingStore::open(&own, 1 << 20, false).expect("uzram's own file");
+    BackingStore::open(&path, 1 << 20, true).expect("forced");
+    assert!(std::fs::read(&path).unwrap().starts_with(b"uzram backing"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
