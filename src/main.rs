@@ -7,13 +7,18 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use uzram::cli::Cli;
+use uzram::common::output::{outln, warn, OutputError};
 
-/// An error with its chain of sources, one line.
+/// An error with its chain of sources, one line; a source whose words the message already ends
+/// with is not said twice.
 fn report(e: &dyn std::error::Error) -> String {
     let mut msg = format!("{e}");
     let mut source = e.source();
     while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
+        let words = s.to_string();
+        if !msg.ends_with(&words) {
+            msg.push_str(&format!(": {words}"));
+        }
         source = s.source();
     }
     msg
@@ -24,7 +29,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let usage = e.use_stderr();
-            let _ = e.print();
+            if e.print().is_err() {
+                return ExitCode::FAILURE;
+            }
             // --help and --version succeed; a usage error fails with 1, as zramctl's.
             return if usage {
                 ExitCode::FAILURE
@@ -41,14 +48,21 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(o) = e.downcast_ref::<OutputError>() {
+                // The reader went away: nothing to say. A full disk: say so, once.
+                if !o.is_closed_pipe() {
+                    warn(format_args!("uzram: {o}"));
+                }
+                return ExitCode::FAILURE;
+            }
             let msg = report(e.as_ref());
             if detached {
                 // `uzram --find` reads the daemon's stdout for its answer.
-                println!("error: {msg}");
+                let _ = outln(format_args!("error: {msg}"));
                 #[cfg(feature = "ublk")]
                 uzram::daemon::log(&msg);
             }
-            eprintln!("uzram: {msg}");
+            warn(format_args!("uzram: {msg}"));
             ExitCode::FAILURE
         }
     }

@@ -23,17 +23,31 @@ fn err(msg: impl Into<String>) -> CtlError {
 
 /// The id N of `/dev/ublkbN` or `ublkbN`.
 pub fn parse_device(name: &str) -> Result<u32, CtlError> {
-    name.strip_prefix("/dev/")
+    let digits = name
+        .strip_prefix("/dev/")
         .unwrap_or(name)
-        .strip_prefix("ublkb")
-        .and_then(|n| n.parse().ok())
-        .filter(|_| !name.ends_with('/'))
-        .ok_or_else(|| {
-            err(format!(
-                "{name}: not a uzram device name (expected /dev/ublkbN)"
-            ))
-        })
+        .strip_prefix("ublkb");
+    // Plain digits, no sign and no leading zero (`ublkb01` is not `ublkb1`), below ublk's
+    // limit of 2^20 devices.
+    let id = digits
+        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|d| *d == "0" || !d.starts_with('0'))
+        .and_then(|d| d.parse::<u32>().ok())
+        .filter(|&id| id < MAX_DEVICES);
+    match id {
+        Some(id) => Ok(id),
+        None if !name.contains('/') && !name.starts_with("ublkb") => Err(err(format!(
+            "{name:?}: neither a subcommand (attr, setup, teardown, bench, dump-pages) nor a device name (/dev/ublkbN)"
+        ))),
+        None => Err(err(format!(
+            "{name:?}: not a uzram device name (expected /dev/ublkbN, N from 0 to {})",
+            MAX_DEVICES - 1
+        ))),
+    }
 }
+
+/// ublk's limit on device ids (its minor numbers).
+pub const MAX_DEVICES: u32 = 1 << 20;
 
 /// A new device: its size, what it is made of, and where it goes.
 #[derive(Debug, Clone, Default)]
@@ -60,6 +74,25 @@ pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
             return Err(err(format!("{} already exists", block_path(id))));
         }
     }
+    if let Some(log) = &args.log {
+        // Appended to by the daemon: a file (made if need be) or a character device such as
+        // /dev/console; a directory or a FIFO (which would block) is refused.
+        match std::fs::metadata(log) {
+            Ok(m) if m.is_dir() => {
+                return Err(err(format!("--log {}: is a directory", log.display())))
+            }
+            Ok(m)
+                if !m.is_file()
+                    && !std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()) =>
+            {
+                return Err(err(format!(
+                    "--log {}: neither a file nor a character device",
+                    log.display()
+                )))
+            }
+            _ => {}
+        }
+    }
     if !crate::common::have_ublk_driver() {
         return Err(err(crate::common::NO_DRIVER));
     }
@@ -82,6 +115,9 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
     }
     let stderr = match &args.log {
         Some(path) => {
+            // The daemon runs with / as its directory.
+            let path = &std::path::absolute(path)
+                .map_err(|e| err(format!("--log {}: {e}", path.display())))?;
             cmd.arg("--log").arg(path);
             let f = std::fs::OpenOptions::new()
                 .create(true)
@@ -142,13 +178,33 @@ pub fn devices() -> Vec<DeviceRow> {
 /// One device's row; `None` when there is neither a daemon nor a kernel device (a stale socket).
 fn row(id: u32) -> Option<DeviceRow> {
     let name = block_path(id);
+    let troubled = |why: String| DeviceRow {
+        trouble: Some(why),
+        ..DeviceRow::dead(name.clone())
+    };
     let mut r = match control::call(id, &Request::Info) {
-        Ok(info) => DeviceRow::parse(&info).ok()?,
+        Ok(info) => match DeviceRow::parse(&info) {
+            Ok(r) => r,
+            Err(why) => troubled(format!("its daemon's description makes no sense ({why})")),
+        },
         Err(CallError::NoDaemon { .. }) if kernel_knows(id) => DeviceRow::dead(name.clone()),
-        Err(_) => return None,
+        Err(CallError::NoDaemon { .. }) => return None,
+        // A daemon that answers badly is still a device: shown, with what went wrong.
+        Err(e) => troubled(e.to_string()),
     };
     r.mountpoint = listing::mountpoint(&name);
     Some(r)
+}
+
+/// The id the kernel gives the next device (ublk takes the lowest free one): zramctl's `-f`
+/// without a size.
+pub fn first_free_id() -> Result<u32, CtlError> {
+    if !crate::common::have_ublk_driver() {
+        return Err(err(crate::common::NO_DRIVER));
+    }
+    (0..u32::MAX)
+        .find(|&id| !kernel_knows(id) && !socket_path(id).exists())
+        .ok_or_else(|| err("no free device id"))
 }
 
 /// Whether the kernel has device `id` (its control device), live or dead.
@@ -163,19 +219,29 @@ pub fn render(
     all: bool,
     format: Format,
 ) -> Result<String, CtlError> {
-    let columns: Vec<Column> = if all {
-        listing::COLUMNS.to_vec()
-    } else if output.is_empty() {
+    let defaults = || {
         listing::DEFAULT_COLUMNS
             .iter()
             .filter_map(|n| listing::column(n))
-            .collect()
-    } else {
-        output
-            .iter()
-            .map(|n| listing::column(n).ok_or_else(|| err(format!("unknown column: {n}"))))
-            .collect::<Result<_, _>>()?
     };
+    // zramctl's `-o +LIST`: the default columns, then LIST.
+    let (mut columns, named): (Vec<Column>, Vec<&str>) = match output.first() {
+        _ if all => (listing::COLUMNS.to_vec(), Vec::new()),
+        None => (defaults().collect(), Vec::new()),
+        Some(first) if first.starts_with('+') => (
+            defaults().collect(),
+            std::iter::once(&first[1..])
+                .chain(output[1..].iter().map(String::as_str))
+                .collect(),
+        ),
+        Some(_) => (Vec::new(), output.iter().map(String::as_str).collect()),
+    };
+    for n in named {
+        columns.push(
+            listing::column(n)
+                .ok_or_else(|| err(format!("unknown column: {n:?} (see --list-columns)")))?,
+        );
+    }
     Ok(listing::render(rows, &columns, format))
 }
 
@@ -195,7 +261,7 @@ pub fn reset(id: u32) -> Result<(), CtlError> {
         Err(CallError::Refused(e)) => return Err(err(format!("{name}: {}", e.message))),
         Err(CallError::NoDaemon { .. }) if kernel_knows(id) => return remove_dead(id),
         Err(CallError::NoDaemon { .. }) => {
-            let _ = std::fs::remove_file(socket_path(id));
+            crate::common::remove_socket(&socket_path(id));
             return Err(err(format!("{name}: no such device")));
         }
         Err(e) => return Err(err(format!("{name}: {e}"))),
@@ -281,11 +347,18 @@ fn run(cmd: &str, args: &[&str]) -> Result<(), CtlError> {
 /// exists, swap that is on, a file system that is mounted): running it twice changes nothing.
 /// Returns one line per device saying what was done.
 pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError> {
+    // Every device is checked before the first is made: a bad second leaves nothing behind.
+    check_plan(plan)?;
+    if !crate::common::have_ublk_driver() {
+        return Err(err(crate::common::NO_DRIVER));
+    }
     let mut done = Vec::new();
     for d in plan {
         let id = parse_device(&d.device)?;
         let mut what = Vec::new();
-        if kernel_knows(id) {
+        // Only a device made now is formatted: one that was there may hold someone's data.
+        let fresh = !kernel_knows(id);
+        if !fresh {
             what.push("exists");
         } else {
             create(&CreateArgs {
@@ -301,7 +374,9 @@ pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
             if is_swap(&d.device) {
                 what.push("swap already on");
             } else {
-                run("mkswap", &[&d.device])?;
+                if fresh {
+                    run("mkswap", &[&d.device])?;
+                }
                 let prio = d.priority.to_string();
                 let mut args = vec!["-p", prio.as_str()];
                 if !d.options.is_empty() {
@@ -311,17 +386,21 @@ pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
                 run("swapon", &args)?;
                 what.push("swap on");
             }
+        } else if d.mount.is_none() {
+            // zram-generator's fs-type without mount-point: the device and its file system,
+            // not mounted.
+            if fresh {
+                run(&format!("mkfs.{}", d.fs), &[&d.device])?;
+                what.push("file system made (not mounted: no mount-point)");
+            }
         } else {
-            let mount = d.mount.as_deref().ok_or_else(|| {
-                err(format!(
-                    "{}: fs-type {} without mount-point",
-                    d.section, d.fs
-                ))
-            })?;
+            let mount = d.mount.as_deref().unwrap_or_default();
             if !listing::mountpoint(&d.device).is_empty() {
                 what.push("already mounted");
             } else {
-                run(&format!("mkfs.{}", d.fs), &[&d.device])?;
+                if fresh {
+                    run(&format!("mkfs.{}", d.fs), &[&d.device])?;
+                }
                 std::fs::create_dir_all(mount).map_err(|e| err(format!("{mount}: {e}")))?;
                 let mut args = vec!["-t", d.fs.as_str()];
                 if !d.options.is_empty() {
@@ -335,6 +414,43 @@ pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
         done.push(format!("{}: {}", d.device, what.join(", ")));
     }
     Ok(done)
+}
+
+/// Checks a whole plan as [`setup`] would act on it, touching nothing: each device's size and
+/// options through the one validation path ([`options::check`]), the program that makes its
+/// file system, and ids given twice. The dry run checks the same.
+pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for d in plan {
+        let id = parse_device(&d.device)?;
+        if !seen.insert(id) {
+            return Err(err(format!(
+                "[{}]: {} is planned twice",
+                d.section, d.device
+            )));
+        }
+        options::check(&d.size_bytes.to_string(), &d.device_args(), None)
+            .map_err(|e| err(format!("[{}]: {e}", d.section)))?;
+        if d.fs != "swap" {
+            let mkfs = format!("mkfs.{}", d.fs);
+            if find_program(&mkfs).is_none() {
+                return Err(err(format!(
+                    "[{}]: fs-type {}: no {mkfs} on this machine",
+                    d.section, d.fs
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `name` in `$PATH`, /sbin or /usr/sbin.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/sbin".into(), "/usr/sbin".into()])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
 }
 
 /// Undoes [`setup`]: swapoff or umount, then reset, for every device of `plan` that exists.

@@ -102,8 +102,10 @@ pub fn column(name: &str) -> Option<Column> {
 pub struct DeviceRow {
     /// `/dev/ublkbN`.
     pub name: String,
-    /// False when the daemon is gone.
+    /// False when the daemon is gone or does not answer.
     pub live: bool,
+    /// Why a device that is not live is shown without figures (`None`: its daemon is gone).
+    pub trouble: Option<String>,
     /// The daemon's pid.
     pub pid: u32,
     /// zram's algorithm name.

@@ -4,12 +4,14 @@
 pub mod ctl;
 pub mod listing;
 pub mod setup;
+mod size;
 
 use clap::{Args, Parser, Subcommand};
 
 use self::ctl::{CreateArgs, CtlError};
 use crate::common::block_path;
 use crate::common::options::DeviceArgs;
+use crate::common::output::{out, outln, warn};
 
 const ABOUT: &str =
     "Set up and control uzram devices: compressed RAM block devices served from userspace through \
@@ -127,6 +129,10 @@ pub enum Command {
         /// MemTotal to plan for, in MiB (default: this machine's)
         #[arg(long, value_name = "N")]
         ram_mib: Option<f64>,
+        /// Read the configuration files, proc/meminfo and proc/cmdline under DIR instead of /
+        /// (as zram-generator's ZRAM_GENERATOR_ROOT); with --dry-run, to plan another system
+        #[arg(long, value_name = "DIR")]
+        root: Option<std::path::PathBuf>,
     },
     /// Undo `uzram setup` for the same configuration: swapoff or umount, then reset each device
     Teardown {
@@ -157,23 +163,24 @@ pub fn run(cli: Cli) -> Outcome {
             value,
         }) => ctl::parse_device(&device)
             .and_then(|id| ctl::attr(id, &name, value.as_deref()))
-            .map(|out| print!("{out}"))
-            .map_err(Into::into),
+            .map_err(Box::<dyn std::error::Error>::from)
+            .and_then(|text| Ok(out(&text)?)),
         Some(Command::Setup {
             dry_run,
             config,
             ram_mib,
-        }) => setup(dry_run, config.as_deref(), ram_mib),
+            root,
+        }) => setup(dry_run, config.as_deref(), ram_mib, root.as_deref()),
         Some(Command::Teardown { config }) => teardown(config.as_deref()),
-        Some(Command::Bench(args)) => crate::tools::bench::run(&args)
-            .map(|r| {
-                if args.json {
-                    println!("{}", r.to_json());
-                } else {
-                    print!("{}", r.to_table());
-                }
-            })
-            .map_err(Into::into),
+        Some(Command::Bench(args)) => {
+            let r = crate::tools::bench::run(&args)?;
+            if args.json {
+                outln(r.to_json())?;
+            } else {
+                out(&r.to_table())?;
+            }
+            Ok(())
+        }
         Some(Command::DumpPages(args)) => crate::tools::pagedump::run(&args).map_err(Into::into),
         #[cfg(feature = "ublk")]
         Some(Command::Serve(args)) => crate::daemon::serve(&args).map_err(Into::into),
@@ -184,9 +191,11 @@ pub type Outcome = Result<(), Box<dyn std::error::Error>>;
 
 pub fn zramctl(a: CtlArgs) -> Outcome {
     if a.list_columns {
-        for c in listing::COLUMNS {
-            println!("{:>11}  {}", c.name, c.help);
-        }
+        let text: String = listing::COLUMNS
+            .iter()
+            .map(|c| format!("{:>11}  {}\n", c.name, c.help))
+            .collect();
+        out(&text)?;
         return Ok(());
     }
     let ids = a
@@ -201,16 +210,20 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
         let mut failed = None;
         for id in ids {
             if let Err(e) = ctl::reset(id) {
-                eprintln!("uzram: {e}");
+                warn(format_args!("uzram: {e}"));
                 failed = Some(e);
             }
         }
         return failed.map_or(Ok(()), |e| Err(e.into()));
     }
+    if a.find && a.size.is_none() && ids.is_empty() && a.device == DeviceArgs::default() {
+        // zramctl's `-f` alone: the name the next device would get.
+        return Ok(outln(block_path(ctl::first_free_id()?))?);
+    }
     if a.find || a.size.is_some() {
         let Some(size) = a.size else {
             return Err(CtlError(
-                "--find needs --size: a ublk device exists only once it is created with a size"
+                "--find with a device's options needs --size: a ublk device exists only once it is created with a size"
                     .into(),
             )
             .into());
@@ -219,18 +232,19 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
             return Err(CtlError("give either --find or one device name to create".into()).into());
         }
         let path = ctl::create(&CreateArgs {
-            size,
+            // zramctl's size syntax, in bytes for the daemon.
+            size: size::strtosize(&size).map_err(CtlError)?.to_string(),
             device: a.device,
             streams: a.streams,
             id: ids.first().copied(),
             log: a.log,
         })?;
-        println!("{path}");
+        outln(path)?;
         return Ok(());
     }
     if a.device != DeviceArgs::default() || a.streams.is_some() {
         return Err(CtlError(
-            "--algorithm, --algorithm-params, --recomp-algorithm, --backing-dev, --policy, --streams and --mem-limit apply to a new device: add --size (and --find or a device name)"
+            "--algorithm, --algorithm-params, --recomp-algorithm, --backing-dev, --force, --policy, --streams and --mem-limit apply to a new device: add --size (and --find or a device name)"
                 .into(),
         )
         .into());
@@ -245,10 +259,13 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
         rows.retain(|r| ids.iter().any(|id| r.name == block_path(*id)));
     }
     for r in rows.iter().filter(|r| !r.live) {
-        eprintln!(
-            "uzram: {}: its daemon is dead (killed?); I/O to it fails; uzram --reset {} removes it",
-            r.name, r.name
-        );
+        match &r.trouble {
+            Some(why) => warn(format_args!("uzram: {}: {why}", r.name)),
+            None => warn(format_args!(
+                "uzram: {}: its daemon is dead (killed?); I/O to it fails; uzram --reset {} removes it",
+                r.name, r.name
+            )),
+        }
     }
     let format = listing::Format {
         bytes: a.bytes,
@@ -258,7 +275,7 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
     // Rendered (and so the columns checked) even with no device to show.
     let table = ctl::render(&rows, &a.output, a.output_all, format)?;
     if !rows.is_empty() || !ids.is_empty() {
-        print!("{table}");
+        out(&table)?;
     }
     Ok(())
 }
@@ -266,50 +283,53 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
 fn plan(
     config: Option<&std::path::Path>,
     ram_mib: Option<f64>,
+    root: Option<&std::path::Path>,
 ) -> Result<Vec<setup::DevicePlan>, Box<dyn std::error::Error>> {
-    let ram = match ram_mib.or_else(setup::ram_mib) {
-        Some(r) => r,
-        None => {
-            return Err(
-                CtlError("cannot read MemTotal from /proc/meminfo: give --ram-mib".into()).into(),
-            )
-        }
-    };
-    let (plan, note) = setup::load_plan(config, ram)?;
-    if let Some(note) = note {
-        eprintln!("uzram: warning: {note}");
+    let host = setup::Host::read(root.unwrap_or(std::path::Path::new("/")), ram_mib)?;
+    let (plan, notes) = setup::load_plan(config, &host)?;
+    for note in notes {
+        warn(format_args!("uzram: warning: {note}"));
     }
     for device in &plan {
         for w in &device.warnings {
-            eprintln!("uzram: [{}] {w}", device.section);
+            warn(format_args!("uzram: [{}] {w}", device.section));
         }
     }
     Ok(plan)
 }
 
-fn setup(dry_run: bool, config: Option<&std::path::Path>, ram_mib: Option<f64>) -> Outcome {
-    let plan = plan(config, ram_mib)?;
+fn setup(
+    dry_run: bool,
+    config: Option<&std::path::Path>,
+    ram_mib: Option<f64>,
+    root: Option<&std::path::Path>,
+) -> Outcome {
+    let plan = plan(config, ram_mib, root)?;
+    // The dry run checks what the real setup checks.
+    ctl::check_plan(&plan)?;
     if dry_run {
-        for device in &plan {
-            println!("{}", device.line());
-        }
+        let text: String = plan.iter().map(|d| d.line() + "\n").collect();
+        out(&text)?;
         return Ok(());
+    }
+    if root.is_some() {
+        return Err(CtlError("--root plans another system: use it with --dry-run".into()).into());
     }
     if config.is_none() && setup::zram_generator_installed() {
         return Err(CtlError(
-            "zram-generator is installed and acts on the same zram-generator.conf: disable it first, or give --config FILE".into(),
+            "zram-generator is installed and acts on the same zram-generator.conf: mask it (ln -s /dev/null /etc/systemd/system-generators/zram-generator) or remove it first, or give --config FILE".into(),
         )
         .into());
     }
     for line in ctl::setup(&plan)? {
-        println!("{line}");
+        outln(line)?;
     }
     Ok(())
 }
 
 fn teardown(config: Option<&std::path::Path>) -> Outcome {
-    for line in ctl::teardown(&plan(config, None)?)? {
-        println!("{line}");
+    for line in ctl::teardown(&plan(config, None, None)?)? {
+        outln(line)?;
     }
     Ok(())
 }

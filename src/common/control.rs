@@ -143,6 +143,14 @@ pub enum CallError {
     /// The daemon refused or failed the request.
     #[error("{0}")]
     Refused(AttrError),
+    /// The daemon's reply was too slow, too long or not text.
+    #[error("the daemon on {path} did not answer properly: {why}")]
+    BadReply {
+        /// The socket.
+        path: PathBuf,
+        /// What was wrong.
+        why: String,
+    },
     /// The conversation broke off.
     #[error("talking to the daemon on {path}: {source}")]
     Io {
@@ -152,6 +160,56 @@ pub enum CallError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The most bytes a reply may hold (the longest attribute is a few KiB).
+pub const MAX_REPLY: usize = 1 << 20;
+
+/// Reads the whole reply, within one [`IO_TIMEOUT`] for all of it (a daemon that trickles
+/// bytes cannot keep the client waiting longer) and at most [`MAX_REPLY`] bytes.
+fn read_reply(stream: &mut UnixStream, path: &Path) -> Result<String, CallError> {
+    let bad = |why: String| CallError::BadReply {
+        path: path.to_path_buf(),
+        why,
+    };
+    let deadline = std::time::Instant::now() + IO_TIMEOUT;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(bad(format!(
+                "no whole reply within {} s (the daemon is stuck or busy)",
+                IO_TIMEOUT.as_secs()
+            )));
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|source| CallError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) if reply.len() + n > MAX_REPLY => {
+                return Err(bad(format!("a reply longer than {MAX_REPLY} bytes")))
+            }
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(source) => {
+                return Err(CallError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+    String::from_utf8(reply).map_err(|_| bad("a reply that is not UTF-8".into()))
 }
 
 /// Sends `request` to the daemon of device `id` and returns the reply's body.
@@ -174,8 +232,7 @@ pub fn call_at(path: &Path, request: &Request) -> Result<String, CallError> {
     stream
         .write_all(format!("{}\n", request.encode()).as_bytes())
         .map_err(io)?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).map_err(io)?;
+    let reply = read_reply(&mut stream, path)?;
     let (status, body) = reply.split_once('\n').unwrap_or((&reply, ""));
     if status == "ok" {
         return Ok(body.to_string());

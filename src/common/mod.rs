@@ -4,6 +4,7 @@
 
 pub mod control;
 pub mod options;
+pub mod output;
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +22,44 @@ pub fn block_path(id: u32) -> String {
 /// The control socket of device `id`.
 pub fn socket_path(id: u32) -> PathBuf {
     Path::new(RUN_DIR).join(format!("ublkb{id}.sock"))
+}
+
+/// Removes the control socket at `path` (one a killed daemon left). Anything else there is not
+/// uzram's and stays (binding then fails with a message naming the path).
+pub fn remove_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Most bytes a configuration file may hold.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads a text file of at most `cap` bytes. It must be a regular file, or /dev/null (which
+/// reads as empty: systemd masks a file with a symlink to it); a FIFO (which would wait for a
+/// writer), another device (which may never end) or a directory is refused before it is opened.
+pub fn read_text(path: &Path, cap: u64) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        if std::fs::canonicalize(path).is_ok_and(|p| p == Path::new("/dev/null")) {
+            return Ok(String::new());
+        }
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut text = String::new();
+    // One byte more than allowed tells a file of exactly `cap` bytes from a longer one.
+    std::fs::File::open(path)?
+        .take(cap + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > cap {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("longer than {cap} bytes"),
+        ));
+    }
+    Ok(text)
 }
 
 /// Whether this kernel has the ublk driver.

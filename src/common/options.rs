@@ -52,7 +52,9 @@ pub fn check(
     if streams == Some(0) {
         return Err(OptionsError::NoStreams);
     }
-    Ok((device.setup()?, disksize))
+    let setup = device.setup()?;
+    setup.check_backing()?;
+    Ok((setup, disksize))
 }
 
 /// What a device is made of, with zram's names (its size and id aside).
@@ -74,8 +76,13 @@ pub struct DeviceArgs {
     /// over several (e.g. on two disks)
     #[arg(long, value_name = "FILE")]
     pub backing_dev: Vec<PathBuf>,
+    /// Let --backing-dev overwrite a file or partition that holds data uzram did not write (a
+    /// filesystem, a swap area, a partition table); without it such a backing device is refused
+    #[arg(long)]
+    pub force: bool,
     /// The tiering policy, uzram's `policy` attribute: "key=value ..." of recompress_after,
-    /// writeback_after, high_watermark, low_watermark, min_free, psi, pool_share, budget, evict
+    /// writeback_after, high_watermark, low_watermark, min_free, psi, pool_share, budget, evict,
+    /// spill
     #[arg(long, value_name = "SETTINGS")]
     pub policy: Option<String>,
     /// zram's mem_limit (0 = none)
@@ -102,6 +109,7 @@ impl DeviceArgs {
         for b in &self.backing_dev {
             setup.add_backing_dev(b);
         }
+        setup.set_backing_force(self.force);
         if let Some(p) = &self.policy {
             setup.set_policy(p)?;
         }
@@ -131,6 +139,9 @@ impl DeviceArgs {
         }
         if let Some(l) = &self.mem_limit {
             opt("--mem-limit", l);
+        }
+        if self.force {
+            out.push("--force".into());
         }
         for b in &self.backing_dev {
             let b = std::path::absolute(b)
@@ -176,6 +187,7 @@ mod tests {
             algorithm_params: Some("level=3".into()),
             recomp_algorithm: vec!["algo=lz4 priority=1".into(), "zstd".into()],
             backing_dev: vec!["/tmp/a".into(), "/tmp/b".into()],
+            force: true,
             policy: Some("evict=on".into()),
             mem_limit: Some("1G".into()),
         };

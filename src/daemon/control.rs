@@ -23,7 +23,7 @@ pub(super) fn control_thread(
     std::fs::create_dir_all(RUN_DIR).map_err(|e| setup("create /run/uzram", e))?;
     let path = socket_path(id);
     // A socket left by a killed daemon of an earlier device with this id.
-    let _ = std::fs::remove_file(&path);
+    crate::common::remove_socket(&path);
     let listener = std::os::unix::net::UnixListener::bind(&path)
         .map_err(|e| setup("bind the control socket", e))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))

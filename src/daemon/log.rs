@@ -8,7 +8,7 @@ static SYSLOG: OnceLock<UnixDatagram> = OnceLock::new();
 
 /// Logs one message of the daemon.
 pub fn log(msg: &str) {
-    eprintln!("uzram: {msg}");
+    crate::common::output::warn(format_args!("uzram: {msg}"));
     if let Some(sock) = SYSLOG.get() {
         // RFC 3164 as syslogd and journald take it on /dev/log: <facility*8+severity>tag[pid]: msg
         // (daemon facility 3, severity error 3).

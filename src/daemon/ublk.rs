@@ -1,7 +1,6 @@
 //! The only module that talks to libublk (cargo feature `ublk`): adds the device, sets its
 //! block parameters, runs one thread per queue and deletes the device when serving ends.
 
-use std::io::Write;
 use std::sync::Arc;
 
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -136,8 +135,8 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         move |qid, dev: &UblkDev| queue_thread(qid, dev, &device),
         move |ctrl: &UblkCtrl| {
             super::disable_writeback_throttling(ctrl.dev_info().dev_id);
-            println!("{}", ctrl.get_bdev_path());
-            let _ = std::io::stdout().flush();
+            // `uzram --find` may have gone: serving goes on without its answer.
+            let _ = crate::common::output::outln(ctrl.get_bdev_path());
             log(&format!("{} serving", ctrl.get_bdev_path()));
             if detached {
                 // `uzram --find` has its answer: close its pipe.
@@ -147,7 +146,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     );
     // Delete the device whether serving ended by a signal or failed: never leave one behind.
     let _ = UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev());
-    let _ = std::fs::remove_file(socket_path(id));
+    crate::common::remove_socket(&socket_path(id));
     log(&format!("{} deleted", block_path(id)));
     served
         .map(|_| ())
@@ -163,6 +162,6 @@ pub fn remove_dead(id: u32) -> Result<(), ServeError> {
     ctrl.del_dev()
         .map(drop)
         .map_err(|e| ServeError::Ublk(format!("deleting /dev/ublkc{id}: {e}")))?;
-    let _ = std::fs::remove_file(socket_path(id));
+    crate::common::remove_socket(&socket_path(id));
     Ok(())
 }

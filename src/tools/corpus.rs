@@ -14,7 +14,7 @@
 //! # Ok::<(), uzram::tools::corpus::CorpusError>(())
 //! ```
 
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 /// Size of one page in a page file.
@@ -48,11 +48,19 @@ pub enum CorpusError {
     )]
     BadLength { path: PathBuf, len_bytes: u64 },
     #[error(
+        "page file {} holds more than {} GiB of pages (decompressed): give a smaller one",
+        path.display(), MAX_CORPUS_BYTES >> 30
+    )]
+    TooLarge { path: PathBuf },
+    #[error(
         "page file {} holds no pages: make one with scripts/dump-workloads.sh",
         path.display()
     )]
     Empty { path: PathBuf },
 }
+
+/// Most bytes a page file may hold, decompressed: the bench holds it all in memory.
+pub const MAX_CORPUS_BYTES: u64 = 16 << 30;
 
 /// The pages of one page file, decompressed, in file order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,17 +73,39 @@ impl Corpus {
     /// Reads a page file, zstd-decompressing it when its name ends in `.zst` or its content
     /// starts with the zstd magic number.
     pub fn open(path: &Path) -> Result<Self, CorpusError> {
-        let raw = std::fs::read(path).map_err(|source| CorpusError::Read {
+        let read_error = |source| CorpusError::Read {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let too_large = || CorpusError::TooLarge {
+            path: path.to_owned(),
+        };
+        // A FIFO would wait for a writer and /dev/zero never ends: a page file is a file.
+        let meta = std::fs::metadata(path).map_err(read_error)?;
+        if !meta.is_file() {
+            return Err(read_error(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
+        if meta.len() > MAX_CORPUS_BYTES {
+            return Err(too_large());
+        }
+        let raw = std::fs::read(path).map_err(read_error)?;
         let compressed =
             raw.starts_with(&ZSTD_MAGIC) || path.extension().is_some_and(|ext| ext == "zst");
         let data = if compressed {
-            zstd::stream::decode_all(raw.as_slice()).map_err(|source| CorpusError::Decompress {
-                path: path.to_owned(),
-                source,
-            })?
+            let mut data = Vec::new();
+            zstd::stream::Decoder::new(raw.as_slice())
+                .and_then(|d| std::io::Read::take(d, MAX_CORPUS_BYTES + 1).read_to_end(&mut data))
+                .map_err(|source| CorpusError::Decompress {
+                    path: path.to_owned(),
+                    source,
+                })?;
+            if data.len() as u64 > MAX_CORPUS_BYTES {
+                return Err(too_large());
+            }
+            data
         } else {
             raw
         };

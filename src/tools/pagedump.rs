@@ -21,7 +21,7 @@
 //! `kernel.yama.ptrace_scope = 0`. The dump assumes 4 KiB base pages (x86_64, most arm64).
 
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -436,7 +436,8 @@ pub struct DumpPagesArgs {
     /// Process to dump (needs ptrace access: run as root)
     #[arg(long)]
     pub pid: u32,
-    /// File to write the pages to; created or truncated
+    /// File to write the pages to: written beside it under a temporary name and renamed over
+    /// it once the dump is complete (a regular file, or a new name)
     #[arg(long, short)]
     pub output: PathBuf,
     /// Stop after this many MiB
@@ -447,33 +448,25 @@ pub struct DumpPagesArgs {
     pub all_pages: bool,
 }
 
-/// Runs `uzram dump-pages` and prints a one-line summary to stderr. On failure the partial
-/// output file is removed, so a truncated dump is never mistaken for a complete one.
+/// Runs `uzram dump-pages` and prints a one-line summary to stderr. The output appears only
+/// once complete; on failure what was there before is left as it was.
 pub fn run(args: &DumpPagesArgs) -> Result<(), DumpError> {
     let opts = DumpOptions {
         max_bytes: args.max_mib.map(|mib| mib.saturating_mul(1 << 20)),
         resident_only: !args.all_pages,
     };
-    let file = File::create(&args.output).map_err(|source| DumpError::WriteFile {
+    let fail = |source| DumpError::WriteFile {
         path: args.output.clone(),
         source,
-    })?;
-    let mut out = BufWriter::new(file);
-    let stats = match dump_process(args.pid, &mut out, &opts) {
-        Ok(stats) => stats,
-        Err(e) => {
-            drop(out);
-            let _ = fs::remove_file(&args.output);
-            return Err(match e {
-                DumpError::Write { source } => DumpError::WriteFile {
-                    path: args.output.clone(),
-                    source,
-                },
-                e => e,
-            });
-        }
     };
-    eprintln!(
+    let mut out = crate::common::output::Replacing::new(&args.output).map_err(fail)?;
+    let stats = dump_process(args.pid, &mut out, &opts).map_err(|e| match e {
+        DumpError::Write { source } => fail(source),
+        e => e,
+    })?;
+    // Only a complete dump takes the output's name; a failed one leaves whatever was there.
+    out.commit().map_err(fail)?;
+    crate::common::output::warn(format_args!(
         "pid {}: wrote {} pages ({} MiB, {} zero) from {} mappings to {}; skipped {} untouched, \
          {} unreadable{}{}",
         args.pid,
@@ -494,7 +487,7 @@ pub fn run(args: &DumpPagesArgs) -> Result<(), DumpError> {
         } else {
             ""
         },
-    );
+    ));
     Ok(())
 }
 

@@ -150,7 +150,22 @@ pub enum BenchError {
         /// The option.
         what: &'static str,
     },
+    /// `--runs` or `--threads` past its bound.
+    #[error("--{what} {value} is more than {max}")]
+    TooMany {
+        /// The option.
+        what: &'static str,
+        /// What was given.
+        value: usize,
+        /// Its bound.
+        max: usize,
+    },
 }
+
+/// The most threads `--threads` may ask for (each is a real thread with its own buffers).
+pub const MAX_THREADS: usize = 1024;
+/// The most rounds `--runs` may ask for.
+pub const MAX_RUNS: usize = 1000;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -212,6 +227,14 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if threads == 0 {
         return Err(BenchError::Zero { what: "threads" });
+    }
+    for (what, value, max) in [
+        ("threads", threads, MAX_THREADS),
+        ("runs", args.runs, MAX_RUNS),
+    ] {
+        if value > max {
+            return Err(BenchError::TooMany { what, value, max });
+        }
     }
     let (source, corpus) = load_corpus(args)?;
     let setup = args.device.setup()?;

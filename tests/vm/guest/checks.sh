@@ -850,13 +850,14 @@ check_tier() {
         SWAP_DEV=
         zram_reset
     fi
-    # 2. uzram: the same limit, the disk itself as backing device (zram's kind of backing_dev).
+    # 2. uzram: the same limit, the disk itself as backing device (zram's kind of backing_dev;
+    # --force: earlier checks left a filesystem on this scratch disk).
     # Not a file on a filesystem: the I/O threads' direct I/O to a file takes its bios from the
     # pool the swap writes to this very device hold (fs_bio_set), which ran dry here; a block
     # device's direct I/O has its own.
     uzram_reset
     dev=$(UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size "$size" --mem-limit ${lim}M \
-        --backing-dev /dev/vda --recomp-algorithm zstd --policy "recompress_after=5s" \
+        --backing-dev /dev/vda --force --recomp-algorithm zstd --policy "recompress_after=5s" \
         --log "$UZRAM_LOG" 2>>"$log")
     if [ ! -b "$dev" ]; then
         fail_log "$name" "$log" "no device with --mem-limit ${lim}M --backing-dev /dev/vda"

@@ -1,0 +1,446 @@
+//! zram-generator's configuration, read as zram-generator 1.2 reads it (its `src/config.rs`):
+//! which files, in which order, the `set!` variables, the size expressions over `ram` (MemTotal
+//! in whole MiB), the obsolete `zram-fraction` / `max-zram-size`, `host-memory-limit`, the
+//! kernel command line's `systemd.zram`, mount-point normalisation. Where zram-generator would
+//! plan something the kernel then refuses (an infinite size, a section name the kernel never
+//! makes), uzram refuses it up front, naming the file, section and key.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
+
+use super::{apply_algorithms, err, DevicePlan, SetupError};
+
+/// What the kernel command line says (`systemd.zram`, `=1`, `=0`, `=yes`, ...): the last word
+/// zram-generator recognises wins; others are skipped. `None`: nothing said.
+pub fn kernel_option(cmdline: &str) -> Option<bool> {
+    cmdline
+        .split_whitespace()
+        .rev()
+        .find_map(|w| match w.strip_prefix("systemd.zram")? {
+            "" | "=1" | "=yes" | "=true" | "=on" => Some(true),
+            "=0" | "=no" | "=false" | "=off" => Some(false),
+            _ => None,
+        })
+}
+
+/// The configuration files in precedence order, under `root`: the main file (only the first
+/// found of /run, /etc, /usr/local/lib, /usr/lib: they are not merged; an empty one or a link
+/// to /dev/null masks the rest), then the `zram-generator.conf.d/*.conf` drop-ins by file
+/// name, a name in a higher directory replacing the same name in lower ones (a link to
+/// /dev/null removes it; dotfiles, other links and anything but regular files are ignored).
+pub fn files(root: &Path) -> Vec<PathBuf> {
+    let dirs = [
+        "usr/lib/systemd",
+        "usr/local/lib/systemd",
+        "etc/systemd",
+        "run/systemd",
+    ];
+    let mut files: Vec<PathBuf> = dirs
+        .iter()
+        .rev()
+        .map(|d| root.join(d).join("zram-generator.conf"))
+        .find(|p| p.exists())
+        .into_iter()
+        .collect();
+    let mut dropins: BTreeMap<OsString, PathBuf> = BTreeMap::new();
+    for d in dirs {
+        let Ok(entries) = std::fs::read_dir(root.join(d).join("zram-generator.conf.d")) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let path = e.path();
+            if name.to_string_lossy().starts_with('.')
+                || !Path::new(&name).extension().is_some_and(|x| x == "conf")
+            {
+                continue;
+            }
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.is_symlink() {
+                if std::fs::read_link(&path).is_ok_and(|t| t == Path::new("/dev/null")) {
+                    dropins.remove(&name);
+                }
+            } else if meta.is_file() {
+                dropins.insert(name, path);
+            }
+        }
+    }
+    files.extend(dropins.into_values());
+    files
+}
+
+/// One `[zramN]` section's settings as read, before its size is worked out.
+struct Section {
+    plan: DevicePlan,
+    /// `zram-size`, checked for syntax when read, evaluated after every file is read.
+    size: Option<String>,
+    resident: Option<String>,
+    host_limit: Option<u64>,
+    fraction: Option<f64>,
+    /// `max-zram-size`: `Some(None)` is `none`.
+    max_size: Option<Option<u64>>,
+    fs_type: Option<String>,
+    /// Where each setting came from, for messages: (file, key).
+    source: BTreeMap<&'static str, String>,
+}
+
+/// Plans the devices of `files` (name and text, in precedence order) for a machine of `ram`
+/// MiB (MemTotal, whole MiB), with the kernel command line's `systemd.zram` (`Some(true)`
+/// adds a default zram0 when no file has one).
+pub fn plan(
+    files: &[(String, String)],
+    ram: u64,
+    kernel: Option<bool>,
+) -> Result<(Vec<DevicePlan>, Vec<String>), SetupError> {
+    let mut sections: BTreeMap<u32, Section> = BTreeMap::new();
+    let mut vars: BTreeMap<String, f64> = BTreeMap::new();
+    let mut notes = Vec::new();
+    for (file, text) in files {
+        read_file(file, text, ram, &mut sections, &mut vars, &mut notes)?;
+    }
+    if kernel == Some(true) {
+        sections
+            .entry(0)
+            .or_insert_with(|| new_section("zram0", 0, "the kernel command line"));
+    }
+    let mut plans = Vec::new();
+    for (_, s) in sections {
+        if let Some(p) = finish(s, ram, &vars)? {
+            plans.push(p);
+        }
+    }
+    Ok((plans, notes))
+}
+
+fn new_section(name: &str, id: u32, file: &str) -> Section {
+    let mut source = BTreeMap::new();
+    source.insert("section", file.to_string());
+    Section {
+        plan: DevicePlan::new(name, u64::from(id)),
+        size: None,
+        resident: None,
+        host_limit: None,
+        fraction: None,
+        max_size: None,
+        fs_type: None,
+        source,
+    }
+}
+
+/// The device id of a section name zram-generator takes (`zram` and a number), or why uzram
+/// cannot plan it; `Ok(None)` for a section zram-generator ignores.
+fn section_id(name: &str) -> Result<Option<u32>, String> {
+    let Some(n) = name
+        .strip_prefix("zram")
+        .filter(|n| n.parse::<u64>().is_ok())
+    else {
+        return Ok(None);
+    };
+    let id: u64 = n.parse().expect("checked");
+    if id.to_string() != n {
+        return Err(format!(
+            "[{name}]: write [zram{id}] (zram-generator would set up a device named {name}, which the kernel never makes; uzram's is /dev/ublkb{id})"
+        ));
+    }
+    u32::try_from(id)
+        .ok()
+        .filter(|&id| id < crate::cli::ctl::MAX_DEVICES)
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "[{name}]: at most zram{} (ublk's device numbers)",
+                crate::cli::ctl::MAX_DEVICES - 1
+            )
+        })
+}
+
+fn read_file(
+    file: &str,
+    text: &str,
+    ram: u64,
+    sections: &mut BTreeMap<u32, Section>,
+    vars: &mut BTreeMap<String, f64>,
+    notes: &mut Vec<String>,
+) -> Result<(), SetupError> {
+    let ini = ini::Ini::load_from_str(text).map_err(|e| err(file, e.to_string()))?;
+    for (section, props) in ini.iter() {
+        let Some(name) = section else {
+            for (k, v) in props.iter() {
+                set_var(file, k, v, ram, vars, notes)?;
+            }
+            continue;
+        };
+        let Some(id) = section_id(name).map_err(|m| err(file, m))? else {
+            notes.push(format!("{file}: ignoring section [{name}]"));
+            continue;
+        };
+        let s = sections
+            .entry(id)
+            .or_insert_with(|| new_section(name, id, file));
+        for (k, v) in props.iter() {
+            apply(s, file, name, k, v)?;
+        }
+    }
+    Ok(())
+}
+
+/// A line of the section-less part: `set!NAME = COMMAND`. The command runs under /bin/sh, as
+/// zram-generator runs it (a failing exit is a warning), and its output is evaluated at once
+/// over `ram` and the variables set so far; a later `set!` of the same name wins.
+fn set_var(
+    file: &str,
+    k: &str,
+    v: &str,
+    ram: u64,
+    vars: &mut BTreeMap<String, f64>,
+    notes: &mut Vec<String>,
+) -> Result<(), SetupError> {
+    let Some(bang) = k.find('!') else {
+        notes.push(format!("{file}: ignoring {k} outside of a section"));
+        return Ok(());
+    };
+    let (op, var) = k.split_at(bang + 1);
+    if op != "set!" {
+        notes.push(format!("{file}: ignoring the unknown operation {op} ({k})"));
+        return Ok(());
+    }
+    let bad = |m: String| err(file, format!("{k} = {v}: {m}"));
+    if var.is_empty() {
+        return Err(bad("set! needs a variable name (set!NAME = COMMAND)".into()));
+    }
+    let out = std::process::Command::new("/bin/sh")
+        .args(["-c", "--", v])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| bad(format!("cannot run /bin/sh: {e}")))?;
+    if !out.status.success() {
+        notes.push(format!("{file}: {k}: {v} exited {}", out.status));
+    }
+    let text = String::from_utf8(out.stdout).map_err(|_| bad("its output is not UTF-8".into()))?;
+    let value = eval(text.trim(), ram, vars)
+        .map_err(|m| bad(format!("its output {:?}: {m}", text.trim())))?;
+    vars.insert(var.to_string(), value);
+    Ok(())
+}
+
+/// Evaluates a size expression (MiB) over `ram` and the `set!` variables (`ram` first).
+fn eval(expr: &str, ram: u64, vars: &BTreeMap<String, f64>) -> Result<f64, String> {
+    if expr.is_empty() {
+        return Err("empty".into());
+    }
+    let mut ns = |name: &str, args: Vec<f64>| -> Option<f64> {
+        if !args.is_empty() {
+            None
+        } else if name == "ram" {
+            Some(ram as f64)
+        } else {
+            vars.get(name).copied()
+        }
+    };
+    fasteval::ez_eval(expr, &mut ns).map_err(|e| format!("{e:?}"))
+}
+
+/// Checks an expression's syntax (zram-generator parses when it reads, evaluates later).
+fn parse_expr(expr: &str) -> Result<(), String> {
+    let mut slab = fasteval::Slab::new();
+    fasteval::Parser::new()
+        .parse(expr, &mut slab.ps)
+        .map(drop)
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// zram-generator's paths (`mount-point`, `writeback-device`): absolute, no `..`, normalised
+/// (`/foo//bar/./baz/` is `/foo/bar/baz`).
+fn normalise(key: &str, value: &str) -> Result<String, String> {
+    let path = Path::new(value);
+    if path.is_relative() {
+        return Err(format!("{key} {value:?} is not absolute"));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(format!("{key} {value:?} is not normalized (it has ..)"));
+    }
+    let p: PathBuf = path.components().collect();
+    Ok(p.to_string_lossy().into_owned())
+}
+
+fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result<(), SetupError> {
+    let bad = |m: String| err(file, format!("[{section}] {k}={v}: {m}"));
+    let optional = |v: &str| -> Result<Option<u64>, SetupError> {
+        if v == "none" {
+            Ok(None)
+        } else {
+            v.parse()
+                .map(Some)
+                .map_err(|_| bad("a whole number of MiB or none".into()))
+        }
+    };
+    let key: &'static str = match k {
+        "host-memory-limit" | "memory-limit" => {
+            s.host_limit = optional(v)?;
+            "host-memory-limit"
+        }
+        "zram-size" => {
+            parse_expr(v).map_err(bad)?;
+            s.size = Some(v.to_string());
+            "zram-size"
+        }
+        "zram-resident-limit" => {
+            parse_expr(v).map_err(bad)?;
+            s.resident = Some(v.to_string());
+            "zram-resident-limit"
+        }
+        "zram-fraction" => {
+            let f: f64 = v.parse().map_err(|_| bad("a number".into()))?;
+            if f.is_nan() || f < 0.0 {
+                return Err(bad("not a fraction (< 0)".into()));
+            }
+            s.fraction = Some(f);
+            "zram-fraction"
+        }
+        "max-zram-size" => {
+            s.max_size = Some(optional(v)?);
+            "max-zram-size"
+        }
+        "compression-algorithm" => {
+            apply_algorithms(&mut s.plan, v);
+            "compression-algorithm"
+        }
+        "writeback-device" => {
+            s.plan.writeback = Some(normalise(k, v).map_err(bad)?);
+            "writeback-device"
+        }
+        "uzram-policy" => {
+            uzram_engine::PolicyConfig::default()
+                .update(v)
+                .map_err(|e| bad(e.to_string()))?;
+            s.plan.policy = (!v.is_empty()).then(|| v.to_string());
+            "uzram-policy"
+        }
+        "swap-priority" => {
+            let p: i32 = v.parse().map_err(|_| bad("a number".into()))?;
+            if !(-1..=32767).contains(&p) {
+                return Err(bad("a swap priority is -1..32767".into()));
+            }
+            s.plan.priority = p;
+            "swap-priority"
+        }
+        "mount-point" => {
+            s.plan.mount = Some(normalise(k, v).map_err(bad)?);
+            "mount-point"
+        }
+        "fs-type" => {
+            s.fs_type = Some(v.to_string());
+            "fs-type"
+        }
+        "options" => {
+            s.plan.options = v.to_string();
+            "options"
+        }
+        other => {
+            s.plan
+                .warnings
+                .push(format!("{file}: unknown key {other}, ignoring"));
+            return Ok(());
+        }
+    };
+    s.source.insert(key, file.to_string());
+    Ok(())
+}
+
+/// The section's plan, or `None` when it makes no device (`host-memory-limit` below `ram`, or
+/// a size of 0).
+fn finish(
+    s: Section,
+    ram: u64,
+    vars: &BTreeMap<String, f64>,
+) -> Result<Option<DevicePlan>, SetupError> {
+    let Section {
+        mut plan,
+        size,
+        resident,
+        host_limit,
+        fraction,
+        max_size,
+        fs_type,
+        source,
+    } = s;
+    let section = plan.section.clone();
+    let from = |key: &str| {
+        source
+            .get(key)
+            .or_else(|| source.get("section"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    if host_limit.is_some_and(|limit| limit < ram) {
+        return Ok(None);
+    }
+    plan.fs = fs_type.unwrap_or_else(|| {
+        if plan.mount.is_some() {
+            "ext2".into()
+        } else {
+            "swap".into()
+        }
+    });
+    const MIB: u64 = 1 << 20;
+    let too_large = |key: &str, what: String| {
+        err(
+            &from(key),
+            format!("[{section}] {key}: {what} is larger than any device can be"),
+        )
+    };
+    plan.size_bytes = if fraction.is_some() || max_size.is_some() {
+        // The obsolete pair: whole MiB of a fraction of RAM, at most max-zram-size.
+        let f = fraction.unwrap_or(0.5) * ram as f64;
+        let max = max_size.flatten().unwrap_or(u64::MAX);
+        if !f.is_finite() && max == u64::MAX {
+            return Err(too_large("zram-fraction", format!("{f}")));
+        }
+        (f as u64)
+            .min(max)
+            .checked_mul(MIB)
+            .ok_or_else(|| too_large("max-zram-size", format!("{} MiB", (f as u64).min(max))))?
+    } else {
+        let expr = size.as_deref().unwrap_or("min(ram / 2, 4096)");
+        let bytes = mib_to_bytes(&section, "zram-size", expr, ram, vars)
+            .map_err(|m| err(&from("zram-size"), m))?;
+        if bytes / (ram.max(1) * MIB) > 32 {
+            plan.warnings.push(format!(
+                "zram-size={expr} would need an improbable compression ratio of over 32 (units may be wrong: the size is in MiB)"
+            ));
+        }
+        bytes
+    };
+    if let Some(expr) = &resident {
+        plan.mem_limit = mib_to_bytes(&section, "zram-resident-limit", expr, ram, vars)
+            .map_err(|m| err(&from("zram-resident-limit"), m))?;
+    }
+    Ok((plan.size_bytes > 0).then_some(plan))
+}
+
+/// An expression in MiB as bytes: NaN and negative values are errors (as zram-generator's);
+/// so are values no device can have (zram-generator would saturate them to 2^64 - 1 bytes for
+/// the kernel to refuse).
+fn mib_to_bytes(
+    section: &str,
+    key: &str,
+    expr: &str,
+    ram: u64,
+    vars: &BTreeMap<String, f64>,
+) -> Result<u64, String> {
+    let f = eval(expr, ram, vars).map_err(|e| format!("[{section}] {key}={expr}: {e}"))?;
+    if f.is_nan() || f < 0.0 {
+        return Err(format!("[{section}] {key}={expr} is {f} < 0"));
+    }
+    let bytes = f * 1024.0 * 1024.0;
+    if bytes >= u64::MAX as f64 {
+        return Err(format!(
+            "[{section}] {key}={expr} is {f} MiB, larger than any device can be"
+        ));
+    }
+    Ok(bytes as u64)
+}
