@@ -201,19 +201,21 @@ impl DeviceRow {
             "DATA" => size(orig),
             "COMPR" => size(compr),
             "ALGORITHM" => self.algorithm.clone(),
+            // zramctl leaves it empty where the kernel has no max_comp_streams.
+            "STREAMS" if self.streams == 0 => String::new(),
             "STREAMS" => self.streams.to_string(),
             "ZERO-PAGES" => zero.to_string(),
             "TOTAL" => size(total),
             "MEM-LIMIT" => size(limit),
             "MEM-USED" => size(used_max),
-            "MIGRATED" => migrated.to_string(),
-            "COMP-RATIO" => {
-                if total == 0 {
-                    "0".into()
-                } else {
-                    format!("{:.2}", orig as f64 / total as f64)
-                }
-            }
+            // zramctl prints the count as a size.
+            "MIGRATED" => size(migrated),
+            // zramctl's printf("%.4f"), whose C library says inf and -nan for a division by 0.
+            "COMP-RATIO" => match (orig, total) {
+                (0, 0) => "-nan".into(),
+                (_, 0) => "inf".into(),
+                _ => format!("{:.4}", orig as f64 / total as f64),
+            },
             "MOUNTPOINT" => self.mountpoint.clone(),
             "RSS" => size(self.rss),
             "PID" => self.pid.to_string(),
@@ -238,14 +240,15 @@ pub struct Format {
     pub noheadings: bool,
 }
 
-/// The table of `rows` with `columns`, as zramctl lays it out.
+/// The table of `rows` with `columns`, byte for byte as zramctl (libsmartcols) lays it out:
+/// each column as wide as its widest cell or heading (the heading counts even with
+/// `--noheadings`), one blank between columns, right-aligned cells padded on the left, left-
+/// aligned ones on the right except in the last column; trailing blanks are kept.
 pub fn render(rows: &[DeviceRow], columns: &[Column], format: Format) -> String {
-    let mut lines: Vec<Vec<String>> = Vec::new();
-    if !format.noheadings {
-        lines.push(columns.iter().map(|c| c.name.to_string()).collect());
-    }
-    for r in rows {
-        lines.push(
+    let heading: Vec<String> = columns.iter().map(|c| c.name.to_string()).collect();
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
             columns
                 .iter()
                 .map(|c| {
@@ -257,34 +260,36 @@ pub fn render(rows: &[DeviceRow], columns: &[Column], format: Format) -> String 
                         v
                     }
                 })
-                .collect(),
-        );
-    }
+                .collect()
+        })
+        .collect();
     let widths: Vec<usize> = (0..columns.len())
         .map(|i| {
-            lines
-                .iter()
+            std::iter::once(&heading)
+                .chain(&body)
                 .map(|l| l[i].chars().count())
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
-    for l in &lines {
+    let shown = (!format.noheadings)
+        .then_some(&heading)
+        .into_iter()
+        .chain(&body);
+    for l in shown {
         let mut cells = Vec::with_capacity(columns.len());
         for (i, (v, c)) in l.iter().zip(columns).enumerate() {
             let last = i + 1 == columns.len();
-            cells.push(if format.raw {
+            cells.push(if format.raw || (last && !c.right) {
                 v.clone()
             } else if c.right {
                 format!("{v:>w$}", w = widths[i])
-            } else if last {
-                v.clone()
             } else {
                 format!("{v:<w$}", w = widths[i])
             });
         }
-        out.push_str(cells.join(" ").trim_end());
+        out.push_str(&cells.join(" "));
         out.push('\n');
     }
     out
@@ -309,6 +314,66 @@ mod tests {
              mm_stat=13000704  2621440  3457024        0  3457024      123        0        7        7\n",
         )
         .unwrap()
+    }
+
+    /// Kernel zram's figures for one device (zram1: lz4, 64 MiB, a mem_limit of 48 MiB, 3,000
+    /// pages written; Linux 6.18, whose zram has no max_comp_streams), and what util-linux 2.38's
+    /// zramctl printed for them on this project's host, byte for byte.
+    fn kernel_zram_row() -> DeviceRow {
+        DeviceRow {
+            name: "/dev/zram1".into(),
+            live: true,
+            algorithm: "lz4".into(),
+            disksize: 67_108_864,
+            streams: 0,
+            mm: [
+                12_288_000, 1_549_252, 1_589_248, 50_331_648, 1_589_248, 600, 0, 343, 343,
+            ],
+            ..DeviceRow::default()
+        }
+    }
+
+    #[test]
+    fn the_listing_is_zramctls_byte_for_byte() {
+        let cols =
+            |names: &[&str]| -> Vec<Column> { names.iter().map(|n| column(n).unwrap()).collect() };
+        // zramctl 2.38's --output-all (2.39 added COMP-RATIO).
+        let all = cols(&[
+            "NAME",
+            "DISKSIZE",
+            "DATA",
+            "COMPR",
+            "ALGORITHM",
+            "STREAMS",
+            "ZERO-PAGES",
+            "TOTAL",
+            "MEM-LIMIT",
+            "MEM-USED",
+            "MIGRATED",
+            "MOUNTPOINT",
+        ]);
+        let default = cols(DEFAULT_COLUMNS);
+        let f = |bytes, raw, noheadings| Format {
+            bytes,
+            raw,
+            noheadings,
+        };
+        let r = [kernel_zram_row()];
+        for (columns, format, zramctl) in [
+            (&default, f(false, false, false), "NAME       ALGORITHM DISKSIZE  DATA COMPR TOTAL STREAMS MOUNTPOINT\n/dev/zram1 lz4            64M 11.7M  1.5M  1.5M         \n"),
+            (&all, f(false, false, false), "NAME       DISKSIZE  DATA COMPR ALGORITHM STREAMS ZERO-PAGES TOTAL MEM-LIMIT MEM-USED MIGRATED MOUNTPOINT\n/dev/zram1      64M 11.7M  1.5M lz4                      600  1.5M       48M     1.5M       0B \n"),
+            (&default, f(false, true, false), "NAME ALGORITHM DISKSIZE DATA COMPR TOTAL STREAMS MOUNTPOINT\n/dev/zram1 lz4 64M 11.7M 1.5M 1.5M  \n"),
+            (&default, f(true, false, false), "NAME       ALGORITHM DISKSIZE     DATA   COMPR   TOTAL STREAMS MOUNTPOINT\n/dev/zram1 lz4       67108864 12288000 1549252 1589248         \n"),
+            (&default, f(false, false, true), "/dev/zram1 lz4            64M 11.7M  1.5M  1.5M         \n"),
+            (&all, f(true, true, false), "NAME DISKSIZE DATA COMPR ALGORITHM STREAMS ZERO-PAGES TOTAL MEM-LIMIT MEM-USED MIGRATED MOUNTPOINT\n/dev/zram1 67108864 12288000 1549252 lz4  600 1589248 50331648 1589248 0 \n"),
+            (&all, f(false, false, true), "/dev/zram1      64M 11.7M  1.5M lz4                      600  1.5M       48M     1.5M       0B \n"),
+        ] {
+            assert_eq!(render(&r, columns, format), zramctl, "{format:?}");
+        }
+        // 2.39's COMP-RATIO: printf's %.4f of DATA / TOTAL.
+        let ratio = render(&r, &cols(&["COMP-RATIO"]), f(false, true, true));
+        assert_eq!(ratio, format!("{:.4}\n", 12_288_000.0 / 1_589_248.0));
+        assert_eq!(ratio, "7.7320\n");
     }
 
     #[test]
@@ -337,7 +402,7 @@ mod tests {
         let out = render(&[row(), DeviceRow::dead("/dev/ublkb3".into())], &cols, f);
         assert_eq!(
             out,
-            "/dev/ublkb0 4294967296 50331648 live 3.76\n/dev/ublkb3 - - dead -\n"
+            "/dev/ublkb0 4294967296 50331648 live 3.7607\n/dev/ublkb3 - - dead -\n"
         );
         assert!(column("mem-used").is_some());
         assert!(column("nope").is_none());
