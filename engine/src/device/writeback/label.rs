@@ -113,7 +113,24 @@ pub fn check(path: &Path, force: bool) -> Result<(), BackingError> {
     if !t.is_block_device() && !t.is_file() {
         return Err(refuse("is neither a block device nor a regular file"));
     }
-    let file = File::open(path).map_err(io)?;
+    // A block device is opened exclusively, as the store will open it: one mounted, used as
+    // swap or held by another device refuses.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        let excl = if t.is_block_device() { libc::O_EXCL } else { 0 };
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | excl)
+            .open(path)
+    };
+    let file = match file {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            return Err(refuse(
+                "is in use (mounted, swap, or held by another device)",
+            ))
+        }
+        f => f.map_err(io)?,
+    };
     let len = if t.is_file() {
         meta.len()
     } else {
