@@ -27,6 +27,21 @@ fn report(e: &dyn std::error::Error) -> String {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => {
+            // clap does not say which: name it (lossily, with its position).
+            let bad = std::env::args_os()
+                .enumerate()
+                .skip(1)
+                .find(|(_, a)| a.to_str().is_none());
+            match bad {
+                Some((i, a)) => warn(format_args!(
+                    "uzram: argument {i} ({:?}) is not UTF-8, which this option needs",
+                    a.to_string_lossy()
+                )),
+                None => warn("uzram: an argument is not UTF-8"),
+            }
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             let usage = e.use_stderr();
             if e.print().is_err() {

@@ -633,6 +633,27 @@ fn every_bad_input_is_refused_by_name_and_changes_nothing() {
     );
 }
 
+/// An argument that is not UTF-8 is named, by its position and its lossy text.
+#[test]
+fn an_argument_that_is_not_utf8_is_named() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"4\xffG");
+    let out = Command::new(env!("CARGO_BIN_EXE_uzram"))
+        .args([
+            std::ffi::OsStr::new("--find"),
+            std::ffi::OsStr::new("--size"),
+            bad,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("argument 3") && err.contains("4\u{fffd}G"),
+        "{err}"
+    );
+}
+
 /// The write end of a pipe whose reader is gone: a FIFO opened for reading (without waiting
 /// for a writer), then for writing, then its reader closed.
 fn closed_pipe() -> std::fs::File {

@@ -85,11 +85,15 @@ pub enum DumpError {
     #[error("no process with pid {pid}")]
     NoSuchProcess { pid: u32 },
     #[error(
-        "permission denied opening {}: reading another process's memory needs ptrace access, \
-         run as root",
+        "permission denied opening {}: reading another process's memory needs ptrace access, {hint}",
         path.display()
     )]
-    PermissionDenied { pid: u32, path: PathBuf },
+    PermissionDenied {
+        pid: u32,
+        path: PathBuf,
+        /// What to do about it: run as root, or (for root) what still refuses it.
+        hint: &'static str,
+    },
     #[error("cannot read {}", path.display())]
     ReadProc {
         path: PathBuf,
@@ -411,6 +415,12 @@ impl<W: Write> Dumper<'_, W> {
     }
 }
 
+/// Whether this process runs as root: /proc/self belongs to its effective user.
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
 fn proc_path(pid: u32, file: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{file}"))
 }
@@ -421,6 +431,11 @@ fn open_error(pid: u32, path: &Path, source: io::Error) -> DumpError {
         io::ErrorKind::PermissionDenied => DumpError::PermissionDenied {
             pid,
             path: path.to_owned(),
+            hint: if running_as_root() {
+                "which even root lacks here (kernel.yama.ptrace_scope = 3, or a lockdown)"
+            } else {
+                "run as root"
+            },
         },
         _ => DumpError::ReadProc {
             path: path.to_owned(),
@@ -641,6 +656,7 @@ mod tests {
         let e = DumpError::PermissionDenied {
             pid: 7,
             path: "/proc/7/mem".into(),
+            hint: "run as root",
         };
         assert!(e.to_string().contains("run as root"), "{e}");
     }
