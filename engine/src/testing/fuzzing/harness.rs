@@ -157,7 +157,12 @@ impl Harness {
         };
         // A backing file of its own, unlinked as soon as the device has it open.
         static FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let backing = std::env::temp_dir().join(format!(
+        // In memory where there is a tmpfs: a written-back page read from a disk costs a direct
+        // read, milliseconds, which would bound the fuzzer's executions per second.
+        let dir = Some(std::path::Path::new("/dev/shm"))
+            .filter(|d| d.is_dir())
+            .map_or_else(std::env::temp_dir, std::path::Path::to_path_buf);
+        let backing = dir.join(format!(
             "uzram-device-ops-{}-{}",
             std::process::id(),
             FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -211,6 +216,19 @@ impl Harness {
             step: 0,
             tally: Tally::default(),
         }
+    }
+
+    /// Makes a harness whose run ended (every page discarded, the pool empty, every check
+    /// passed) ready for the next run: the device is as a fresh one for the model, whose
+    /// counters (io_stat, huge_pages_since, mem_used_max) simply go on from where they are.
+    pub(super) fn reuse(&mut self) {
+        debug_assert!(self.pages.is_empty());
+        self.current = 0;
+        self.limit_pages = 0;
+        self.device.set_mem_limit(None);
+        self.last = self.device.stats();
+        self.step = 0;
+        self.tally = super::Tally::default();
     }
 
     /// The model's bytes of `index`.

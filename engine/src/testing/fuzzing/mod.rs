@@ -263,7 +263,11 @@ impl std::ops::AddAssign for Tally {
 /// Runs `ops` on a fresh 64-page device of `algorithm` and checks every result, every page and
 /// every counter against the model. Panics on a mismatch; returns what the run went through.
 pub fn run_ops(ops: &[DeviceOp], algorithm: Algorithm) -> Tally {
-    let mut h = Harness::new(algorithm);
+    run_on(&mut Harness::new(algorithm), ops)
+}
+
+/// [`run_ops`] on `h`, which it leaves empty and checked (ready for [`Harness::reuse`]).
+fn run_on(h: &mut Harness, ops: &[DeviceOp]) -> Tally {
     for (step, op) in ops.iter().enumerate() {
         h.step = step;
         h.apply(*op);
@@ -293,10 +297,32 @@ pub fn run_ops(ops: &[DeviceOp], algorithm: Algorithm) -> Tally {
 }
 
 /// The cargo-fuzz entry: decodes an algorithm and up to [`MAX_OPS`] operations from `data`.
+///
+/// One harness per algorithm is kept for the thread's inputs: each run ends with every page
+/// discarded and checked, which leaves the device as a fresh one to the model, and making a
+/// device (two codecs' contexts, a pool, a backing file) costs more than a whole short input.
+/// A crash's input replays alone with [`run_ops`] on a fresh harness; should one only fail
+/// after others, `UZRAM_FUZZ_FRESH=1` gives every input a fresh harness.
 pub fn device_ops(data: &[u8]) {
-    if let Some((algorithm, ops)) = decode(data) {
-        run_ops(&ops, algorithm);
+    use std::cell::RefCell;
+    thread_local! {
+        static KEPT: RefCell<[Option<Harness>; 2]> = const { RefCell::new([None, None]) };
+        static FRESH: bool = std::env::var_os("UZRAM_FUZZ_FRESH").is_some();
     }
+    let Some((algorithm, ops)) = decode(data) else {
+        return;
+    };
+    if FRESH.with(|f| *f) {
+        run_ops(&ops, algorithm);
+        return;
+    }
+    let k = usize::from(algorithm != Algorithm::Lz4);
+    let mut h = KEPT
+        .with(|kept| kept.borrow_mut()[k].take())
+        .unwrap_or_else(|| Harness::new(algorithm));
+    run_on(&mut h, &ops);
+    h.reuse();
+    KEPT.with(|kept| kept.borrow_mut()[k] = Some(h));
 }
 
 #[cfg(test)]

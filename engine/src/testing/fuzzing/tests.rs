@@ -129,3 +129,93 @@ fn the_harness_notices_a_wrong_model() {
         assert!(caught.is_err(), "{what} went unnoticed");
     }
 }
+
+/// Where a `device_ops` input's time goes (setup against operations), in a release build:
+/// `cargo test --release -p uzram-engine --lib fuzzing::tests::where_the_time_goes -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn where_the_time_goes() {
+    use std::time::Instant;
+    let seeds = seeds();
+    let t = Instant::now();
+    for _ in 0..20 {
+        drop(harness::Harness::new(Algorithm::Lz4));
+    }
+    let setup = t.elapsed() / 20;
+    let h = harness::Harness::new(Algorithm::Lz4);
+    let t = Instant::now();
+    for _ in 0..100 {
+        h.device.check_invariants().unwrap();
+    }
+    eprintln!(
+        "check_invariants of an empty device: {:?}",
+        t.elapsed() / 100
+    );
+    let t = Instant::now();
+    for _ in 0..100 {
+        let _ = h.device.stats();
+    }
+    eprintln!("stats: {:?}", t.elapsed() / 100);
+    let t = Instant::now();
+    for _ in 0..100 {
+        let _ = h.device.compact();
+    }
+    eprintln!("compact of an empty device: {:?}", t.elapsed() / 100);
+    drop(h);
+    let t = Instant::now();
+    let mut n = 0;
+    for (_, algorithm, ops) in &seeds {
+        run_ops(ops, *algorithm);
+        n += 1;
+    }
+    let per_input = t.elapsed() / n;
+    let t = Instant::now();
+    for _ in 0..5 {
+        for (_, algorithm, ops) in &seeds {
+            device_ops(&encode(*algorithm, ops));
+        }
+    }
+    eprintln!(
+        "device_ops (a kept harness): {:?} per seed input",
+        t.elapsed() / (5 * n)
+    );
+    let (mut apply, mut stats, mut all, mut ops_n) = Default::default();
+    let mut by_kind: std::collections::BTreeMap<String, (u32, std::time::Duration)> =
+        Default::default();
+    for (_, algorithm, ops) in &seeds {
+        let mut h = harness::Harness::new(*algorithm);
+        for (step, op) in ops.iter().enumerate() {
+            h.step = step;
+            let t = Instant::now();
+            h.apply(*op);
+            apply += t.elapsed();
+            let kind = format!("{op:?}");
+            let kind = kind
+                .split([' ', '{'])
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            let e = by_kind.entry(kind).or_default();
+            e.0 += 1;
+            e.1 += t.elapsed();
+            let t = Instant::now();
+            h.check_stats();
+            stats += t.elapsed();
+            if step % CHECK_EVERY == CHECK_EVERY - 1 {
+                let t = Instant::now();
+                h.check_all();
+                all += t.elapsed();
+            }
+            ops_n += 1;
+        }
+    }
+    let _: (
+        std::time::Duration,
+        std::time::Duration,
+        std::time::Duration,
+        u32,
+    ) = (apply, stats, all, ops_n);
+    eprintln!(
+        "setup {setup:?} per harness; {per_input:?} per seed input ({n} seeds, {ops_n} ops): apply {apply:?}, check_stats {stats:?}, check_all {all:?} in all; by operation {by_kind:?}"
+    );
+}
