@@ -668,11 +668,13 @@ check_writeback() {
         return
     fi
     UZRAM_DEV=$dev
-    local bad=
-    # a tampered record fails its read: page 0 alone written back lands at the file's start
+    local bad= out
+    # the file's first 4 KiB are uzram's label
+    head -c 13 "$img" | grep -q '^uzram backing$' || bad="$bad; no label at the backing file's start"
+    # a tampered record fails its read: page 0 alone written back lands right after the label
     "$TOOL" write "$dev" 0 4096 "$SEED" >>"$log" 2>&1 || bad="$bad; writing page 0 failed"
     "$UZRAM_BIN" attr "$dev" writeback page_index=0 >>"$log" 2>&1 || bad="$bad; writeback page_index=0 refused"
-    "$TOOL" flip "$img" 40 >>"$log" 2>&1
+    "$TOOL" flip "$img" $((4096 + 40)) >>"$log" 2>&1
     echo 3 >/proc/sys/vm/drop_caches
     if ! dd if="$dev" of=/dev/null bs=4096 count=1 2>&1 | tee -a "$log" | grep -qi 'input/output error'; then
         bad="$bad; a flipped byte in the backing file read back without an I/O error"
@@ -735,11 +737,23 @@ check_writeback() {
         sleep 5
         umount /mnt/wb 2>>"$log" || bad="$bad; /mnt/wb still busy after uzram --reset, held by:$(holders /mnt/wb)"
     fi
+    # someone's data is never a backing device: a mounted partition is in use, an unmounted
+    # one with a file system holds data uzram did not write; both refused, the file system intact
+    mount "$fsdev" /mnt/wb 2>>"$log"
+    out=$("$UZRAM_BIN" --find --size 64M --backing-dev "$fsdev" --log "$UZRAM_LOG" 2>&1) &&
+        bad="$bad; a mounted $fsdev was taken as backing device: $out"
+    echo "$out" | grep -q "in use" || bad="$bad; the refusal of a mounted $fsdev says: $out"
+    umount /mnt/wb 2>>"$log"
+    out=$("$UZRAM_BIN" --find --size 64M --backing-dev "$fsdev" --log "$UZRAM_LOG" 2>&1) &&
+        bad="$bad; $fsdev with a file system was taken as backing device: $out"
+    echo "$out" | grep -q "holds data uzram did not write" || bad="$bad; the refusal of $fsdev says: $out"
+    e2fsck -fn "$fsdev" >>"$log" 2>&1 || bad="$bad; the file system on $fsdev is damaged after the refusals"
+    echo "refusals: $out" >>"$log"
     if [ -n "$bad" ]; then
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), records ${a1} KiB (file 0600, allocated in full, no plain text), bd_stat $(echo $bd); verified under swap load; a flipped byte fails its read; discarding half left ${a2} KiB of records"
+    pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), records ${a1} KiB (file 0600, allocated in full, no plain text), bd_stat $(echo $bd); verified under swap load; a flipped byte fails its read; discarding half left ${a2} KiB of records; a mounted partition and one holding a file system refused, e2fsck clean"
 }
 
 # check_setup: `uzram setup --config` turns a zram-generator.conf into swap with its priority and
