@@ -503,7 +503,7 @@ check_badinput() {
     : >"$log"
     before=$(ls /sys/class/ublk-char 2>/dev/null | wc -l)
     for args in "--find --size lots" "--find --size 0" "--find --size 1G --algorithm lzo" \
-        "--find --size 1G --algorithm-params level=x" "--find" "--size 1G /dev/zram0" "--reset /dev/ublkb99" \
+        "--find --size 1G --algorithm-params level=x" "--find --streams 0" "--size 1G /dev/zram0" "--reset /dev/ublkb99" \
         "--output NOPE" "--bogus"; do
         # shellcheck disable=SC2086
         out=$("$UZRAM_BIN" $args 2>&1)
@@ -512,6 +512,11 @@ check_badinput() {
         [ $rc = 1 ] || bad="$bad; 'uzram $args' exited $rc"
         [ -n "$out" ] || bad="$bad; 'uzram $args' said nothing"
     done
+    # zramctl's -f alone: the name the next device would get, nothing created
+    out=$("$UZRAM_BIN" --find 2>&1)
+    echo "uzram --find -> $?: $out" >>"$log"
+    echo "$out" | grep -Eq '^/dev/ublkb[0-9]+$' || bad="$bad; 'uzram --find' printed '$out'"
+    [ -e "$out" ] && bad="$bad; 'uzram --find' names $out, which exists"
     after=$(ls /sys/class/ublk-char 2>/dev/null | wc -l)
     [ "$before" = "$after" ] || bad="$bad; ublk devices $before -> $after after bad input"
     # a busy device refuses --reset, keeps serving, and resets once free
@@ -536,7 +541,7 @@ check_badinput() {
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "9 bad command lines exit 1 with a message and create nothing; --reset refused while swap and while mounted, done once free"
+    pass "$name" "9 bad command lines exit 1 with a message and create nothing; --find alone names the next free device; --reset refused while swap and while mounted, done once free"
 }
 
 # check_sigterm: SIGTERM to the daemon deletes its device and socket.
