@@ -292,6 +292,8 @@ fn command_line_cases() -> Vec<Case> {
         ("--size 1G /dev/zram0", "/dev/zram0"),
         ("--size 1G /dev/ublkb1 /dev/ublkb2", "one device"),
         ("--find --size 1G /dev/ublkb1", "either --find"),
+        ("--find --streams 0", "--size"),
+        ("--find --log @x", "--size"),
         ("--algorithm zstd", "--algorithm"),
         ("--force", "--force"),
         ("--bogus", "--bogus"),

@@ -216,7 +216,8 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
         }
         return failed.map_or(Ok(()), |e| Err(e.into()));
     }
-    if a.find && a.size.is_none() && ids.is_empty() && a.device == DeviceArgs::default() {
+    let alone = a.device == DeviceArgs::default() && a.streams.is_none() && a.log.is_none();
+    if a.find && a.size.is_none() && ids.is_empty() && alone {
         // zramctl's `-f` alone: the name the next device would get.
         return Ok(outln(block_path(ctl::first_free_id()?))?);
     }
