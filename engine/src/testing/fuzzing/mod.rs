@@ -40,6 +40,9 @@ pub const SECTOR_SPAN: u16 = DEVICE_SECTORS as u16 * 9 / 8;
 pub const MAX_SECTORS: u8 = 64;
 /// [`device_ops`] runs at most this many operations.
 pub const MAX_OPS: usize = 500;
+/// [`device_ops`] (the fuzz target) runs at most this many: a fuzzer explores by many short
+/// inputs, and longer ones only repeat what the seeds and the proptest already run.
+pub const FUZZ_OPS: usize = 64;
 /// Operations between full checks.
 pub const CHECK_EVERY: usize = 32;
 
@@ -296,7 +299,8 @@ fn run_on(h: &mut Harness, ops: &[DeviceOp]) -> Tally {
     tally
 }
 
-/// The cargo-fuzz entry: decodes an algorithm and up to [`MAX_OPS`] operations from `data`.
+/// The cargo-fuzz entry: decodes an algorithm and up to [`MAX_OPS`] operations from `data`,
+/// and runs the first [`FUZZ_OPS`].
 ///
 /// One harness per algorithm is kept for the thread's inputs: each run ends with every page
 /// discarded and checked, which leaves the device as a fresh one to the model, and making a
@@ -313,14 +317,15 @@ pub fn device_ops(data: &[u8]) {
         return;
     };
     if FRESH.with(|f| *f) {
-        run_ops(&ops, algorithm);
+        run_ops(&ops[..ops.len().min(FUZZ_OPS)], algorithm);
         return;
     }
+    let ops = &ops[..ops.len().min(FUZZ_OPS)];
     let k = usize::from(algorithm != Algorithm::Lz4);
     let mut h = KEPT
         .with(|kept| kept.borrow_mut()[k].take())
         .unwrap_or_else(|| Harness::new(algorithm));
-    run_on(&mut h, &ops);
+    run_on(&mut h, ops);
     h.reuse();
     KEPT.with(|kept| kept.borrow_mut()[k] = Some(h));
 }
