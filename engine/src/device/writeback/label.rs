@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use super::store::{AlignedBuf, BackingError};
@@ -92,32 +93,21 @@ pub(super) fn claim(file: &File, path: &Path, len: u64, force: bool) -> Result<(
 /// anything or opening it for writing: for a command line to check its whole plan before it
 /// starts a device. A missing file is fine (it will be created).
 pub fn check(path: &Path, force: bool) -> Result<(), BackingError> {
-    use std::os::unix::fs::FileTypeExt;
-    let refuse = |why| BackingError::NotUsable {
-        path: path.to_path_buf(),
-        why,
-    };
     let io = |source| BackingError::Open {
         path: path.to_path_buf(),
         source,
     };
-    let meta = match std::fs::symlink_metadata(path) {
+    let block = is_block_device(path)?;
+    let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(io(e)),
     };
-    let t = meta.file_type();
-    if t.is_symlink() {
-        return Err(refuse("is a symbolic link: name the file or device itself"));
-    }
-    if !t.is_block_device() && !t.is_file() {
-        return Err(refuse("is neither a block device nor a regular file"));
-    }
     // A block device is opened exclusively, as the store will open it: one mounted, used as
     // swap or held by another device refuses.
     let file = {
         use std::os::unix::fs::OpenOptionsExt;
-        let excl = if t.is_block_device() { libc::O_EXCL } else { 0 };
+        let excl = if block { libc::O_EXCL } else { 0 };
         std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_CLOEXEC | excl)
@@ -125,19 +115,20 @@ pub fn check(path: &Path, force: bool) -> Result<(), BackingError> {
     };
     let file = match file {
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-            return Err(refuse(
-                "is in use (mounted, swap, or held by another device)",
-            ))
+            return Err(BackingError::NotUsable {
+                path: path.to_path_buf(),
+                why: "is in use (mounted, swap, or held by another device)",
+            })
         }
         f => f.map_err(io)?,
     };
-    let len = if t.is_file() {
+    let len = if !block {
         meta.len()
     } else {
         use std::io::{Seek, SeekFrom};
         (&file).seek(SeekFrom::End(0)).map_err(io)?
     };
-    if t.is_file() && len == 0 {
+    if !block && len == 0 {
         // Empty: uzram sizes it.
         return Ok(());
     }
@@ -154,6 +145,28 @@ pub fn check(path: &Path, force: bool) -> Result<(), BackingError> {
             offset,
         }),
         _ => Ok(()),
+    }
+}
+
+/// Whether `path` is a block device (`false`: a regular file, or nothing yet, which the store
+/// creates); a symbolic link or any other kind of file is refused by name.
+pub(super) fn is_block_device(path: &Path) -> Result<bool, BackingError> {
+    let refuse = |why| BackingError::NotUsable {
+        path: path.to_path_buf(),
+        why,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            Err(refuse("is a symbolic link: name the file or device itself"))
+        }
+        Ok(m) if m.file_type().is_block_device() => Ok(true),
+        Ok(m) if m.file_type().is_file() => Ok(false),
+        Ok(_) => Err(refuse("is neither a block device nor a regular file")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(BackingError::Open {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 

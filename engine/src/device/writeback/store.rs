@@ -2,7 +2,7 @@
 //! its counters (zram's `bd_stat`). The record format is in docs/design.md.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -226,16 +226,7 @@ impl BackingFile {
             path: path.to_path_buf(),
             why,
         };
-        let block = match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(refuse("is a symbolic link: name the file or device itself"))
-            }
-            Ok(m) if m.file_type().is_block_device() => true,
-            Ok(m) if m.file_type().is_file() => false,
-            Ok(_) => return Err(refuse("is neither a block device nor a regular file")),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-            Err(e) => return Err(open_err(e)),
-        };
+        let block = super::label::is_block_device(path)?;
         let open = |direct: bool| {
             // O_EXCL without O_CREAT opens a block device exclusively.
             let excl = if block { libc::O_EXCL } else { 0 };
