@@ -30,7 +30,13 @@ pub enum OptionsError {
     /// `--streams 0` (`--queues 0` for `uzram serve`).
     #[error("--streams must be at least 1")]
     NoStreams,
+    /// More streams (queues) than ublk gives a device.
+    #[error("--streams {0} is more than ublk's {MAX_QUEUES} queues a device")]
+    TooManyStreams(u16),
 }
+
+/// ublk's most queues per device (`UBLK_MAX_NR_QUEUES`).
+pub const MAX_QUEUES: u16 = 4096;
 
 /// Checks a new device's size, options and stream (queue) count, and returns the engine's setup
 /// with its disksize: the one validation path of `uzram --find`, `uzram serve` and `uzram setup`.
@@ -49,8 +55,10 @@ pub fn check(
             max: MAX_FILES,
         });
     }
-    if streams == Some(0) {
-        return Err(OptionsError::NoStreams);
+    match streams {
+        Some(0) => return Err(OptionsError::NoStreams),
+        Some(n) if n > MAX_QUEUES => return Err(OptionsError::TooManyStreams(n)),
+        _ => {}
     }
     let setup = device.setup()?;
     setup.check_backing()?;

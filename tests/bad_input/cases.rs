@@ -1,0 +1,375 @@
+//! The table of bad inputs of tests/bad_input.rs: what a user might mistype, by subcommand and
+//! by configuration format.
+
+use super::{case, conf, Case, Scratch};
+
+/// zramctl's options: --size and what a new device is made of.
+pub fn device_options() -> Vec<Case> {
+    let mut v = Vec::new();
+    // zramctl's --size (util-linux's strtosize).
+    v.push(case("--find --size -1G", "'-1'"));
+    for size in [
+        "lots",
+        "-1",
+        "1.5",
+        "4X",
+        "16E",
+        "1Z",
+        "1Y",
+        "G",
+        "0x",
+        "4 G",
+        "1.5.5G",
+        "4GiBs",
+        "99999999999999999999",
+        "4iB",
+        "1e9",
+    ] {
+        v.push(case(&format!("--find --size '{size}'"), size));
+    }
+    v.push(case("--find --size 0", "size 0"));
+    v.push(case("--find --size ''", "\"\""));
+    // What a device is made of.
+    for (args, names) in [
+        ("--algorithm lzo", "lzo"),
+        ("--algorithm ''", "algorithm"),
+        ("--algorithm zstdx", "zstdx"),
+        ("--algorithm-params level=banana", "banana"),
+        ("--algorithm zstd --algorithm-params level=99999", "99999"),
+        ("--algorithm lz4 --algorithm-params algo=zstd", "algo=zstd"),
+        ("--algorithm-params 'priority=9 level=1'", "priority"),
+        ("--algorithm-params garbage", "garbage"),
+        ("--algorithm-params algo=lzo", "lzo"),
+        ("--algorithm-params dict=@nowhere", "nowhere"),
+        ("--algorithm-params dict=/dev/zero", "/dev/zero"),
+        ("--algorithm-params dict=@fifo", "fifo"),
+        ("--algorithm-params dict=@a-dir", "a-dir"),
+        ("--algorithm-params dict=@empty", "empty"),
+        ("--recomp-algorithm 'algo=zstd priority=4'", "priority"),
+        ("--recomp-algorithm lzo", "lzo"),
+        ("--recomp-algorithm priority=1", "priority=1"),
+        ("--policy evict=maybe", "evict=maybe"),
+        ("--policy pool_share=101", "pool_share=101"),
+        ("--policy psi=200", "psi=200"),
+        ("--policy colour=blue", "colour=blue"),
+        ("--policy budget=lots", "budget=lots"),
+        ("--policy writeback_after=soon", "writeback_after=soon"),
+        ("--policy low_watermark=95", "low_watermark"),
+        ("--policy spill=2", "spill=2"),
+        ("--policy min_free=-1", "min_free=-1"),
+        ("--policy recompress_after=99999999999d", "recompress_after"),
+        ("--mem-limit much", "much"),
+        ("--mem-limit -1", "-1"),
+        ("--mem-limit 1.5G", "1.5G"),
+        ("--mem-limit 99999999999999999999", "99999999999999999999"),
+        ("--backing-dev /dev/null", "/dev/null"),
+        ("--backing-dev @a-dir", "a-dir"),
+        ("--backing-dev @fifo", "fifo"),
+        ("--backing-dev @tiny", "tiny"),
+        ("--backing-dev @data", "data"),
+        ("--backing-dev @ext4.img", "ext4.img"),
+        ("--backing-dev @link-to-data", "link-to-data"),
+        ("--backing-dev @dangling", "dangling"),
+        ("--backing-dev @tiny --force", "tiny"),
+        ("--streams 0", "streams"),
+        ("--streams 70000", "70000"),
+        ("--streams 5000", "5000"),
+        ("--streams -1", "-1"),
+    ] {
+        v.push(case(&format!("--find --size 64M {args}"), names));
+    }
+    let mut stripes = String::from("--find --size 64M");
+    for i in 0..17 {
+        stripes.push_str(&format!(" --backing-dev @stripe{i}"));
+    }
+    v.push(case(&stripes, "17"));
+    v
+}
+
+/// Devices, the listing, attr, bench, dump-pages, setup and teardown.
+pub fn subcommands() -> Vec<Case> {
+    let mut v = Vec::new();
+    // Devices and listing.
+    for (args, names) in [
+        ("-o NOPE", "NOPE"),
+        ("-o +NOPE", "NOPE"),
+        ("-o NAME,,DISKSIZE", "\"\""),
+        ("--output ''", "\"\""),
+        ("--reset", "--reset"),
+        ("--reset /dev/ublkb99999", "/dev/ublkb99999"),
+        ("--reset /dev/zram0", "/dev/zram0"),
+        ("/dev/ublkbX", "/dev/ublkbX"),
+        ("/dev/ublkb-1", "/dev/ublkb-1"),
+        ("/dev/ublkb01", "/dev/ublkb01"),
+        ("/dev/ublkb+1", "/dev/ublkb+1"),
+        ("/dev/ublkb1048576", "/dev/ublkb1048576"),
+        ("/dev/ublkb99999999999", "/dev/ublkb99999999999"),
+        ("/dev/ublkb", "/dev/ublkb"),
+        ("atr", "atr"),
+        ("sertup", "sertup"),
+        ("--size 1G /dev/zram0", "/dev/zram0"),
+        ("--size 1G /dev/ublkb1 /dev/ublkb2", "one device"),
+        ("--find --size 1G /dev/ublkb1", "either --find"),
+        ("--find --streams 0", "--size"),
+        ("--find --log @x", "--size"),
+        ("--algorithm zstd", "--algorithm"),
+        ("--force", "--force"),
+        ("--bogus", "--bogus"),
+        ("-z", "-z"),
+        ("--size", "--size"),
+        ("--log @a-dir --find --size 64M", "a-dir"),
+    ] {
+        v.push(case(args, names));
+    }
+    // attr.
+    for (args, names) in [
+        ("attr /dev/ublkb4000 mm_stat", "/dev/ublkb4000"),
+        ("attr /dev/zram0 mm_stat", "/dev/zram0"),
+        ("attr ublkbX mm_stat", "ublkbX"),
+        ("attr /dev/ublkb01 mm_stat", "/dev/ublkb01"),
+        ("attr", "DEVICE"),
+        ("attr /dev/ublkb0", "NAME"),
+        ("attr /dev/ublkb4000 disksize 1G", "/dev/ublkb4000"),
+    ] {
+        v.push(case(args, names));
+    }
+    // bench.
+    for (args, names) in [
+        ("bench --threads 0", "threads"),
+        ("bench --threads 100000", "100000"),
+        ("bench --threads -1", "-1"),
+        ("bench --runs 0", "runs"),
+        ("bench --runs 100000", "100000"),
+        ("bench --corpus /dev/zero", "/dev/zero"),
+        ("bench --corpus @fifo", "fifo"),
+        ("bench --corpus @a-dir", "a-dir"),
+        ("bench --corpus @nowhere", "nowhere"),
+        ("bench --corpus @tiny", "tiny"),
+        ("bench --corpus @empty", "empty"),
+        ("bench --corpus @dangling", "dangling"),
+        ("bench --algorithm lzo", "lzo"),
+        ("bench --algorithm-params level=banana", "banana"),
+        ("bench --policy colour=blue", "colour=blue"),
+        ("bench --backing-dev @data", "data"),
+        ("bench --pid 4294967295", "4294967295"),
+        ("bench --pid abc", "abc"),
+    ] {
+        v.push(case(args, names));
+    }
+    // dump-pages: a process that is not there must leave the output as it was.
+    for (args, names) in [
+        ("dump-pages --pid 4194304 -o @data", "4194304"),
+        ("dump-pages --pid 4194304 -o @link-to-data", "4194304"),
+        ("dump-pages --pid 4194304 -o @new-file", "4194304"),
+        ("dump-pages --pid 1 -o /dev/null", "/dev/null"),
+        ("dump-pages --pid 1 -o @fifo", "fifo"),
+        ("dump-pages --pid 1 -o @a-dir", "a-dir"),
+        ("dump-pages --pid 1 -o @nowhere/x", "nowhere"),
+        ("dump-pages --pid abc -o @x", "abc"),
+        ("dump-pages --pid 1 --max-mib abc -o @x", "abc"),
+        ("dump-pages -o @x", "--pid"),
+    ] {
+        v.push(case(args, names));
+    }
+    // setup and teardown: the files themselves.
+    for (args, names) in [
+        ("setup --dry-run --config @nowhere", "nowhere"),
+        ("setup --dry-run --config @fifo", "fifo"),
+        ("setup --dry-run --config /dev/zero", "/dev/zero"),
+        ("setup --dry-run --config @a-dir", "a-dir"),
+        ("setup --dry-run --config @big.conf", "big.conf"),
+        ("setup --dry-run --config @not-utf8.conf", "not-utf8.conf"),
+        ("setup --dry-run --config @empty --ram-mib -1", "-1"),
+        ("setup --dry-run --config @empty --ram-mib nan", "NaN"),
+        ("setup --dry-run --config @empty --ram-mib inf", "inf"),
+        ("setup --dry-run --config @empty --ram-mib 0", "0"),
+        ("setup --dry-run --config @empty --ram-mib abc", "abc"),
+        ("teardown --config @nowhere", "nowhere"),
+        ("teardown --config @fifo", "fifo"),
+        ("setup --config @fifo", "fifo"),
+    ] {
+        v.push(case(args, names));
+    }
+    v
+}
+
+/// zram-generator.conf and zramswap files with one bad value each.
+pub fn configs(s: &Scratch) -> Vec<Case> {
+    let gen = |body: &str| format!("[zram0]\n{body}\n");
+    let table: &[(&str, &str, &str)] = &[
+        // zram-generator.conf
+        (
+            "zram-generator.conf",
+            &gen("zram-size = ram / 0"),
+            "zram-size",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = 0 / 0"),
+            "zram-size",
+        ),
+        ("zram-generator.conf", &gen("zram-size = -ram"), "zram-size"),
+        ("zram-generator.conf", &gen("zram-size = -1"), "zram-size"),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = ram *"),
+            "zram-size",
+        ),
+        ("zram-generator.conf", &gen("zram-size = banana"), "banana"),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = 1e300"),
+            "zram-size",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = ram ^ 99"),
+            "zram-size",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-resident-limit = -1"),
+            "zram-resident-limit",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-resident-limit = 1/0"),
+            "zram-resident-limit",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-resident-limit = x"),
+            "zram-resident-limit",
+        ),
+        ("zram-generator.conf", &gen("swap-priority = abc"), "abc"),
+        (
+            "zram-generator.conf",
+            &gen("swap-priority = 40000"),
+            "40000",
+        ),
+        ("zram-generator.conf", &gen("swap-priority = -2"), "-2"),
+        (
+            "zram-generator.conf",
+            &gen("host-memory-limit = abc"),
+            "abc",
+        ),
+        ("zram-generator.conf", &gen("zram-fraction = abc"), "abc"),
+        ("zram-generator.conf", &gen("max-zram-size = abc"), "abc"),
+        (
+            "zram-generator.conf",
+            &gen("compression-algorithm = lzo-rle(level=banana)"),
+            "banana",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("compression-algorithm = zstd(level)"),
+            "level",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("fs-type = nosuchfs"),
+            "nosuchfs",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("mount-point = relative/dir"),
+            "relative/dir",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("mount-point = /a/../b"),
+            "/a/../b",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("mount-point = /x\nfs-type = nosuchfs"),
+            "nosuchfs",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("writeback-device = /dev/null"),
+            "/dev/null",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("writeback-device = relative"),
+            "relative",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("uzram-policy = colour=blue"),
+            "colour=blue",
+        ),
+        ("zram-generator.conf", "[zram1]\n[zram01]\n", "zram01"),
+        ("zram-generator.conf", "[zram0\nzram-size = 1\n", "case27"),
+        (
+            "zram-generator.conf",
+            "[zram99999999999]\n",
+            "zram99999999999",
+        ),
+        ("zram-generator.conf", "set! = echo 1\n[zram0]\n", "set!"),
+        (
+            "zram-generator.conf",
+            "set!x = echo 'ram /'\n[zram0]\n",
+            "set!x",
+        ),
+        (
+            "zram-generator.conf",
+            "set!x = LC_ALL=C awk 'BEGIN{printf \"%c\", 255}'\n[zram0]\n",
+            "UTF-8",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nzram-size = 100 # MiB\n",
+            "zram-size",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nzram-fraction = -1\n",
+            "zram-fraction",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nzram-fraction = inf\n",
+            "zram-fraction",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nmax-zram-size = 1.5\n",
+            "max-zram-size",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nhost-memory-limit = 1.5\n",
+            "host-memory-limit",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\ncompression-algorithm = zstd(level=99)\n",
+            "99",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nzram-size = 64\n[zram1]\nzram-size = 64\nuzram-policy = spill=7\n",
+            "spill=7",
+        ),
+        // zramswap
+        ("zramswap", "PERCENT=abc\n", "abc"),
+        ("zramswap", "PERCENT=-5\n", "-5"),
+        ("zramswap", "PERCENT=1.5\n", "1.5"),
+        ("zramswap", "SIZE=abc\n", "abc"),
+        ("zramswap", "SIZE=-1\n", "-1"),
+        ("zramswap", "PRIORITY=abc\n", "abc"),
+        ("zramswap", "PRIORITY=40000\n", "40000"),
+        ("zramswap", "PRIORITY=-2\n", "-2"),
+        ("zramswap", "ALGO=nosuch\n", "nosuch"),
+        ("zramswap", "ALGO=\"zstd\nPERCENT=1\n", "ALGO"),
+        ("zramswap", "PERCENT=$(rm -rf /)\n", "rm -rf"),
+        ("zramswap", "PERCENT=`reboot`\n", "reboot"),
+    ];
+    table
+        .iter()
+        .enumerate()
+        .map(|(n, &(file, text, names))| conf(s, n, file, text, names))
+        .collect()
+}
