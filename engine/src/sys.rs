@@ -1,4 +1,4 @@
-//! The engine's system calls that std does not wrap: two, on a backing file the engine opened.
+//! The engine's system calls that std does not wrap: three, on a backing file the engine opened.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -28,5 +28,22 @@ pub(crate) fn allocate(file: &File, bytes: u64) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Takes `flock(LOCK_EX | LOCK_NB)` on `file`: `Ok(false)` when another open file holds it (a
+/// backing file another uzram device is using). Released when `file` is closed.
+pub(crate) fn try_lock(file: &File) -> std::io::Result<bool> {
+    // SAFETY: flock on an fd that `file` keeps open for the duration of the call, with plain
+    // integer arguments; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
     }
 }

@@ -48,6 +48,14 @@ impl Spill {
         self.on.load(Ordering::Relaxed)
     }
 
+    /// Nothing more may go (the store is full or failing, the budget or the writeback limit
+    /// is spent): spill stops until the next tick decides again, and the queued pages stay in
+    /// the pool.
+    fn stop(&self) {
+        self.on.store(false, Ordering::Relaxed);
+        while self.queue.pop().is_some() {}
+    }
+
     /// Decides for the next tick, from the pool's `used` bytes and its `share` of RAM under
     /// host pressure (`None`: no pressure, or spill is off): on at 90 % of the share, off
     /// below 80 % (the gap keeps it from flapping) or when the pressure is gone.
@@ -68,9 +76,9 @@ impl Device {
         if !tier.spill.is_on() || !flags.contains(SlotFlags::STORED) {
             return;
         }
-        // Full: the page stays in the pool.
-        let _ = tier.spill.queue.push(index.0);
-        if tier.spill.queue.len() >= WAKE {
+        // Full: the page stays in the pool. The policy thread is woken once per WAKE pages
+        // queued (it also looks every 100 ms), not by every write.
+        if tier.spill.queue.push(index.0).is_ok() && tier.spill.queue.len() % WAKE == 0 {
             tier.wake.notify_one();
         }
     }
@@ -87,7 +95,11 @@ impl Policy {
         };
         let mut written = 0;
         for _ in 0..ROUND {
-            if tier.spill.queue.is_empty() || !tier.budget_allows(device.now()) {
+            if tier.spill.queue.is_empty() {
+                break;
+            }
+            if !tier.budget_allows(device.now()) {
+                tier.spill.stop();
                 break;
             }
             self.pages.clear();
@@ -101,6 +113,7 @@ impl Policy {
             let allowed = backing.limit_allows(self.pages.len());
             if allowed == 0 {
                 tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+                tier.spill.stop();
                 break;
             }
             let keep = |s: &SlotState| s.flags.contains(SlotFlags::STORED);
@@ -116,9 +129,7 @@ impl Policy {
                 .fetch_add(b.object_bytes, Ordering::Relaxed);
             written += b.written;
             if b.full || b.failed > 0 {
-                // Nothing more fits (or the store fails): stop spilling until the next tick.
-                tier.spill.on.store(false, Ordering::Relaxed);
-                while tier.spill.queue.pop().is_some() {}
+                tier.spill.stop();
                 break;
             }
         }

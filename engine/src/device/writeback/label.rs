@@ -59,13 +59,15 @@ fn inspect(file: &File, len: u64) -> std::io::Result<Found> {
     })
 }
 
-/// Checks that `file` (of `len` bytes, at `path`) may be used, and labels it: it must be at
-/// least [`MIN_BYTES`], and hold uzram's label or zeros at its start, unless `force`.
-pub(super) fn claim(file: &File, path: &Path, len: u64, force: bool) -> Result<(), BackingError> {
-    let io = |source| BackingError::Open {
-        path: path.to_path_buf(),
-        source,
-    };
+/// Checks what an existing file or device of `len` bytes holds, before anything is written
+/// to it (or it is sized or allocated): at least [`MIN_BYTES`], and uzram's label or zeros at
+/// its start, unless `force`.
+pub(super) fn check_contents(
+    file: &File,
+    path: &Path,
+    len: u64,
+    force: bool,
+) -> Result<(), BackingError> {
     if len < MIN_BYTES {
         return Err(BackingError::TooSmall {
             path: path.to_path_buf(),
@@ -73,20 +75,66 @@ pub(super) fn claim(file: &File, path: &Path, len: u64, force: bool) -> Result<(
             min: MIN_BYTES,
         });
     }
-    if let Found::Data(offset) = inspect(file, len).map_err(io)? {
-        if !force {
-            return Err(BackingError::Foreign {
-                path: path.to_path_buf(),
-                offset,
-            });
-        }
+    let found = inspect(file, len).map_err(|source| BackingError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    match found {
+        Found::Data(offset) if !force => Err(BackingError::Foreign {
+            path: path.to_path_buf(),
+            offset,
+        }),
+        _ => Ok(()),
     }
+}
+
+/// Writes the label at the start of `file` (of `len` bytes).
+pub(super) fn write_label(file: &File, path: &Path, len: u64) -> Result<(), BackingError> {
+    let io = |source| BackingError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut label = AlignedBuf::new(LABEL_LEN as usize);
     label.fill(0);
     label[..MAGIC.len()].copy_from_slice(MAGIC);
     label[MAGIC.len()..MAGIC.len() + 8].copy_from_slice(&len.to_le_bytes());
     file.write_all_at(&label, 0).map_err(io)?;
     file.sync_data().map_err(io)
+}
+
+/// Refuses a file others may write (it could be tampered with, or swapped for another): a
+/// regular file must be writable by its owner only; a block device belongs to group disk, which
+/// may write it (0660).
+pub(super) fn check_mode(meta: &std::fs::Metadata, path: &Path) -> Result<(), BackingError> {
+    use std::os::unix::fs::MetadataExt;
+    let forbidden = if meta.file_type().is_file() {
+        0o022
+    } else {
+        0o002
+    };
+    if meta.mode() & forbidden != 0 {
+        return Err(BackingError::Unsafe {
+            path: path.to_path_buf(),
+            mode: meta.mode() & 0o7777,
+        });
+    }
+    Ok(())
+}
+
+/// A regular file another uzram device holds (its `flock`) is refused: two stores in one file
+/// would overwrite each other's records.
+pub(super) fn check_unshared(file: &File, path: &Path) -> Result<(), BackingError> {
+    match crate::sys::try_lock(file) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(BackingError::NotUsable {
+            path: path.to_path_buf(),
+            why: "is the backing file of another uzram device",
+        }),
+        Err(source) => Err(BackingError::Open {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// What [`super::BackingStore::open_all`] would refuse `path` for, found without writing
@@ -97,21 +145,20 @@ pub fn check(path: &Path, force: bool) -> Result<(), BackingError> {
         path: path.to_path_buf(),
         source,
     };
-    let block = is_block_device(path)?;
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io(e)),
+    let Some(target) = resolve(path)? else {
+        return Ok(());
     };
-    // A block device is opened exclusively, as the store will open it: one mounted, used as
-    // swap or held by another device refuses.
+    let block = target.block;
+    // Opened as the store will open it (read and write, a block device exclusively: one
+    // mounted, used as swap or held by another device refuses), but nothing is written.
     let file = {
         use std::os::unix::fs::OpenOptionsExt;
         let excl = if block { libc::O_EXCL } else { 0 };
         std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_CLOEXEC | excl)
-            .open(path)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | excl)
+            .open(&target.path)
     };
     let file = match file {
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
@@ -122,47 +169,74 @@ pub fn check(path: &Path, force: bool) -> Result<(), BackingError> {
         }
         f => f.map_err(io)?,
     };
-    let len = if !block {
-        meta.len()
-    } else {
+    let meta = file.metadata().map_err(io)?;
+    check_mode(&meta, path)?;
+    if !block {
+        check_unshared(&file, path)?;
+    }
+    let len = if block {
         use std::io::{Seek, SeekFrom};
         (&file).seek(SeekFrom::End(0)).map_err(io)?
+    } else {
+        meta.len()
     };
     if !block && len == 0 {
         // Empty: uzram sizes it.
         return Ok(());
     }
-    if len < MIN_BYTES {
-        return Err(BackingError::TooSmall {
-            path: path.to_path_buf(),
-            bytes: len,
-            min: MIN_BYTES,
-        });
-    }
-    match inspect(&file, len).map_err(io)? {
-        Found::Data(offset) if !force => Err(BackingError::Foreign {
-            path: path.to_path_buf(),
-            offset,
-        }),
-        _ => Ok(()),
-    }
+    check_contents(&file, path, len, force)
 }
 
-/// Whether `path` is a block device (`false`: a regular file, or nothing yet, which the store
-/// creates); a symbolic link or any other kind of file is refused by name.
-pub(super) fn is_block_device(path: &Path) -> Result<bool, BackingError> {
+/// What a backing path names: the path to open (a link to a block device, such as
+/// `/dev/disk/by-id/...` or `/dev/mapper/...`, resolved) and whether it is a block device.
+pub(super) struct Target {
+    pub(super) path: std::path::PathBuf,
+    pub(super) block: bool,
+}
+
+/// Resolves `path` (see [`Target`]); `None` when it does not exist yet, and then the store may
+/// create it: not under /dev (a device that has not appeared would become a file in RAM), and
+/// only in a directory that exists. A link to anything but a block device, and any other kind
+/// of file, is refused by name.
+pub(super) fn resolve(path: &Path) -> Result<Option<Target>, BackingError> {
     let refuse = |why| BackingError::NotUsable {
         path: path.to_path_buf(),
         why,
     };
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => {
-            Err(refuse("is a symbolic link: name the file or device itself"))
+            let real =
+                std::fs::canonicalize(path).map_err(|_| refuse("is a symbolic link to nothing"))?;
+            if std::fs::metadata(&real).is_ok_and(|m| m.file_type().is_block_device()) {
+                Ok(Some(Target {
+                    path: real,
+                    block: true,
+                }))
+            } else {
+                Err(refuse("is a symbolic link to a file: name the file itself"))
+            }
         }
-        Ok(m) if m.file_type().is_block_device() => Ok(true),
-        Ok(m) if m.file_type().is_file() => Ok(false),
+        Ok(m) if m.file_type().is_block_device() => Ok(Some(Target {
+            path: path.to_path_buf(),
+            block: true,
+        })),
+        Ok(m) if m.file_type().is_file() => Ok(Some(Target {
+            path: path.to_path_buf(),
+            block: false,
+        })),
         Ok(_) => Err(refuse("is neither a block device nor a regular file")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if path.starts_with("/dev") {
+                return Err(refuse(
+                    "does not exist (uzram makes backing files, but not under /dev)",
+                ));
+            }
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            if dir.is_some_and(|d| !d.is_dir()) {
+                return Err(refuse("does not exist, nor does its directory"));
+            }
+            Ok(None)
+        }
         Err(source) => Err(BackingError::Open {
             path: path.to_path_buf(),
             source,
@@ -175,8 +249,10 @@ mod tests {
     use super::*;
 
     fn file_with(dir: &Path, name: &str, bytes: &[u8], len: u64) -> (File, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -190,23 +266,23 @@ mod tests {
     fn only_zeros_or_our_label_are_taken_without_force() {
         let dir = crate::device::testutil::tempdir("label");
         let (f, p) = file_with(&dir, "zeros", &[], 2 << 20);
-        claim(&f, &p, 2 << 20, false).unwrap();
+        check_contents(&f, &p, 2 << 20, false).unwrap();
+        write_label(&f, &p, 2 << 20).unwrap();
         assert_eq!(inspect(&f, 2 << 20).unwrap(), Found::Label);
-        claim(&f, &p, 2 << 20, false).expect("ours, taken again");
+        check_contents(&f, &p, 2 << 20, false).expect("ours, taken again");
 
         let mut ext = vec![0u8; 4096];
         ext[1024 + 56] = 0x53; // ext's superblock magic, low byte
         let (f, p) = file_with(&dir, "ext", &ext, 2 << 20);
         let before = std::fs::read(&p).unwrap();
-        let e = claim(&f, &p, 2 << 20, false).unwrap_err();
+        let e = check_contents(&f, &p, 2 << 20, false).unwrap_err();
         assert!(
             matches!(e, BackingError::Foreign { offset: 1080, .. }),
             "{e}"
         );
         assert!(e.to_string().contains("force"), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), before, "nothing written");
-        claim(&f, &p, 2 << 20, true).expect("forced");
-        assert_eq!(inspect(&f, 2 << 20).unwrap(), Found::Label);
+        check_contents(&f, &p, 2 << 20, true).expect("forced");
 
         // The read-only check says the same, and writes nothing either.
         let (_, p) = file_with(&dir, "ext2", &ext, 2 << 20);
@@ -219,12 +295,29 @@ mod tests {
         check(&dir.join("new"), false).expect("a new file is created");
         assert!(!dir.join("new").exists());
         assert!(matches!(
+            check(&dir.join("no-such-dir/new"), false),
+            Err(BackingError::NotUsable { .. })
+        ));
+        assert!(matches!(
+            check(Path::new("/dev/uzram-no-such-disk"), false),
+            Err(BackingError::NotUsable { .. })
+        ));
+        // A file another device holds is refused.
+        let (held, p) = file_with(&dir, "held", &[], 0);
+        assert!(crate::sys::try_lock(&held).unwrap());
+        assert!(matches!(
+            check(&p, false),
+            Err(BackingError::NotUsable { .. })
+        ));
+        drop(held);
+        check(&p, false).expect("free again");
+        assert!(matches!(
             check(Path::new("/dev/null"), false),
             Err(BackingError::NotUsable { .. })
         ));
 
         let (f, p) = file_with(&dir, "tiny", b"hello", 5);
-        let e = claim(&f, &p, 5, true).unwrap_err();
+        let e = check_contents(&f, &p, 5, true).unwrap_err();
         assert!(matches!(e, BackingError::TooSmall { bytes: 5, .. }), "{e}");
         assert_eq!(std::fs::read(&p).unwrap(), b"hello", "nothing written");
         let _ = std::fs::remove_dir_all(&dir);

@@ -222,11 +222,9 @@ impl BackingFile {
             path: path.to_path_buf(),
             source,
         };
-        let refuse = |why| BackingError::NotUsable {
-            path: path.to_path_buf(),
-            why,
-        };
-        let block = super::label::is_block_device(path)?;
+        let label = super::label::resolve(path)?;
+        let block = label.as_ref().is_some_and(|t| t.block);
+        let real = label.map_or_else(|| path.to_path_buf(), |t| t.path);
         let open = |direct: bool| {
             // O_EXCL without O_CREAT opens a block device exclusively.
             let excl = if block { libc::O_EXCL } else { 0 };
@@ -242,7 +240,7 @@ impl BackingFile {
                         | excl
                         | if direct { libc::O_DIRECT } else { 0 },
                 )
-                .open(path)
+                .open(&real)
         };
         // A filesystem without direct I/O (tmpfs before Linux 6.6) refuses O_DIRECT with EINVAL.
         let (file, direct) = match open(true) {
@@ -251,32 +249,29 @@ impl BackingFile {
                 (open(false).map_err(open_err)?, false)
             }
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                return Err(refuse(
-                    "is in use (mounted, swap, or held by another device)",
-                ))
+                return Err(BackingError::NotUsable {
+                    path: path.to_path_buf(),
+                    why: "is in use (mounted, swap, or held by another device)",
+                })
             }
             Err(e) => return Err(open_err(e)),
         };
         let meta = file.metadata().map_err(open_err)?;
-        // A block device belongs to group disk, which may write it (0660); a file must be ours.
-        let forbidden = if meta.file_type().is_file() {
-            0o022
-        } else {
-            0o002
-        };
-        if meta.mode() & forbidden != 0 {
-            return Err(BackingError::Unsafe {
-                path: path.to_path_buf(),
-                mode: meta.mode() & 0o7777,
-            });
+        super::label::check_mode(&meta, path)?;
+        if !block {
+            // Held while the store is open: another device cannot take the same file.
+            super::label::check_unshared(&file, path)?;
         }
-        let mut bytes = if meta.file_type().is_file() {
-            meta.len()
-        } else {
+        let mut bytes = if block {
             use std::io::{Seek, SeekFrom};
             (&file).seek(SeekFrom::End(0)).map_err(open_err)?
+        } else {
+            meta.len()
         };
-        if bytes == 0 && meta.file_type().is_file() {
+        // What is there is judged before anything is written, sized or allocated.
+        if bytes > 0 || block {
+            super::label::check_contents(&file, path, bytes, force)?;
+        } else if !block {
             bytes = default_bytes
                 .max(super::label::MIN_BYTES)
                 .next_multiple_of(ALIGN as u64);
@@ -285,7 +280,7 @@ impl BackingFile {
         // Reads must not dirty the inode (an atime update is a journal transaction). Needs the
         // file's owner or CAP_FOWNER; without it, atime updates stay.
         crate::sys::set_noatime(&file);
-        if meta.file_type().is_file() {
+        if !block {
             // Allocate every block now (see the module docs). A filesystem without fallocate
             // keeps a sparse file; one without room for it is an error now, not at swap-out.
             if let Err(e) = crate::sys::allocate(&file, bytes) {
@@ -294,7 +289,7 @@ impl BackingFile {
                 }
             }
         }
-        super::label::claim(&file, path, bytes, force)?;
+        super::label::write_label(&file, path, bytes)?;
         let mut space = Space::new(bytes / SECTOR);
         // The label's sectors are never a record's.
         space.set(0, super::label::LABEL_LEN / SECTOR, true);
@@ -426,7 +421,10 @@ impl BackingStore {
                 let s = f.space.lock();
                 FileUsage {
                     path: f.path.clone(),
-                    used_bytes: (s.sectors - s.free) * SECTOR,
+                    // Records only: the label is not the pages'.
+                    used_bytes: (s.sectors - s.free)
+                        .saturating_sub(super::label::LABEL_LEN / SECTOR)
+                        * SECTOR,
                     size_bytes: s.sectors * SECTOR,
                     writes: f.writes.load(Ordering::Relaxed),
                     direct: f.direct,

@@ -182,6 +182,16 @@ impl Harness {
             std::process::id(),
             FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
+        // Made here, empty, for the store to size: the store makes no files under /dev.
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&backing)
+                .expect("the harness's backing file");
+        }
         let config = DeviceConfig {
             algorithm,
             params: fast(algorithm),
