@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -345,24 +345,45 @@ fn an_unwritable_stdout_is_exit_1_without_a_panic() {
 
 #[test]
 fn a_setup_that_fails_on_its_second_device_creates_nothing() {
-    // Checked whole before anything is created: the first device is fine, the second's
-    // policy is not. Without a driver the plan's error must still come first.
+    // Checked whole before anything is created: the first device is fine, the second's backing
+    // device holds a file system, which only the plan's check finds (the file parses). Without
+    // a driver, the plan's error must still come first, and nothing appear.
     let s = Scratch::new("t3");
+    let img = s.path("ext4.img");
     s.write(
         "two.conf",
-        b"[zram0]\nzram-size = 64\n[zram1]\nzram-size = 64\nuzram-policy = evict=maybe\n",
+        format!(
+            "[zram0]\nzram-size = 64\n[zram1]\nzram-size = 64\nwriteback-device = {}\n",
+            img.display()
+        )
+        .as_bytes(),
     );
     let conf = s.path("two.conf");
-    let (code, err, _) = run(
-        &[
-            "setup".into(),
-            "--config".into(),
-            conf.to_str().unwrap().into(),
-        ],
-        Stdio::null(),
-    );
-    assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("evict=maybe"), "{err}");
-    let _ = Path::new("/run/uzram");
+    let before = std::fs::read_dir("/run/uzram")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    let image = std::fs::read(&img).unwrap();
+    for dry in [true, false] {
+        let mut args: Vec<String> = vec!["setup".into()];
+        if dry {
+            args.push("--dry-run".into());
+        }
+        args.extend(["--config".into(), conf.to_str().unwrap().into()]);
+        let (code, err, _) = run(&args, Stdio::null());
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("[zram1]") && err.contains("ext4.img") && err.contains("holds data"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("no ublk driver"),
+            "the plan is checked first: {err}"
+        );
+    }
+    let after = std::fs::read_dir("/run/uzram")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(before, after, "a control socket appeared");
+    assert_eq!(std::fs::read(&img).unwrap(), image, "the image changed");
     let _ = std::fs::remove_dir_all(&s.dir);
 }

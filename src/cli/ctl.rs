@@ -370,7 +370,7 @@ pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
             })?;
             what.push("created");
         }
-        if d.fs == "swap" {
+        if d.fs == "swap" && d.mount.is_none() {
             if is_swap(&d.device) {
                 what.push("swap already on");
             } else {
@@ -429,9 +429,15 @@ pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
                 d.section, d.device
             )));
         }
-        options::check(&d.size_bytes.to_string(), &d.device_args(), None)
+        let mut args = d.device_args();
+        if kernel_knows(id) {
+            // Set up already (its daemon holds its backing device): setup leaves it as it is.
+            args.backing_dev.clear();
+        }
+        options::check(&d.size_bytes.to_string(), &args, None)
             .map_err(|e| err(format!("[{}]: {e}", d.section)))?;
-        if d.fs != "swap" {
+        // zram-generator mounts a device with a mount point whatever its fs-type says.
+        if d.fs != "swap" || d.mount.is_some() {
             let mkfs = format!("mkfs.{}", d.fs);
             if find_program(&mkfs).is_none() {
                 return Err(err(format!(

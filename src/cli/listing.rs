@@ -57,7 +57,7 @@ pub const COLUMNS: &[Column] = &[
     ),
     col(
         "WRITTEN-BACK",
-        "pages the policy wrote back (idle, above the watermark, host pressure)",
+        "pages the policy wrote back (idle, above the watermark, host pressure, spill)",
         true,
     ),
     col(

@@ -60,10 +60,11 @@ pub struct CtlArgs {
     /// Device(s): /dev/ublkbN (to create with --size, to reset, or to show)
     #[arg(value_name = "DEVICE")]
     devices: Vec<String>,
-    /// Create a device with the first free id
+    /// Create a device with the first free id (with --size); alone, print the name the next
+    /// device gets, as zramctl -f does
     #[arg(short = 'f', long)]
     find: bool,
-    /// Device size (zram's disksize syntax: 4G, 512M, bytes)
+    /// Device size, as zramctl takes it: 4G or 4GiB (powers of 1024), 4GB (of 1000), 1.5G, bytes
     #[arg(short = 's', long, value_name = "SIZE")]
     size: Option<String>,
     /// What a new device is made of
@@ -285,18 +286,18 @@ fn plan(
     config: Option<&std::path::Path>,
     ram_mib: Option<f64>,
     root: Option<&std::path::Path>,
-) -> Result<Vec<setup::DevicePlan>, Box<dyn std::error::Error>> {
+) -> Result<setup::Loaded, Box<dyn std::error::Error>> {
     let host = setup::Host::read(root.unwrap_or(std::path::Path::new("/")), ram_mib)?;
-    let (plan, notes) = setup::load_plan(config, &host)?;
-    for note in notes {
+    let loaded = setup::load_plan(config, &host)?;
+    for note in &loaded.notes {
         warn(format_args!("uzram: warning: {note}"));
     }
-    for device in &plan {
+    for device in &loaded.plan {
         for w in &device.warnings {
             warn(format_args!("uzram: [{}] {w}", device.section));
         }
     }
-    Ok(plan)
+    Ok(loaded)
 }
 
 fn setup(
@@ -305,7 +306,11 @@ fn setup(
     ram_mib: Option<f64>,
     root: Option<&std::path::Path>,
 ) -> Outcome {
-    let plan = plan(config, ram_mib, root)?;
+    let setup::Loaded {
+        plan,
+        system_generator_files,
+        ..
+    } = plan(config, ram_mib, root)?;
     // The dry run checks what the real setup checks.
     ctl::check_plan(&plan)?;
     if dry_run {
@@ -316,7 +321,7 @@ fn setup(
     if root.is_some() {
         return Err(CtlError("--root plans another system: use it with --dry-run".into()).into());
     }
-    if config.is_none() && setup::zram_generator_installed() {
+    if system_generator_files && setup::zram_generator_installed() {
         return Err(CtlError(
             "zram-generator is installed and acts on the same zram-generator.conf: mask it (ln -s /dev/null /etc/systemd/system-generators/zram-generator) or remove it first, or give --config FILE".into(),
         )
@@ -329,7 +334,7 @@ fn setup(
 }
 
 fn teardown(config: Option<&std::path::Path>) -> Outcome {
-    for line in ctl::teardown(&plan(config, None, None)?)? {
+    for line in ctl::teardown(&plan(config, None, None)?.plan)? {
         outln(line)?;
     }
     Ok(())

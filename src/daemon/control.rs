@@ -68,7 +68,7 @@ pub(super) fn control_thread(
                             i.rss_bytes,
                             p.evicted_pages,
                             p.recompressed_pages,
-                            p.age_wb_pages + p.watermark_wb_pages + p.host_wb_pages,
+                            p.age_wb_pages + p.watermark_wb_pages + p.host_wb_pages + p.spilled_pages,
                             device.mm_stat()
                         ))
                     }

@@ -208,9 +208,6 @@ fn set_var(
         return Ok(());
     }
     let bad = |m: String| err(file, format!("{k} = {v}: {m}"));
-    if var.is_empty() {
-        return Err(bad("set! needs a variable name (set!NAME = COMMAND)".into()));
-    }
     let out = std::process::Command::new("/bin/sh")
         .args(["-c", "--", v])
         .stdin(std::process::Stdio::null())
@@ -400,21 +397,36 @@ fn finish(
         if !f.is_finite() && max == u64::MAX {
             return Err(too_large("zram-fraction", format!("{f}")));
         }
+        let key = if max == u64::MAX {
+            "zram-fraction"
+        } else {
+            "max-zram-size"
+        };
         (f as u64)
             .min(max)
             .checked_mul(MIB)
-            .ok_or_else(|| too_large("max-zram-size", format!("{} MiB", (f as u64).min(max))))?
+            .ok_or_else(|| too_large(key, format!("{} MiB", (f as u64).min(max))))?
     } else {
         let expr = size.as_deref().unwrap_or("min(ram / 2, 4096)");
         let bytes = mib_to_bytes(&section, "zram-size", expr, ram, vars)
             .map_err(|m| err(&from("zram-size"), m))?;
-        if bytes / (ram.max(1) * MIB) > 32 {
+        if bytes / ram.max(1).saturating_mul(MIB) > 32 {
             plan.warnings.push(format!(
                 "zram-size={expr} would need an improbable compression ratio of over 32 (units may be wrong: the size is in MiB)"
             ));
         }
         bytes
     };
+    if let Some(dev) = plan.writeback.take() {
+        // zram-generator's setup writes backing_dev only if the device exists, else warns.
+        if std::path::Path::new(&dev).exists() {
+            plan.writeback = Some(dev);
+        } else {
+            plan.warnings.push(format!(
+                "writeback-device {dev} does not exist: the device has none (as zram-generator sets it up)"
+            ));
+        }
+    }
     if let Some(expr) = &resident {
         plan.mem_limit = mib_to_bytes(&section, "zram-resident-limit", expr, ram, vars)
             .map_err(|m| err(&from("zram-resident-limit"), m))?;

@@ -241,12 +241,14 @@ impl Host {
                 let path = root.join("proc/meminfo");
                 let text = crate::common::read_text(&path, crate::common::MAX_CONFIG_BYTES)
                     .map_err(|e| err(&path.display().to_string(), e.to_string()))?;
-                mem_total_kb(&text).ok_or_else(|| {
-                    err(
-                        &path.display().to_string(),
-                        "no MemTotal line: give --ram-mib",
-                    )
-                })?
+                mem_total_kb(&text)
+                    .filter(|&kb| (1024..=1u64 << 50).contains(&kb))
+                    .ok_or_else(|| {
+                        err(
+                            &path.display().to_string(),
+                            "no MemTotal line of 1 MiB to 2^40 MiB: give --ram-mib",
+                        )
+                    })?
             }
         };
         let cmdline = std::fs::read_to_string(root.join("proc/cmdline")).unwrap_or_default();
@@ -305,13 +307,21 @@ fn is_zramswap(path: &Path, text: &str) -> bool {
             }))
 }
 
+/// A plan, with what the user should be told about it.
+pub struct Loaded {
+    /// The devices.
+    pub plan: Vec<DevicePlan>,
+    /// Warnings about the files as a whole (ignored sections, `set!` commands that failed).
+    pub notes: Vec<String>,
+    /// The plan is the system's zram-generator configuration, which zram-generator itself acts
+    /// on too.
+    pub system_generator_files: bool,
+}
+
 /// Where a plan comes from: `--config FILE`; else, as zram-generator, the kernel command line
 /// (`systemd.zram=0`: nothing) and zram-generator's files under the host's root; else its
-/// `etc/default/zramswap`. Returns the plan and notes for the user.
-pub fn load_plan(
-    config: Option<&Path>,
-    host: &Host,
-) -> Result<(Vec<DevicePlan>, Vec<String>), SetupError> {
+/// `etc/default/zramswap`.
+pub fn load_plan(config: Option<&Path>, host: &Host) -> Result<Loaded, SetupError> {
     let read = |p: &Path| {
         crate::common::read_text(p, crate::common::MAX_CONFIG_BYTES)
             .map_err(|e| err(&p.display().to_string(), e.to_string()))
@@ -319,20 +329,26 @@ pub fn load_plan(
     if let Some(path) = config {
         let text = read(path)?;
         let name = path.display().to_string();
-        return if is_zramswap(path, &text) {
-            Ok((zramswap::plan(&name, &text, host.mem_total_kb)?, Vec::new()))
+        let (plan, notes) = if is_zramswap(path, &text) {
+            (zramswap::plan(&name, &text, host.mem_total_kb)?, Vec::new())
         } else {
-            generator::plan(&[(name, text)], host.ram_mib(), None)
+            generator::plan(&[(name, text)], host.ram_mib(), None)?
         };
+        return Ok(Loaded {
+            plan,
+            notes,
+            system_generator_files: false,
+        });
     }
     if host.kernel == Some(false) {
-        return Ok((
-            Vec::new(),
-            vec![
+        return Ok(Loaded {
+            plan: Vec::new(),
+            notes: vec![
                 "systemd.zram=0 on the kernel command line: no devices (zram-generator's rule)"
                     .into(),
             ],
-        ));
+            system_generator_files: false,
+        });
     }
     let files = generator::files(&host.root);
     if !files.is_empty() || host.kernel == Some(true) {
@@ -349,15 +365,20 @@ pub fn load_plan(
                     .to_string(),
             );
         }
-        return Ok((plan, notes));
+        return Ok(Loaded {
+            plan,
+            notes,
+            system_generator_files: true,
+        });
     }
     let zramswap = host.root.join("etc/default/zramswap");
     if zramswap.exists() {
         let name = zramswap.display().to_string();
-        return Ok((
-            zramswap::plan(&name, &read(&zramswap)?, host.mem_total_kb)?,
-            Vec::new(),
-        ));
+        return Ok(Loaded {
+            plan: zramswap::plan(&name, &read(&zramswap)?, host.mem_total_kb)?,
+            notes: Vec::new(),
+            system_generator_files: false,
+        });
     }
     Err(err(
         "configuration",

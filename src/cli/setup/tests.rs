@@ -35,7 +35,7 @@ fn root(tag: &str, files: &[(&str, &str)], kb: u64, cmdline: Option<&str>) -> Pa
 
 fn plan_root(dir: &Path) -> Result<(Vec<DevicePlan>, Vec<String>), SetupError> {
     let host = Host::read(dir, None)?;
-    let r = load_plan(None, &host);
+    let r = load_plan(None, &host).map(|l| (l.plan, l.notes));
     let _ = std::fs::remove_dir_all(dir);
     r
 }
@@ -259,9 +259,14 @@ fn zram_generator_10_example() {
     assert_eq!(p[0].recompress.as_deref(), Some("type=idle"));
     assert_eq!(p[0].options, "");
     assert!(p[0].warnings[0].contains("lzo-rle"), "{:?}", p[0].warnings);
-    assert_eq!(
-        p[0].writeback.as_deref(),
-        Some("/dev/zvol/tarta-zoot/swap-writeback")
+    // The zvol is not on this machine: as zram-generator's setup, the device has none.
+    assert_eq!(p[0].writeback, None);
+    assert!(
+        p[0].warnings
+            .iter()
+            .any(|w| w.contains("/dev/zvol/tarta-zoot/swap-writeback")),
+        "{:?}",
+        p[0].warnings
     );
     assert_eq!(
         (
@@ -439,6 +444,23 @@ fn zramswap_rules() {
     );
     let p = zramswap::plan("zramswap", "SIZE=$((2*1024))\n", 4 << 20).unwrap();
     assert_eq!(p[0].size_bytes, 2 << 30);
+    // The shell's arithmetic: whole numbers, division truncating at each step, octal.
+    for (expr, mib) in [
+        ("1000/3*3", 999),
+        ("(1+2)*100", 300),
+        ("010*2", 16),
+        ("-(-5)", 5),
+        ("7 % 4", 3),
+    ] {
+        let p = zramswap::plan("zramswap", &format!("SIZE=$(({expr}))\n"), 4 << 20).unwrap();
+        assert_eq!(p[0].size_bytes, mib * MIB, "{expr}");
+    }
+    for bad in ["2**3", "2^3", "1k", "x+1", "1/0", "(1", "1 < 2"] {
+        assert!(
+            zramswap::plan("zramswap", &format!("SIZE=$(({bad}))\n"), 4 << 20).is_err(),
+            "{bad}"
+        );
+    }
     let p = zramswap::plan("zramswap", "SIZE=010\n", 4 << 20).unwrap();
     assert_eq!(p[0].size_bytes, 8 * MIB, "octal to the shell");
     let p = zramswap::plan("zramswap", "ALLOCATION=512\nCORES=4\nSIZE=64\n", 4 << 20).unwrap();

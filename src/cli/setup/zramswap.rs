@@ -129,6 +129,23 @@ fn assignment(line: &str) -> Result<Option<(String, String)>, String> {
                 .ok_or_else(|| format!("{name}: the quote {q} is never closed"))?;
             (&rest[1..1 + end], &rest[2 + end..])
         }
+        // An arithmetic expansion is one word, blanks and all.
+        _ if rest.starts_with("$((") => {
+            // Where its parentheses balance.
+            let mut depth = 0i32;
+            let end = rest[1..]
+                .char_indices()
+                .find_map(|(i, c)| {
+                    depth += match c {
+                        '(' => 1,
+                        ')' => -1,
+                        _ => 0,
+                    };
+                    (depth == 0).then_some(i + 2)
+                })
+                .ok_or_else(|| format!("{name}: the $(( is never closed"))?;
+            (&rest[..end], &rest[end..])
+        }
         _ => {
             let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
             (&rest[..end], &rest[end..])
@@ -155,17 +172,105 @@ fn assignment(line: &str) -> Result<Option<(String, String)>, String> {
     Ok(Some((name.to_string(), value)))
 }
 
-/// `$((expr))` in whole numbers, as the shell's arithmetic (a result with a fraction, which the
-/// shell's integer division would truncate step by step, is refused rather than guessed).
+/// `$((expr))` as the shell's arithmetic evaluates it: whole numbers (64-bit), `+ - * / %`
+/// and parentheses, division truncating at each step, numbers in the shell's bases (a leading
+/// 0 is octal). Anything else (a variable, `**`, a comparison) is refused.
 fn arithmetic(name: &str, expr: &str) -> Result<String, String> {
-    let v = fasteval::ez_eval(expr, &mut fasteval::EmptyNamespace)
-        .map_err(|e| format!("{name}=$(({expr})): {e:?}"))?;
-    if v.fract() != 0.0 || !v.is_finite() || v.abs() > i64::MAX as f64 {
-        return Err(format!(
-            "{name}=$(({expr})) is {v}, not a whole number: give the value"
-        ));
+    let bad = |why: &str| format!("{name}=$(({expr})): {why}");
+    let mut p = Arith {
+        s: expr.as_bytes(),
+        at: 0,
+    };
+    let v = p.sum().map_err(bad)?;
+    p.blanks();
+    if p.at != p.s.len() {
+        return Err(bad("uzram reads numbers, + - * / % and parentheses there"));
     }
-    Ok((v as i64).to_string())
+    Ok(v.to_string())
+}
+
+/// A recursive-descent reader of shell arithmetic (see [`arithmetic`]).
+struct Arith<'a> {
+    s: &'a [u8],
+    at: usize,
+}
+
+impl Arith<'_> {
+    fn blanks(&mut self) {
+        while self.s.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.blanks();
+        self.s.get(self.at).copied()
+    }
+
+    fn sum(&mut self) -> Result<i64, &'static str> {
+        let mut v = self.product()?;
+        while let Some(op @ (b'+' | b'-')) = self.peek() {
+            self.at += 1;
+            let r = self.product()?;
+            v = if op == b'+' {
+                v.checked_add(r)
+            } else {
+                v.checked_sub(r)
+            }
+            .ok_or("overflow")?;
+        }
+        Ok(v)
+    }
+
+    fn product(&mut self) -> Result<i64, &'static str> {
+        let mut v = self.unary()?;
+        while let Some(op @ (b'*' | b'/' | b'%')) = self.peek() {
+            self.at += 1;
+            if self.s.get(self.at) == Some(&b'*') {
+                return Err("uzram reads numbers, + - * / % and parentheses there");
+            }
+            let r = self.unary()?;
+            v = match op {
+                b'*' => v.checked_mul(r).ok_or("overflow")?,
+                _ if r == 0 => return Err("division by 0"),
+                b'/' => v.checked_div(r).ok_or("overflow")?,
+                _ => v.checked_rem(r).ok_or("overflow")?,
+            };
+        }
+        Ok(v)
+    }
+
+    fn unary(&mut self) -> Result<i64, &'static str> {
+        match self.peek() {
+            Some(b'-') => {
+                self.at += 1;
+                self.unary()?.checked_neg().ok_or("overflow")
+            }
+            Some(b'+') => {
+                self.at += 1;
+                self.unary()
+            }
+            Some(b'(') => {
+                self.at += 1;
+                let v = self.sum()?;
+                if self.peek() != Some(b')') {
+                    return Err("a ( is never closed");
+                }
+                self.at += 1;
+                Ok(v)
+            }
+            _ => {
+                let start = self.at;
+                while self.s.get(self.at).is_some_and(u8::is_ascii_alphanumeric) {
+                    self.at += 1;
+                }
+                let word = std::str::from_utf8(&self.s[start..self.at]).unwrap_or_default();
+                shell_number(word)
+                    .map(|(n, _)| n)
+                    .ok_or("uzram reads numbers, + - * / % and parentheses there")
+            }
+        }
+    }
 }
 
 /// A number as the shell's arithmetic reads it: decimal, `0x` hex, or a leading `0` octal;
