@@ -256,7 +256,19 @@ pub fn reset(id: u32) -> Result<(), CtlError> {
         .ok()
         .and_then(|info| DeviceRow::parse(&info).ok())
         .map(|r| r.pid);
-    match control::call(id, &Request::Reset) {
+    // A hold that is neither swap nor a mount (the kernel finishing an umount, a probe by
+    // udev) is given 3 s to go.
+    let mut answer = control::call(id, &Request::Reset);
+    let patience = Instant::now() + Duration::from_secs(3);
+    while matches!(&answer, Err(CallError::Refused(_)))
+        && !is_swap(&name)
+        && mount_point(&name).is_none()
+        && Instant::now() < patience
+    {
+        std::thread::sleep(Duration::from_millis(100));
+        answer = control::call(id, &Request::Reset);
+    }
+    match answer {
         Ok(_) => {}
         Err(CallError::Refused(e)) => return Err(err(format!("{name}: {}", e.message))),
         Err(CallError::NoDaemon { .. }) if kernel_knows(id) => return remove_dead(id),

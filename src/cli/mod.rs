@@ -208,11 +208,13 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
         if ids.is_empty() {
             return Err(CtlError("--reset needs the device(s) to reset".into()).into());
         }
-        let mut failed = None;
+        // Each failure said once: all but the last here, the last as the command's error.
+        let mut failed: Option<CtlError> = None;
         for id in ids {
             if let Err(e) = ctl::reset(id) {
-                warn(format_args!("uzram: {e}"));
-                failed = Some(e);
+                if let Some(earlier) = failed.replace(e) {
+                    warn(format_args!("uzram: {earlier}"));
+                }
             }
         }
         return failed.map_or(Ok(()), |e| Err(e.into()));
