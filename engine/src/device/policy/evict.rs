@@ -155,12 +155,8 @@ impl Device {
         bufs.pages = pages;
         if b.written > 0 {
             tier.counters.evictions.fetch_add(1, Ordering::Relaxed);
-            tier.counters
-                .evicted_pages
-                .fetch_add(b.written, Ordering::Relaxed);
-            tier.counters
-                .evicted_bytes
-                .fetch_add(b.object_bytes, Ordering::Relaxed);
+            let c = &tier.counters;
+            super::stats::count_written(&c.evicted_pages, &c.evicted_bytes, &b);
         }
         // Nothing stored to evict means the pool is (nearly) empty: room was made meanwhile.
         b.written > 0 || !found

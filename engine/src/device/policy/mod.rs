@@ -302,10 +302,7 @@ impl Policy {
         }
         let done = self.write_back_coldest(device, bytes.min(TICK_BYTES), 0, now);
         let c = &device.tier.counters;
-        c.watermark_wb_pages
-            .fetch_add(done.written, Ordering::Relaxed);
-        c.watermark_wb_bytes
-            .fetch_add(done.object_bytes, Ordering::Relaxed);
+        stats::count_written(&c.watermark_wb_pages, &c.watermark_wb_bytes, &done);
         if done.written > 0 {
             c.pages_compacted
                 .fetch_add(device.compact(), Ordering::Relaxed);
@@ -402,8 +399,7 @@ impl Policy {
             ),
             Reason::Host => (&tier.counters.host_wb_pages, &tier.counters.host_wb_bytes),
         };
-        pages.fetch_add(done.written, Ordering::Relaxed);
-        bytes_c.fetch_add(done.object_bytes, Ordering::Relaxed);
+        stats::count_written(pages, bytes_c, &done);
         report.written_back = done.written;
         if done.written > 0 {
             let freed = device.compact();

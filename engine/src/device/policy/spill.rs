@@ -121,12 +121,8 @@ impl Policy {
                 device.write_batch(backing, &mut self.bufs, &self.pages[..allowed], &keep, true);
             self.pages.clear();
             tier.budget.lock().charge(b.bytes);
-            tier.counters
-                .spilled_pages
-                .fetch_add(b.written, Ordering::Relaxed);
-            tier.counters
-                .spilled_bytes
-                .fetch_add(b.object_bytes, Ordering::Relaxed);
+            let c = &tier.counters;
+            super::stats::count_written(&c.spilled_pages, &c.spilled_bytes, &b);
             written += b.written;
             if b.full || b.failed > 0 {
                 tier.spill.stop();

@@ -89,6 +89,17 @@ policy_counters! {
     cold_age_secs => "cold_age_secs",
 }
 
+/// Adds what a batch (or a pass of batches) wrote back to a pair of counters: its pages and
+/// their stored bytes.
+pub(super) fn count_written(
+    pages: &AtomicU64,
+    bytes: &AtomicU64,
+    b: &crate::device::writeback::BatchStats,
+) {
+    pages.fetch_add(b.written, Ordering::Relaxed);
+    bytes.fetch_add(b.object_bytes, Ordering::Relaxed);
+}
+
 impl fmt::Display for PolicyStats {
     /// One `key value` per line, as `uzram_stat`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
