@@ -308,20 +308,20 @@ fn setup(
     ram_mib: Option<f64>,
     root: Option<&std::path::Path>,
 ) -> Outcome {
+    if root.is_some() && !dry_run {
+        return Err(CtlError("--root plans another system: use it with --dry-run".into()).into());
+    }
     let setup::Loaded {
         plan,
         system_generator_files,
         ..
     } = plan(config, ram_mib, root)?;
-    // The dry run checks what the real setup checks.
-    ctl::check_plan(&plan)?;
     if dry_run {
+        // The dry run checks what the real setup checks (ctl::setup checks it itself).
+        ctl::check_plan(&plan)?;
         let text: String = plan.iter().map(|d| d.line() + "\n").collect();
         out(&text)?;
         return Ok(());
-    }
-    if root.is_some() {
-        return Err(CtlError("--root plans another system: use it with --dry-run".into()).into());
     }
     if system_generator_files && setup::zram_generator_installed() {
         return Err(CtlError(
