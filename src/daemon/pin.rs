@@ -10,11 +10,28 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Free heap memory the memory thread keeps resident for the I/O path's allocations.
-pub const HEAP_RESERVE: usize = 8 << 20;
+/// Free heap memory the memory thread keeps resident for the I/O path's allocations, per arena
+/// of the pool's reserve: the pool metadata that filling one 2 MiB arena allocates (handles,
+/// back-pointers, zspage records: 12 B an object and a few bytes a zspage, so this covers
+/// objects down to 48 B on average; real pages are 20 to 40 times that).
+pub const HEAP_PER_ARENA: usize = 512 << 10;
 
-/// Stack an I/O thread faults in (and so locks) before it serves.
-pub const STACK_PREFAULT: usize = 256 << 10;
+/// The least and the most free heap kept resident (see [`heap_reserve`]).
+pub const HEAP_RESERVE_MIN: usize = 1 << 20;
+pub const HEAP_RESERVE_MAX: usize = 8 << 20;
+
+/// The free heap to keep resident while the pool's reserve is `pool_reserve_arenas` arenas:
+/// it follows the pool's reserve, which follows demand.
+pub fn heap_reserve(pool_reserve_arenas: usize) -> usize {
+    pool_reserve_arenas
+        .saturating_mul(HEAP_PER_ARENA)
+        .clamp(HEAP_RESERVE_MIN, HEAP_RESERVE_MAX)
+}
+
+/// Stack an I/O thread faults in (and so locks) before it serves: the I/O path (lz4 and zstd up
+/// to level 19, whole and partial pages) runs on a thread whose whole stack is this large in
+/// `tests/pin.rs`, so nothing it touches is beyond it.
+pub const STACK_PREFAULT: usize = 128 << 10;
 
 /// Tunes glibc's malloc for a locked, fault-free heap: one arena (memory freed by any thread is
 /// reusable by all, and the memory thread's refills reach the I/O threads), no trimming (giving
@@ -31,27 +48,37 @@ pub fn heap_top_bytes() -> Option<usize> {
     crate::sys::malloc_top_bytes()
 }
 
-/// Keeps malloc's top chunk resident and at least half of [`HEAP_RESERVE`]: allocates a block
-/// that the free chunks cannot serve (so it comes from the top, extending the heap if need be),
-/// touches every page of it (faulting it in and, under `mlockall`, locking it) and frees it back
-/// into the top. An I/O thread's allocation then never lands on a page not yet faulted in: a
-/// fault there, under PR_SET_IO_FLUSHER and memory pressure, can wait forever (an I/O thread
-/// spinning in reclaim inside malloc, holding malloc's lock). Returns bytes touched. For the memory thread, never an I/O thread.
-pub fn refill_heap() -> usize {
+/// Keeps malloc's top chunk resident and at least half of `reserve` (see [`heap_reserve`]):
+/// allocates a block that the free chunks cannot serve (so it comes from the top, extending
+/// the heap if need be), touches every page of it (faulting it in and, under `mlockall`,
+/// locking it) and frees it back into the top. An I/O thread's allocation then never lands on
+/// a page not yet faulted in: a fault there, under PR_SET_IO_FLUSHER and memory pressure, can
+/// wait forever (an I/O thread spinning in reclaim inside malloc, holding malloc's lock).
+/// Returns bytes touched. For the memory thread, never an I/O thread.
+pub fn refill_heap(reserve: usize) -> usize {
     let mut touched = 0;
     for _ in 0..4 {
         let top = heap_top_bytes();
         LAST_HEAP_TOP.store(top.unwrap_or(0) as u64, Ordering::Relaxed);
         match top {
-            Some(top) if top < HEAP_RESERVE / 2 => {
-                let block = vec![1u8; HEAP_RESERVE];
+            Some(top) if top < reserve / 2 => {
+                let block = vec![1u8; reserve];
                 std::hint::black_box(&block);
-                touched += HEAP_RESERVE;
+                touched += reserve;
             }
             _ => break,
         }
     }
     touched
+}
+
+/// Gives the heap's top beyond `reserve` back to the kernel, once a burst is over (the pool's
+/// reserve shrank). Takes malloc's lock for one `brk`: for the memory thread, never an I/O
+/// thread.
+pub fn trim_heap(reserve: usize) {
+    if heap_top_bytes().is_some_and(|top| top > 2 * reserve) {
+        crate::sys::trim_malloc(reserve);
+    }
 }
 
 /// The top chunk's size as [`refill_heap`] last saw it (read without the allocator's lock).

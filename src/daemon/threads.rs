@@ -27,17 +27,27 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 log(&format!("memory: {e}"));
             }
             let mut last_report: Option<Instant> = None;
+            let mut reserve = device.pool_reserve_target();
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 let t = Instant::now();
-                pin::refill_heap();
+                pin::refill_heap(pin::heap_reserve(reserve));
                 match device.maintain_memory() {
-                    Ok(m) if m.arenas_mapped > 0 => {
-                        let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;
-                        REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
-                        SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
+                    Ok(m) => {
+                        if m.arenas_mapped > 0 {
+                            let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;
+                            REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
+                            SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
+                        }
+                        if m.reserve_target > reserve {
+                            // A burst: the heap's reserve follows the pool's up at once.
+                            pin::refill_heap(pin::heap_reserve(m.reserve_target));
+                        } else if m.reserve_target < reserve {
+                            // The burst is over: what it held goes back.
+                            pin::trim_heap(pin::heap_reserve(m.reserve_target));
+                        }
+                        reserve = m.reserve_target;
                     }
-                    Ok(_) => {}
                     Err(e) => {
                         if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
                             log(&format!("cannot refill the pool's reserve: {e}"));
