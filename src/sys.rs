@@ -90,7 +90,7 @@ impl BlockedSignals {
 }
 
 /// Tunes glibc's malloc for a locked, fault-free heap: one arena, no trimming, no `mmap` below
-/// 32 MiB, 1 MiB of top padding (see `daemon::pin`).
+/// 32 MiB, no top padding (see `daemon::pin`).
 pub fn tune_malloc() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt takes integer parameters only; called before any other thread exists.
@@ -98,7 +98,7 @@ pub fn tune_malloc() {
         libc::mallopt(libc::M_ARENA_MAX, 1);
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TOP_PAD, 1 << 20);
+        libc::mallopt(libc::M_TOP_PAD, 0);
     }
 }
 

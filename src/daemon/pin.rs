@@ -35,8 +35,11 @@ pub const STACK_PREFAULT: usize = 128 << 10;
 
 /// Tunes glibc's malloc for a locked, fault-free heap: one arena (memory freed by any thread is
 /// reusable by all, and the memory thread's refills reach the I/O threads), no trimming (giving
-/// memory back is a syscall that takes the `mmap_lock` on whichever thread frees), and no
-/// `mmap` for allocations below 32 MiB (a fresh mapping would fault on first touch).
+/// memory back is a syscall that takes the `mmap_lock` on whichever thread frees), no `mmap`
+/// for allocations below 32 MiB (a fresh mapping would fault on first touch), and no top
+/// padding: the heap grows by exactly what [`refill_heap`] asks and touches, so every page of
+/// the top chunk is resident (with padding, the top's size overstated what is resident: a
+/// write in the VM's swap check faulted on an untouched page of the pad and hung in reclaim).
 pub fn tune_malloc() {
     crate::sys::tune_malloc();
 }
