@@ -74,7 +74,7 @@ pub struct ServeArgs {
     pub depth: u16,
     /// The most pool memory kept mapped (and locked) ahead of writes, so that swap-out does not
     /// have to ask the kernel for memory while it is short of it: the reserve starts at
-    /// --reserve-min, doubles under a burst of writes up to this, and halves back after 30 s
+    /// --reserve-min, doubles under a burst of writes up to this, and halves back after each 10 s
     /// without one (default: 1/64 of the size, 8M..16M)
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,

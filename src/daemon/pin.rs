@@ -11,13 +11,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Free heap memory the memory thread keeps resident for the I/O path's allocations, per arena
-/// of the pool's reserve: the pool metadata that filling one 2 MiB arena allocates (handles,
-/// back-pointers, zspage records: 12 B an object and a few bytes a zspage, so this covers
-/// objects down to 48 B on average; real pages are 20 to 40 times that).
-pub const HEAP_PER_ARENA: usize = 512 << 10;
+/// of the pool's reserve: more than the pool metadata that filling one 2 MiB arena allocates
+/// (handles, back-pointers, zspage records: 12 B an object and a few bytes a zspage, so this
+/// covers objects down to 24 B on average; real pages are 20 to 40 times that).
+pub const HEAP_PER_ARENA: usize = 1 << 20;
 
-/// The least and the most free heap kept resident (see [`heap_reserve`]).
-pub const HEAP_RESERVE_MIN: usize = 1 << 20;
+/// The least and the most free heap kept resident (see [`heap_reserve`]). The least covers what
+/// the I/O path allocates while the memory thread maps an arena under memory pressure (seconds
+/// in the VM); 1 MiB did not: a write extended the heap itself, with `brk`, and hung.
+pub const HEAP_RESERVE_MIN: usize = 4 << 20;
 pub const HEAP_RESERVE_MAX: usize = 8 << 20;
 
 /// The free heap to keep resident while the pool's reserve is `pool_reserve_arenas` arenas:

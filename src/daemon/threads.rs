@@ -32,7 +32,12 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 let t = Instant::now();
                 pin::refill_heap(pin::heap_reserve(reserve));
-                match device.maintain_memory() {
+                // Between arenas too: under pressure each one is slow to map, and the I/O
+                // path's metadata keeps drawing on the heap meanwhile.
+                let mut top_up = || {
+                    pin::refill_heap(pin::heap_reserve(device.pool_reserve_target()));
+                };
+                match device.maintain_memory_with(&mut top_up) {
                     Ok(m) => {
                         if m.arenas_mapped > 0 {
                             let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;

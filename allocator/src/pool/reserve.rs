@@ -63,7 +63,7 @@ pub(super) const BURST_GAP: Duration = Duration::from_secs(1);
 /// A reserve that no allocation has drawn on for this long halves (down to its least), and the
 /// empty arenas beyond it are unmapped: memory held against a burst goes back once the burst
 /// is over.
-pub(super) const IDLE_DECAY: Duration = Duration::from_secs(30);
+pub(super) const IDLE_DECAY: Duration = Duration::from_secs(10);
 
 /// What the maintenance thread knows of demand: when allocations last drew the reserve down, and
 /// when its size last changed.
@@ -186,10 +186,21 @@ impl Pool {
     /// thread then has a whole reserve's worth of allocations to map the next arenas), and
     /// [`IDLE_DECAY`] without a draw halves it, unmapping what is beyond it.
     pub fn maintain(&self) -> Result<Maintenance, Error> {
-        self.maintain_at(Instant::now())
+        self.maintain_at(Instant::now(), &mut || {})
     }
 
-    pub(super) fn maintain_at(&self, now: Instant) -> Result<Maintenance, Error> {
+    /// [`Pool::maintain`], calling `before_each` before each arena it maps: mapping an arena
+    /// while memory is short can take long (every page is reclaimed for), and a caller that
+    /// keeps other memory ready for the allocations (malloc's heap) tops it up in between.
+    pub fn maintain_with(&self, before_each: &mut dyn FnMut()) -> Result<Maintenance, Error> {
+        self.maintain_at(Instant::now(), before_each)
+    }
+
+    pub(super) fn maintain_at(
+        &self,
+        now: Instant,
+        before_each: &mut dyn FnMut(),
+    ) -> Result<Maintenance, Error> {
         let mut done = Maintenance::default();
         if self.growth == Growth::OnDemand {
             done.reserve_target = self.reserve_arenas;
@@ -205,6 +216,7 @@ impl Pool {
         self.signal.target.store(target, Ordering::Relaxed);
         done.reserve_target = target;
         while self.arenas.lock().empty_arenas() < target {
+            before_each();
             let mapping =
                 Mapping::new_counted(Prefault::Touch, &self.signal.touched).map_err(|errno| {
                     Error::OutOfMemory {

@@ -118,14 +118,19 @@ fn the_reserve_follows_demand_between_its_least_and_its_most() {
     let t0 = Instant::now();
     draw(&pool);
     // A first draw refills but does not grow the reserve.
-    assert_eq!(pool.maintain_at(t0).unwrap().reserve_target, 1);
+    assert_eq!(pool.maintain_at(t0, &mut || {}).unwrap().reserve_target, 1);
     // A second within a second is a burst: the reserve doubles, and is filled at once.
     draw(&pool);
-    let m = pool.maintain_at(t0 + Duration::from_millis(500)).unwrap();
-    assert_eq!((m.reserve_target, m.arenas_mapped), (2, 2));
+    let mut calls = 0;
+    let m = pool
+        .maintain_at(t0 + Duration::from_millis(500), &mut || calls += 1)
+        .unwrap();
+    assert_eq!((m.reserve_target, m.arenas_mapped, calls), (2, 2, 2));
     assert_eq!(pool.arenas.lock().empty_arenas(), 2);
     // Quiet rounds keep it.
-    let m = pool.maintain_at(t0 + Duration::from_secs(10)).unwrap();
+    let m = pool
+        .maintain_at(t0 + Duration::from_secs(10), &mut || {})
+        .unwrap();
     assert_eq!(
         (m.reserve_target, m.arenas_mapped, m.arenas_unmapped),
         (2, 0, 0)
@@ -136,7 +141,10 @@ fn the_reserve_follows_demand_between_its_least_and_its_most() {
         for _ in 0..2 * ARENA_PAGES {
             live.push(pool.store(&[3u8; 4096]).unwrap());
         }
-        let m = pool.maintain_at(t0 + Duration::from_secs(10) + Duration::from_millis(200 * i));
+        let m = pool.maintain_at(
+            t0 + Duration::from_secs(10) + Duration::from_millis(200 * i),
+            &mut || {},
+        );
         assert!(m.unwrap().reserve_target <= 4);
     }
     assert_eq!(pool.stats().pages_reserve_target, 4 * arena);
@@ -144,17 +152,21 @@ fn the_reserve_follows_demand_between_its_least_and_its_most() {
     // Idle for IDLE_DECAY: halved, and what is beyond it unmapped at once; then down to the
     // least, never below.
     let quiet = t0 + Duration::from_secs(11) + reserve::IDLE_DECAY;
-    let m = pool.maintain_at(quiet).unwrap();
+    let m = pool.maintain_at(quiet, &mut || {}).unwrap();
     assert_eq!((m.reserve_target, m.arenas_unmapped), (2, 2));
     assert_eq!(
-        pool.maintain_at(quiet + Duration::from_secs(1))
+        pool.maintain_at(quiet + Duration::from_secs(1), &mut || {})
             .unwrap()
             .reserve_target,
         2
     );
-    let m = pool.maintain_at(quiet + reserve::IDLE_DECAY).unwrap();
+    let m = pool
+        .maintain_at(quiet + reserve::IDLE_DECAY, &mut || {})
+        .unwrap();
     assert_eq!((m.reserve_target, m.arenas_unmapped), (1, 1));
-    let m = pool.maintain_at(quiet + 4 * reserve::IDLE_DECAY).unwrap();
+    let m = pool
+        .maintain_at(quiet + 4 * reserve::IDLE_DECAY, &mut || {})
+        .unwrap();
     assert_eq!(m.reserve_target, 1);
     let stats = pool.stats();
     assert_eq!(stats.pages_mapped - stats.pages_used, arena);

@@ -28,6 +28,18 @@ impl Device {
         Ok(self.pool.maintain().map_err(IoError::OutOfMemory)?)
     }
 
+    /// [`Device::maintain_memory`], calling `before_each` before each arena it maps (the daemon
+    /// tops up malloc's heap there: mapping an arena can take long while memory is short).
+    pub fn maintain_memory_with(
+        &self,
+        before_each: &mut dyn FnMut(),
+    ) -> Result<Maintenance, Error> {
+        Ok(self
+            .pool
+            .maintain_with(before_each)
+            .map_err(IoError::OutOfMemory)?)
+    }
+
     /// The arenas (2 MiB each) the pool's reserve is kept at now: with [`crate::Growth::Reserve`]
     /// it follows demand (see [`Device::maintain_memory`]).
     pub fn pool_reserve_target(&self) -> usize {
