@@ -102,6 +102,29 @@ pub fn tune_malloc() {
     }
 }
 
+/// Faults in (writable, without writing) the last `bytes` below the program break: malloc's top
+/// chunk, which ends at the break. Best effort: a kernel before 5.14 has no
+/// `MADV_POPULATE_WRITE`, and then nothing is done.
+pub fn populate_heap_top(bytes: usize) {
+    // SAFETY: sbrk(0) only reads the current break.
+    let end = unsafe { libc::sbrk(0) } as usize;
+    let page = 4096;
+    if end == usize::MAX || bytes < page || end < bytes {
+        return;
+    }
+    let start = (end - bytes).div_ceil(page) * page;
+    // SAFETY: [start, end) lies inside the heap's mapping (below the break, within the top
+    // chunk malloc keeps there); MADV_POPULATE_WRITE only faults pages in and never changes
+    // their contents, so memory another thread is using meanwhile is left as it is.
+    unsafe {
+        libc::madvise(
+            start as *mut libc::c_void,
+            end - start,
+            libc::MADV_POPULATE_WRITE,
+        );
+    }
+}
+
 /// Returns the heap's top beyond `pad` bytes to the kernel (`malloc_trim`).
 pub fn trim_malloc(pad: usize) {
     #[cfg(target_env = "gnu")]

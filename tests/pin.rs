@@ -20,22 +20,39 @@ fn main() {
     }
     let before = uzram::daemon::pin::heap_top_bytes().unwrap();
     assert!(before < reserve / 2, "could not use up the top chunk");
-    let touched = uzram::daemon::pin::refill_heap(reserve);
-    assert!(touched > 0, "a {before}-byte top chunk was not refilled");
-    let top = uzram::daemon::pin::heap_top_bytes().unwrap();
+    let rss = rss_anon_kib();
+    let top = uzram::daemon::pin::refill_heap(reserve);
+    assert_eq!(top, uzram::daemon::pin::heap_top_bytes().unwrap());
     assert!(
-        top >= reserve / 2,
-        "{top}-byte top chunk after a refill that touched {touched} bytes"
+        top >= reserve,
+        "a {before}-byte top chunk grew only to {top} bytes"
+    );
+    // The new top is resident: faulted in without being written.
+    let grown = rss_anon_kib() - rss;
+    assert!(
+        grown * 1024 >= (top - before) as u64 * 9 / 10,
+        "the top grew by {} bytes but only {grown} KiB became resident",
+        top - before
     );
     assert_eq!(
         uzram::daemon::pin::refill_heap(reserve),
-        0,
-        "a full top needs no refill"
+        top,
+        "a full top does not grow"
     );
     drop(hog);
     uzram::daemon::pin::prefault_stack();
     io_path_fits_in_the_prefaulted_stack();
-    println!("pin: top chunk {top} bytes after touching {touched}");
+    println!("pin: top chunk {top} bytes after a refill");
+}
+
+/// The process's resident anonymous memory, KiB.
+fn rss_anon_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
 }
 
 /// The I/O path, run on a thread whose whole stack is [`STACK_PREFAULT`]: a deeper path would

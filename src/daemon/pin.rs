@@ -18,8 +18,8 @@ pub const HEAP_PER_ARENA: usize = 1 << 20;
 
 /// The least and the most free heap kept resident (see [`heap_reserve`]). The least covers what
 /// the I/O path allocates while the memory thread maps an arena under memory pressure (seconds
-/// in the VM); 1 MiB did not: a write extended the heap itself, with `brk`, and hung.
-pub const HEAP_RESERVE_MIN: usize = 4 << 20;
+/// in the VM, at tens of kB a second).
+pub const HEAP_RESERVE_MIN: usize = 2 << 20;
 pub const HEAP_RESERVE_MAX: usize = 8 << 20;
 
 /// The free heap to keep resident while the pool's reserve is `pool_reserve_arenas` arenas:
@@ -39,9 +39,7 @@ pub const STACK_PREFAULT: usize = 128 << 10;
 /// reusable by all, and the memory thread's refills reach the I/O threads), no trimming (giving
 /// memory back is a syscall that takes the `mmap_lock` on whichever thread frees), no `mmap`
 /// for allocations below 32 MiB (a fresh mapping would fault on first touch), and no top
-/// padding: the heap grows by exactly what [`refill_heap`] asks and touches, so every page of
-/// the top chunk is resident (with padding, the top's size overstated what is resident: a
-/// write in the VM's swap check faulted on an untouched page of the pad and hung in reclaim).
+/// padding: the heap grows only as [`refill_heap`] grows it.
 pub fn tune_malloc() {
     crate::sys::tune_malloc();
 }
@@ -53,35 +51,37 @@ pub fn heap_top_bytes() -> Option<usize> {
     crate::sys::malloc_top_bytes()
 }
 
-/// Keeps malloc's top chunk resident and at least half of `reserve` (see [`heap_reserve`]):
-/// allocates a block that the free chunks cannot serve (so it comes from the top, extending
-/// the heap if need be), touches every page of it (faulting it in and, under `mlockall`,
-/// locking it) and frees it back into the top. An I/O thread's allocation then never lands on
-/// a page not yet faulted in: a fault there, under PR_SET_IO_FLUSHER and memory pressure, can
-/// wait forever (an I/O thread spinning in reclaim inside malloc, holding malloc's lock).
-/// Returns bytes touched. For the memory thread, never an I/O thread.
+/// Keeps malloc's top chunk (the free end of the heap, where allocations no free chunk can
+/// serve are carved from) at least half of `reserve` (see [`heap_reserve`]) and every page of it
+/// resident: an I/O thread's allocation then never lands on a page not yet faulted in, nor has to
+/// extend the heap itself (a fault there, under PR_SET_IO_FLUSHER and memory pressure, can wait
+/// forever: an I/O thread in reclaim inside malloc, holding malloc's lock; and `brk` waits for
+/// the `mmap_lock`, which the memory thread's own faults hold while it maps arenas).
+///
+/// The heap grows by a block just larger than the top, allocated and freed at once and never
+/// written, so the top is the I/O threads' all the while; then the whole top is faulted in
+/// with `MADV_POPULATE_WRITE`, which writes nothing (other threads may be carving from the top
+/// meanwhile; they carve from its low end, which is resident already). Returns the top's size.
+/// For the memory thread, never an I/O thread.
 pub fn refill_heap(reserve: usize) -> usize {
-    let mut touched = 0;
-    for _ in 0..4 {
-        let top = heap_top_bytes();
-        LAST_HEAP_TOP.store(top.unwrap_or(0) as u64, Ordering::Relaxed);
-        match top {
-            Some(top) if top < reserve / 2 => {
-                let block = vec![1u8; reserve];
-                std::hint::black_box(&block);
-                touched += reserve;
-            }
-            _ => break,
-        }
+    let Some(top) = heap_top_bytes() else {
+        return 0;
+    };
+    if top < reserve / 2 {
+        let block: Vec<u8> = Vec::with_capacity(top + reserve);
+        std::hint::black_box(&block);
     }
-    touched
+    let top = heap_top_bytes().unwrap_or(0);
+    crate::sys::populate_heap_top(top);
+    LAST_HEAP_TOP.store(top as u64, Ordering::Relaxed);
+    top
 }
 
 /// Gives the heap's top beyond `reserve` back to the kernel, once a burst is over (the pool's
 /// reserve shrank). Takes malloc's lock for one `brk`: for the memory thread, never an I/O
 /// thread.
 pub fn trim_heap(reserve: usize) {
-    if heap_top_bytes().is_some_and(|top| top > 2 * reserve) {
+    if heap_top_bytes().is_some_and(|top| top > reserve + (1 << 20)) {
         crate::sys::trim_malloc(reserve);
     }
 }

@@ -136,6 +136,13 @@ uzram_mem() {
         "$pid" "$1" "$2" "$3" "$4" "$5" "$others"
 }
 
+# smaps_big PID: "Rss_kB:range:perms:name" for each mapping of PID with 256 kB or more resident,
+# largest first, separated by spaces
+smaps_big() {
+    awk '/^[0-9a-f]+-[0-9a-f]+ / { m = $1 ":" $2 ":" ($6 == "" ? "anon" : $6) }
+        $1 == "Rss:" && $2 >= 256 { print $2 ":" m }' "/proc/$1/smaps" | sort -rn | tr '\n' ' '
+}
+
 # The daemon's memory all in (issue 14): a fresh 1 GiB device's whole cost at idle, then each
 # algorithm's cost for the same pages against kernel zram's pool + table (16 B a page of
 # disksize) in the same guest. UZRAM_BENCH_MEMORY_FILLS: MiB of pages (default 130).
@@ -168,6 +175,8 @@ memory_suite() {
                 sleep 2
                 stat=$(dev_mm_stat "$UZRAM_DEV" | tr -s ' ' | sed 's/^ //')
                 mem=$(uzram_mem "$UZRAM_DEV")
+                # Where it is: every mapping holding 256 kB or more, largest first.
+                emit "{\"kind\":\"smaps\",\"algorithm\":\"$algo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
                 emit "{\"kind\":\"allin\",\"device\":\"uzram\",\"algorithm\":\"$algo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",$mem,\"burst_rss_kb\":$burst,\"settle_s\":$(elapsed "$t0"),\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
             fi
             uzram_reset
