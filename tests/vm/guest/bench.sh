@@ -152,6 +152,7 @@ memory_suite() {
     if uzram_setup lz4 1G; then
         # What the daemon holds once it has settled (its threads started, the reserve mapped).
         sleep 5
+        emit "{\"kind\":\"smaps\",\"algorithm\":\"idle\",\"cpus\":$(nproc),\"fill_mb\":0,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
         emit "{\"kind\":\"idle\",\"cpus\":$(nproc),\"disksize\":$disk,\"slot_table\":$table,$(uzram_mem "$UZRAM_DEV"),\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
         uzram_reset
     fi
