@@ -103,26 +103,30 @@ pub fn tune_malloc() {
 }
 
 /// Faults in (writable, without writing) the last `bytes` below the program break: malloc's top
-/// chunk, which ends at the break. Best effort: a kernel before 5.14 has no
-/// `MADV_POPULATE_WRITE`, and then nothing is done.
-pub fn populate_heap_top(bytes: usize) {
+/// chunk, which ends at the break. Goes from the low end up, 256 KiB at a time, and stops where
+/// the kernel fails it (memory short: the caller tries again later). Returns the bytes from the
+/// low end that are resident; 0 on a kernel before 5.14, which has no `MADV_POPULATE_WRITE`.
+pub fn populate_heap_top(bytes: usize) -> usize {
     // SAFETY: sbrk(0) only reads the current break.
     let end = unsafe { libc::sbrk(0) } as usize;
     let page = 4096;
     if end == usize::MAX || bytes < page || end < bytes {
-        return;
+        return 0;
     }
-    let start = (end - bytes).div_ceil(page) * page;
-    // SAFETY: [start, end) lies inside the heap's mapping (below the break, within the top
-    // chunk malloc keeps there); MADV_POPULATE_WRITE only faults pages in and never changes
-    // their contents, so memory another thread is using meanwhile is left as it is.
-    unsafe {
-        libc::madvise(
-            start as *mut libc::c_void,
-            end - start,
-            libc::MADV_POPULATE_WRITE,
-        );
+    let low = end - bytes;
+    let mut at = low.div_ceil(page) * page;
+    while at < end {
+        let len = (end - at).min(256 << 10);
+        // SAFETY: [at, at + len) lies inside the heap's mapping (below the break, within the
+        // top chunk malloc keeps there); MADV_POPULATE_WRITE only faults pages in and never
+        // changes their contents, so memory another thread is using meanwhile is left as it is.
+        let rc = unsafe { libc::madvise(at as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
+        if rc != 0 {
+            break;
+        }
+        at += len;
     }
+    at.saturating_sub(low).min(bytes)
 }
 
 /// Returns the heap's top beyond `pad` bytes to the kernel (`malloc_trim`).

@@ -22,6 +22,7 @@ fn main() {
     assert!(before < reserve / 2, "could not use up the top chunk");
     let rss = rss_anon_kib();
     let top = uzram::daemon::pin::refill_heap(reserve);
+    // All of the top is resident (the refill says how much is).
     assert_eq!(top, uzram::daemon::pin::heap_top_bytes().unwrap());
     assert!(
         top >= reserve,

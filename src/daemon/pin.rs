@@ -16,11 +16,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// covers objects down to 24 B on average; real pages are 20 to 40 times that).
 pub const HEAP_PER_ARENA: usize = 1 << 20;
 
-/// The least and the most free heap kept resident (see [`heap_reserve`]). The least covers what
-/// the I/O path allocates while the memory thread maps an arena under memory pressure (seconds
-/// in the VM, at tens of kB a second).
-pub const HEAP_RESERVE_MIN: usize = 2 << 20;
-pub const HEAP_RESERVE_MAX: usize = 8 << 20;
+/// The least and the most free heap kept resident (see [`heap_reserve`]). The I/O path's
+/// allocations have no safe way to wait or fail when the heap runs out (the pool's reserve has
+/// one: a write waits for the refill, then fails with ENOMEM), so the least must outlast the
+/// memory thread's slowest round under pressure: with 2 MiB (and 1, and 4 while the refill
+/// touched its blocks) the VM's swap workloads hung on an I/O thread faulting in malloc; 8 MiB
+/// is what the daemon always kept before and has never been seen to run out. Moving the pool's
+/// metadata into its arenas would give it the pool's safe path and let this go.
+pub const HEAP_RESERVE_MIN: usize = 8 << 20;
+pub const HEAP_RESERVE_MAX: usize = 16 << 20;
 
 /// The free heap to keep resident while the pool's reserve is `pool_reserve_arenas` arenas:
 /// it follows the pool's reserve, which follows demand.
@@ -61,8 +65,9 @@ pub fn heap_top_bytes() -> Option<usize> {
 /// The heap grows by a block just larger than the top, allocated and freed at once and never
 /// written, so the top is the I/O threads' all the while; then the whole top is faulted in
 /// with `MADV_POPULATE_WRITE`, which writes nothing (other threads may be carving from the top
-/// meanwhile; they carve from its low end, which is resident already). Returns the top's size.
-/// For the memory thread, never an I/O thread.
+/// meanwhile; they carve from its low end, which is resident already). Returns how much of the
+/// top is resident: less than its size when the kernel could not fault it all in (memory short;
+/// the next call tries again). For the memory thread, never an I/O thread.
 pub fn refill_heap(reserve: usize) -> usize {
     let Some(top) = heap_top_bytes() else {
         return 0;
@@ -72,9 +77,9 @@ pub fn refill_heap(reserve: usize) -> usize {
         std::hint::black_box(&block);
     }
     let top = heap_top_bytes().unwrap_or(0);
-    crate::sys::populate_heap_top(top);
-    LAST_HEAP_TOP.store(top as u64, Ordering::Relaxed);
-    top
+    let resident = crate::sys::populate_heap_top(top);
+    LAST_HEAP_TOP.store(resident as u64, Ordering::Relaxed);
+    resident
 }
 
 /// Gives the heap's top beyond `reserve` back to the kernel, once a burst is over (the pool's
