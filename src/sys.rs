@@ -40,7 +40,7 @@ pub fn lock_all_memory() -> io::Result<()> {
 
 /// A `File` of its own (a `dup`) for `fd`, a descriptor that stays open across the call.
 pub fn dup_fd(fd: std::os::fd::RawFd) -> io::Result<std::fs::File> {
-    // SAFETY: the caller's `fd` is open for the duration of this call (libublk's control device,
+    // SAFETY: the caller's `fd` is open for the duration of this call (libublk's /dev/ublkcN,
     // open for the `UblkDev`'s life); it is borrowed only to be duplicated, and the duplicate is
     // an owned descriptor of its own.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -90,54 +90,19 @@ impl BlockedSignals {
 }
 
 /// Tunes glibc's malloc for a locked, fault-free heap: one arena, no trimming, no `mmap` below
-/// 32 MiB, no top padding (see `daemon::pin`).
-pub fn tune_malloc() {
+/// 32 MiB, `top_pad` bytes of top padding (see `daemon::pin`).
+pub fn tune_malloc(top_pad: usize) {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt takes integer parameters only; called before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TOP_PAD, 0);
+        libc::mallopt(
+            libc::M_TOP_PAD,
+            top_pad.min(libc::c_int::MAX as usize) as libc::c_int,
+        );
     }
-}
-
-/// Faults in (writable, without writing) the last `bytes` below the program break: malloc's top
-/// chunk, which ends at the break. Goes from the low end up, 256 KiB at a time, and stops where
-/// the kernel fails it (memory short: the caller tries again later). Returns the bytes from the
-/// low end that are resident; 0 on a kernel before 5.14, which has no `MADV_POPULATE_WRITE`.
-pub fn populate_heap_top(bytes: usize) -> usize {
-    // SAFETY: sbrk(0) only reads the current break.
-    let end = unsafe { libc::sbrk(0) } as usize;
-    let page = 4096;
-    if end == usize::MAX || bytes < page || end < bytes {
-        return 0;
-    }
-    let low = end - bytes;
-    let mut at = low.div_ceil(page) * page;
-    while at < end {
-        let len = (end - at).min(256 << 10);
-        // SAFETY: [at, at + len) lies inside the heap's mapping (below the break, within the
-        // top chunk malloc keeps there); MADV_POPULATE_WRITE only faults pages in and never
-        // changes their contents, so memory another thread is using meanwhile is left as it is.
-        let rc = unsafe { libc::madvise(at as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
-        if rc != 0 {
-            break;
-        }
-        at += len;
-    }
-    at.saturating_sub(low).min(bytes)
-}
-
-/// Returns the heap's top beyond `pad` bytes to the kernel (`malloc_trim`).
-pub fn trim_malloc(pad: usize) {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim takes an integer and works under malloc's own lock.
-    unsafe {
-        libc::malloc_trim(pad);
-    }
-    #[cfg(not(target_env = "gnu"))]
-    let _ = pad;
 }
 
 /// The size of malloc's top chunk (`mallinfo2().keepcost`), if the C library says.

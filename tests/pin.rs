@@ -7,43 +7,38 @@ fn main() {
         println!("pin: not glibc, nothing to check");
         return;
     }
-    let reserve = uzram::daemon::pin::heap_reserve(1);
-    assert_eq!(reserve, uzram::daemon::pin::HEAP_RESERVE_MIN);
-    assert_eq!(
-        uzram::daemon::pin::heap_reserve(usize::MAX),
-        uzram::daemon::pin::HEAP_RESERVE_MAX
-    );
+    let reserve = uzram::daemon::pin::HEAP_RESERVE;
     // Use up the top chunk, then refill: the top is resident and large again.
     let mut hog: Vec<Vec<u8>> = Vec::with_capacity(1024);
-    while uzram::daemon::pin::heap_top_bytes().unwrap() >= reserve / 2 && hog.len() < 1024 {
+    let pad = uzram::daemon::pin::TOP_PAD;
+    while uzram::daemon::pin::heap_top_bytes().unwrap() >= reserve / 2 + pad && hog.len() < 1024 {
         hog.push(vec![7u8; 64 << 10]);
     }
     let before = uzram::daemon::pin::heap_top_bytes().unwrap();
-    assert!(before < reserve / 2, "could not use up the top chunk");
+    assert!(before < reserve / 2 + pad, "could not use up the top chunk");
     let rss = rss_anon_kib();
-    let top = uzram::daemon::pin::refill_heap(reserve);
-    // All of the top is resident (the refill says how much is).
-    assert_eq!(top, uzram::daemon::pin::heap_top_bytes().unwrap());
+    let touched = uzram::daemon::pin::refill_heap();
+    assert!(touched > 0, "a {before}-byte top chunk was not refilled");
+    let top = uzram::daemon::pin::heap_top_bytes().unwrap();
     assert!(
-        top >= reserve,
-        "a {before}-byte top chunk grew only to {top} bytes"
+        top >= reserve / 2 + pad,
+        "{top}-byte top chunk after a refill that touched {touched} bytes"
     );
-    // The new top is resident: faulted in without being written.
+    // What was touched is resident.
     let grown = rss_anon_kib() - rss;
     assert!(
-        grown * 1024 >= (top - before) as u64 * 9 / 10,
-        "the top grew by {} bytes but only {grown} KiB became resident",
-        top - before
+        grown * 1024 >= reserve.saturating_sub(before) as u64 * 9 / 10,
+        "a refill from a {before}-byte top made only {grown} KiB resident"
     );
     assert_eq!(
-        uzram::daemon::pin::refill_heap(reserve),
-        top,
-        "a full top does not grow"
+        uzram::daemon::pin::refill_heap(),
+        0,
+        "a full top needs no refill"
     );
     drop(hog);
     uzram::daemon::pin::prefault_stack();
     io_path_fits_in_the_prefaulted_stack();
-    println!("pin: top chunk {top} bytes after a refill");
+    println!("pin: top chunk {top} bytes after touching {touched}");
 }
 
 /// The process's resident anonymous memory, KiB.
@@ -56,10 +51,12 @@ fn rss_anon_kib() -> u64 {
         .unwrap()
 }
 
-/// The I/O path, run on a thread whose whole stack is [`STACK_PREFAULT`]: a deeper path would
-/// overflow it (the guard page ends the test with SIGSEGV), so the stack an I/O thread faults in
-/// before serving covers every page it will touch.
+/// The request path (`io::handle`, as a queue thread calls it), run on a thread whose whole
+/// stack is [`STACK_PREFAULT`] less 32 KiB (libublk's frames above the handler): a deeper path
+/// would overflow it (the guard page ends the test with SIGSEGV), so the stack a queue thread
+/// faults in before serving covers every page it will touch.
 fn io_path_fits_in_the_prefaulted_stack() {
+    use uzram::daemon::io::{handle, InPlace, Op, Request};
     use uzram_engine::testing::pages::{noise_page, text_page};
     use uzram_engine::DeviceSetup;
     let run = || {
@@ -71,22 +68,59 @@ fn io_path_fits_in_the_prefaulted_stack() {
             }
             let device = setup.init(1 << 20).unwrap();
             let mut ctx = device.context().unwrap();
-            let mut back = vec![0u8; 8192];
+            let mut buf = vec![0u8; 128 << 10];
+            let req = |op, start_sector, nr_sectors| Request {
+                op,
+                start_sector,
+                nr_sectors,
+            };
             for i in 0..64u64 {
                 let mut two = text_page(i).to_vec();
                 two.extend_from_slice(&noise_page(i));
-                device.write(&mut ctx, i % 16 * 8192, &two).unwrap();
-                device.read(&mut ctx, i % 16 * 8192, &mut back).unwrap();
-                assert_eq!(back, two);
+                let at = i % 16 * 16;
+                buf[..8192].copy_from_slice(&two);
+                assert_eq!(
+                    handle(
+                        &device,
+                        &mut ctx,
+                        req(Op::Write, at, 16),
+                        &mut buf,
+                        &InPlace
+                    ),
+                    8192
+                );
+                buf[..8192].fill(0);
+                assert_eq!(
+                    handle(&device, &mut ctx, req(Op::Read, at, 16), &mut buf, &InPlace),
+                    8192
+                );
+                assert_eq!(buf[..8192], two[..]);
                 // A partial write: read-modify-write under the slot lock.
-                device
-                    .write(&mut ctx, i % 16 * 8192 + 512, &two[..1024])
-                    .unwrap();
+                assert_eq!(
+                    handle(
+                        &device,
+                        &mut ctx,
+                        req(Op::Write, at + 1, 2),
+                        &mut buf,
+                        &InPlace
+                    ),
+                    1024
+                );
+                assert_eq!(
+                    handle(
+                        &device,
+                        &mut ctx,
+                        req(Op::Discard, at, 8),
+                        &mut buf,
+                        &InPlace
+                    ),
+                    0
+                );
             }
         }
     };
     std::thread::Builder::new()
-        .stack_size(uzram::daemon::pin::STACK_PREFAULT)
+        .stack_size(uzram::daemon::pin::STACK_PREFAULT - (32 << 10))
         .spawn(run)
         .unwrap()
         .join()

@@ -127,8 +127,9 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
     let (mut setup, disksize) = options::check(&args.size, &args.device, args.queues)?;
     let reserve = match &args.reserve {
         Some(r) => uzram_engine::parse_size(r)?,
-        // 8 MiB is the floor: a smaller reserve runs dry under a filesystem's write burst where
-        // mapping is slow.
+        // The most is at least 8 MiB: a burst (a filesystem's writes, a swap storm) where
+        // mapping is slow runs a smaller reserve dry. The reserve starts at its least and
+        // doubles each round of a burst, so it is there within a few rounds.
         None => (disksize / 64).clamp(8 << 20, 16 << 20),
     };
     setup.set_pool_reserve(reserve);
@@ -188,7 +189,7 @@ fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), 
             }
         })?;
     pin_memory()?;
-    pin::refill_heap(pin::heap_reserve(device.pool_reserve_target()));
+    pin::refill_heap();
     threads::memory_thread(Arc::clone(&device))?;
     threads::policy_thread(Arc::clone(&device))?;
     watchdog::progress_log(Arc::clone(&device));

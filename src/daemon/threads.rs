@@ -27,15 +27,14 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 log(&format!("memory: {e}"));
             }
             let mut last_report: Option<Instant> = None;
-            let mut reserve = device.pool_reserve_target();
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 let t = Instant::now();
-                pin::refill_heap(pin::heap_reserve(reserve));
+                pin::refill_heap();
                 // Between arenas too: under pressure each one is slow to map, and the I/O
                 // path's metadata keeps drawing on the heap meanwhile.
                 let mut top_up = || {
-                    pin::refill_heap(pin::heap_reserve(device.pool_reserve_target()));
+                    pin::refill_heap();
                 };
                 match device.maintain_memory_with(&mut top_up) {
                     Ok(m) => {
@@ -44,14 +43,6 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                             REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
                             SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
                         }
-                        if m.reserve_target > reserve {
-                            // A burst: the heap's reserve follows the pool's up at once.
-                            pin::refill_heap(pin::heap_reserve(m.reserve_target));
-                        } else if m.reserve_target < reserve {
-                            // The burst is over: what it held goes back.
-                            pin::trim_heap(pin::heap_reserve(m.reserve_target));
-                        }
-                        reserve = m.reserve_target;
                     }
                     Err(e) => {
                         if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
@@ -82,7 +73,7 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
             if let Err(e) = io_flusher() {
                 return log(&format!("policy: {e}"));
             }
-            pin::prefault_stack();
+            pin::prefault_policy_stack();
             let mut ctx = match device.context() {
                 Ok(ctx) => ctx,
                 Err(e) => return log(&format!("policy: {e}")),

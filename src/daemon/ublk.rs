@@ -75,8 +75,8 @@ fn queue_start(qid: u16, device: &Device) -> Option<uzram_engine::IoContext> {
     }
 }
 
-/// `UBLK_F_USER_COPY`: a request's data is read from and written to the control device at the
-/// request's own position, through the queue thread's one buffer.
+/// `UBLK_F_USER_COPY`: a request's data is read from and written to the ublk char device
+/// (`/dev/ublkcN`) at the request's own position, through the queue thread's one buffer.
 struct UserCopy<'a> {
     cdev: &'a std::fs::File,
     pos: u64,
@@ -100,7 +100,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
     };
     let cdev = match crate::sys::dup_fd(dev.tgt.fds[0]) {
         Ok(f) => f,
-        Err(e) => return log(&format!("queue {qid}: the control device: {e}")),
+        Err(e) => return log(&format!("queue {qid}: the char device: {e}")),
     };
     // Written, not only allocated: its pages are faulted in (and locked) before serving.
     let mut buf = vec![0xA5u8; MAX_IO_BYTES as usize];
@@ -167,7 +167,7 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
     queue.wait_and_handle_io(handler);
 }
 
-/// Whether the kernel's ublk driver copies through the control device (Linux 6.5 and later say
+/// Whether the kernel's ublk driver copies through the char device (Linux 6.5 and later say
 /// so in their features; older ones cannot be asked).
 fn kernel_has_user_copy() -> bool {
     UblkCtrl::get_features().is_some_and(|f| f & u64::from(sys::UBLK_F_USER_COPY) != 0)

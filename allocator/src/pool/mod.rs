@@ -178,7 +178,8 @@ pub struct CompactStats {
 pub struct Maintenance {
     /// Arenas mapped into the reserve.
     pub arenas_mapped: usize,
-    /// Empty arenas beyond twice the reserve, unmapped.
+    /// Empty arenas unmapped: those beyond twice the reserve, or beyond the reserve in a round
+    /// that shrank it.
     pub arenas_unmapped: usize,
     /// The reserve's size in arenas after this round.
     pub reserve_target: usize,

@@ -65,17 +65,22 @@ pub(super) const BURST_GAP: Duration = Duration::from_secs(1);
 /// is over.
 pub(super) const IDLE_DECAY: Duration = Duration::from_secs(10);
 
-/// What the maintenance thread knows of demand: when allocations last drew the reserve down, and
-/// when its size last changed.
+/// What the maintenance thread knows of demand: when the last round that filled the reserve
+/// ended, when allocations last drew the reserve down, and when its size last changed.
 #[derive(Default)]
 pub(super) struct Demand {
+    last_filled: Option<Instant>,
     last_draw: Option<Instant>,
     last_change: Option<Instant>,
 }
 
 impl Demand {
     /// The reserve's next size from its size `target` now (in `min..=max`), given whether the
-    /// allocations drew it below `target` since the last round, at `now`.
+    /// allocations drew it below `target` since the last round, at `now` (the round's start).
+    /// A burst is a draw within [`BURST_GAP`] of the end of the last round that filled the
+    /// reserve: measured from the end, so a round that is slow to map (memory short) does not
+    /// hide the burst; and only after a round that filled it, so rounds that fail to map (and
+    /// are retried at once) do not count as draws.
     pub(super) fn next_target(
         &mut self,
         target: usize,
@@ -87,8 +92,10 @@ impl Demand {
         let since =
             |t: Option<Instant>| t.map_or(Duration::MAX, |t| now.saturating_duration_since(t));
         if drawn {
-            let burst = since(self.last_draw) < BURST_GAP;
+            let burst = since(self.last_filled) < BURST_GAP;
             self.last_draw = Some(now);
+            // One doubling per filled round.
+            self.last_filled = None;
             if burst && target < max {
                 self.last_change = Some(now);
                 return (target * 2).min(max);
@@ -103,6 +110,11 @@ impl Demand {
             return (target / 2).max(min);
         }
         target
+    }
+
+    /// A round filled the reserve; it ended at `end`.
+    pub(super) fn filled(&mut self, end: Instant) {
+        self.last_filled = Some(end);
     }
 }
 
@@ -229,6 +241,9 @@ impl Pool {
             self.signal.state.lock().refills += 1;
             self.signal.refilled.notify_all();
         }
+        // The round's end: later than its start by the time mapping took (a test's clock, ahead
+        // of the real one, is its own).
+        self.demand.lock().filled(now.max(Instant::now()));
         // A shrink gives back what is beyond the new size at once; otherwise up to twice the
         // reserve stays, so frees and allocations that alternate do not map and unmap.
         let keep = if target < old { target } else { 2 * target };

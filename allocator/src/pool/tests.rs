@@ -93,6 +93,30 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
 }
 
 #[test]
+fn rounds_that_fail_to_map_do_not_grow_the_reserve() {
+    let mut d = reserve::Demand::default();
+    let t0 = Instant::now();
+    // A filled round, then a draw 0.5 s after its end: a burst.
+    d.filled(t0);
+    assert_eq!(
+        d.next_target(1, true, 1, 8, t0 + Duration::from_millis(500)),
+        2
+    );
+    // That round fails to map (no `filled`); its retries 20 ms apart still see the reserve
+    // drawn down, and must not double it again.
+    for i in 1..10u64 {
+        let at = t0 + Duration::from_millis(500 + 20 * i);
+        assert_eq!(d.next_target(2, true, 1, 8, at), 2);
+    }
+    // A round that took 3 s to fill, then a draw 0.2 s after it ended: a burst all the same.
+    d.filled(t0 + Duration::from_secs(4));
+    assert_eq!(
+        d.next_target(2, true, 1, 8, t0 + Duration::from_millis(4200)),
+        4
+    );
+}
+
+#[test]
 fn the_reserve_follows_demand_between_its_least_and_its_most() {
     let pool = Pool::new(PoolConfig {
         reserve_arenas: 4,
@@ -127,6 +151,7 @@ fn the_reserve_follows_demand_between_its_least_and_its_most() {
         .unwrap();
     assert_eq!((m.reserve_target, m.arenas_mapped, calls), (2, 2, 2));
     assert_eq!(pool.arenas.lock().empty_arenas(), 2);
+    // A draw long after the last filled round is no burst, however slow that round was.
     // Quiet rounds keep it.
     let m = pool
         .maintain_at(t0 + Duration::from_secs(10), &mut || {})

@@ -127,11 +127,12 @@ daemon_mem() {
 uzram_mem() {
     local pid others
     pid=$("$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "daemon_pid" { print $2 }')
+    pid=${pid:-0}
     others=
     for p in /proc/[0-9]*; do
         [ "$(cat "$p/comm" 2>/dev/null)" = uzram ] && [ "${p#/proc/}" != "$pid" ] && others="$others ${p#/proc/}"
     done
-    set -- $(daemon_mem "$pid")
+    set -- $(daemon_mem "$pid" 2>/dev/null) 0 0 0 0 0
     printf '"pid":%s,"rss_kb":%s,"anon_kb":%s,"file_kb":%s,"shmem_kb":%s,"locked_kb":%s,"other_processes":"%s"' \
         "$pid" "$1" "$2" "$3" "$4" "$5" "$others"
 }
