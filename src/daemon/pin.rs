@@ -26,8 +26,10 @@ pub const TOP_PAD: usize = 4 << 20;
 
 /// Stack a queue thread faults in (and so locks) before it serves: `tests/pin.rs` runs the
 /// request path (`io::handle`: lz4 and zstd up to level 19, whole and partial pages) on a thread
-/// whose whole stack is 32 KiB less than this, the 32 KiB for libublk's frames above it.
-pub const STACK_PREFAULT: usize = 128 << 10;
+/// whose whole stack is 32 KiB less than this, the 32 KiB for libublk's frames above it. It
+/// passes at 128 KiB too; 256 KiB is kept until the VM's swap check is understood (see
+/// `daemon::configure`).
+pub const STACK_PREFAULT: usize = 256 << 10;
 
 /// Stack the policy thread faults in: its rounds (writeback with encryption, recompression,
 /// eviction for writes) are deeper and not measured, so it keeps what every thread had before.
