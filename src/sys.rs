@@ -38,6 +38,15 @@ pub fn lock_all_memory() -> io::Result<()> {
     Ok(())
 }
 
+/// A `File` of its own (a `dup`) for `fd`, a descriptor that stays open across the call.
+pub fn dup_fd(fd: std::os::fd::RawFd) -> io::Result<std::fs::File> {
+    // SAFETY: the caller's `fd` is open for the duration of this call (libublk's /dev/ublkcN,
+    // open for the `UblkDev`'s life); it is borrowed only to be duplicated, and the duplicate is
+    // an owned descriptor of its own.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    Ok(std::fs::File::from(borrowed.try_clone_to_owned()?))
+}
+
 /// Points fd 1 at `file` (the caller has flushed stdout's buffer).
 pub fn redirect_stdout(file: &std::fs::File) -> io::Result<()> {
     // SAFETY: dup2 of a valid fd (`file` lives across the call) onto fd 1; no memory is passed.
@@ -81,15 +90,18 @@ impl BlockedSignals {
 }
 
 /// Tunes glibc's malloc for a locked, fault-free heap: one arena, no trimming, no `mmap` below
-/// 32 MiB, 4 MiB of top padding (see `daemon::pin`).
-pub fn tune_malloc() {
+/// 32 MiB, `top_pad` bytes of top padding (see `daemon::pin`).
+pub fn tune_malloc(top_pad: usize) {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt takes integer parameters only; called before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TOP_PAD, 4 << 20);
+        libc::mallopt(
+            libc::M_TOP_PAD,
+            top_pad.min(libc::c_int::MAX as usize) as libc::c_int,
+        );
     }
 }
 

@@ -184,6 +184,7 @@ fn reserve_mode_maps_only_in_maintenance() {
     const RESERVE: usize = 4;
     let pool = Pool::new(PoolConfig {
         reserve_arenas: RESERVE,
+        reserve_min_arenas: RESERVE,
         growth: Growth::Reserve {
             wait: Duration::from_secs(10),
         },

@@ -292,6 +292,8 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
     let mut out = String::new();
     let mut line = |k: &str, v: u64| out.push_str(&format!("{k} {v}\n"));
     line("pool_mapped", s.pool_mapped_bytes);
+    line("pool_reserved", s.pool_reserved_bytes);
+    line("pool_reserve_target", s.pool_reserve_target_bytes);
     line("metadata", s.table_bytes);
     line("daemon_rss", info.rss_bytes);
     line("daemon_pid", u64::from(info.pid));

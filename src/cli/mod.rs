@@ -70,7 +70,7 @@ pub struct CtlArgs {
     /// What a new device is made of
     #[command(flatten)]
     device: DeviceArgs,
-    /// Number of compression streams (the daemon's I/O queues; default one per CPU)
+    /// Number of compression streams (the daemon's I/O queues; default 2, 1 on a one-CPU machine)
     #[arg(short = 't', long, value_name = "NUMBER")]
     streams: Option<u16>,
     /// The new device's daemon appends its messages here (default: syslog)

@@ -123,13 +123,40 @@ pub fn cause(e: &IoError) -> &'static str {
     }
 }
 
+/// How a request's data travels between the kernel and the daemon's buffer.
+pub trait Transfer {
+    /// Copies a write's data (`data.len()` bytes) from the kernel into `data`.
+    fn fetch(&self, data: &mut [u8]) -> std::io::Result<()>;
+    /// Copies a read's data to the kernel.
+    fn deliver(&self, data: &[u8]) -> std::io::Result<()>;
+}
+
+/// The kernel copies: a write's data is in the tag's buffer when the request arrives, and a
+/// read's data is taken from it at the commit. Nothing to do here.
+pub struct InPlace;
+
+impl Transfer for InPlace {
+    fn fetch(&self, _: &mut [u8]) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn deliver(&self, _: &[u8]) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Serves one request; returns the bytes done or a negative errno. A panic costs this request
 /// (EIO), not the queue thread: a dead queue fails every later request on it, and its device
 /// can then only be deleted.
-pub fn handle(device: &Device, ctx: &mut IoContext, req: Request, buf: &mut [u8]) -> i32 {
+pub fn handle(
+    device: &Device,
+    ctx: &mut IoContext,
+    req: Request,
+    buf: &mut [u8],
+    transfer: &impl Transfer,
+) -> i32 {
     STARTED[req.op.counter()].fetch_add(1, Ordering::Relaxed);
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        serve_one(device, ctx, req, buf)
+        serve_one(device, ctx, req, buf, transfer)
     }))
     .unwrap_or_else(|_| {
         super::log(&format!(
@@ -144,7 +171,13 @@ pub fn handle(device: &Device, ctx: &mut IoContext, req: Request, buf: &mut [u8]
     res
 }
 
-fn serve_one(device: &Device, ctx: &mut IoContext, req: Request, buf: &mut [u8]) -> i32 {
+fn serve_one(
+    device: &Device,
+    ctx: &mut IoContext,
+    req: Request,
+    buf: &mut [u8],
+    transfer: &impl Transfer,
+) -> i32 {
     // FLUSH carries no meaningful sector: answer it before any range check.
     if req.op == Op::Flush {
         return 0;
@@ -154,7 +187,10 @@ fn serve_one(device: &Device, ctx: &mut IoContext, req: Request, buf: &mut [u8])
     let result = match req.op {
         Op::Read | Op::Write => match buf.get_mut(..len as usize) {
             Some(data) if req.op == Op::Read => device.read(ctx, offset, data),
-            Some(data) => device.write(ctx, offset, data),
+            Some(data) => match transfer.fetch(data) {
+                Ok(()) => device.write(ctx, offset, data),
+                Err(_) => return copy_failed(req.op, offset, len),
+            },
             None => return -libc::EINVAL,
         },
         Op::Discard => device.discard(offset, len),
@@ -165,14 +201,36 @@ fn serve_one(device: &Device, ctx: &mut IoContext, req: Request, buf: &mut [u8])
         Ok(()) => {
             if req.op == Op::Read {
                 break_reads_for_tests(offset, &mut buf[..len as usize]);
+                if transfer.deliver(&buf[..len as usize]).is_err() {
+                    return copy_failed(req.op, offset, len);
+                }
             }
-            len as i32
+            match req.op {
+                // At most one buffer (128 KiB): fits.
+                Op::Read | Op::Write => len as i32,
+                // The kernel ends a discard or write-zeroes that did not fail without looking
+                // at a byte count, and theirs can pass i32::MAX (4 GiB in one request).
+                _ => 0,
+            }
         }
         Err(e) => {
             mailbox::note_failure(req.op, offset, len, &e);
             -errno(&e)
         }
     }
+}
+
+/// The kernel would not take or give a request's data (a request the kernel aborted, as when
+/// the device is being deleted): EIO, counted like any failed request.
+fn copy_failed(op: Op, offset: u64, len: u64) -> i32 {
+    mailbox::note(
+        op,
+        offset,
+        len,
+        libc::EIO,
+        "the request's data could not be copied from or to the kernel",
+    );
+    -libc::EIO
 }
 
 /// `UZRAM_TEST_BREAK_READS=1` (feature `test-hooks`): a deliberately broken device for proving
@@ -254,7 +312,13 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         let before = mailbox::failed_requests();
         assert_eq!(
-            handle(&device, &mut ctx, req(Op::Read, 1 << 20, 8), &mut buf),
+            handle(
+                &device,
+                &mut ctx,
+                req(Op::Read, 1 << 20, 8),
+                &mut buf,
+                &InPlace
+            ),
             -libc::EINVAL
         );
         assert!(mailbox::failed_requests() > before);
@@ -276,7 +340,7 @@ mod tests {
         let device = DeviceSetup::new().init(1 << 20).unwrap();
         let mut ctx = device.context().unwrap();
         let mut buf = vec![0u8; 4096];
-        let mut h = |r: Request| handle(&device, &mut ctx, r, &mut buf);
+        let mut h = |r: Request| handle(&device, &mut ctx, r, &mut buf, &InPlace);
         // mkswap sends a FLUSH with a meaningless start sector.
         assert_eq!(h(req(Op::Flush, u64::MAX >> 9, 0)), 0);
         assert_eq!(h(req(Op::Read, 1 << 20, 8)), -libc::EINVAL);
@@ -284,5 +348,103 @@ mod tests {
         assert_eq!(h(req(Op::Other(99), 0, 8)), -libc::EOPNOTSUPP);
         // A request longer than the buffer is refused, not a panic.
         assert_eq!(h(req(Op::Read, 0, 16)), -libc::EINVAL);
+    }
+
+    #[test]
+    fn a_discard_of_gigabytes_succeeds_as_zero_bytes() {
+        // The kernel's limit for one discard is 4 GiB less a sector: more than i32::MAX bytes.
+        let device = DeviceSetup::new().init(5 << 30).unwrap();
+        let mut ctx = device.context().unwrap();
+        let mut buf = vec![0u8; 4096];
+        let sectors = (u32::MAX >> 9) / 8 * 8;
+        assert_eq!(
+            handle(
+                &device,
+                &mut ctx,
+                req(Op::Discard, 0, sectors),
+                &mut buf,
+                &InPlace
+            ),
+            0
+        );
+        assert_eq!(
+            handle(
+                &device,
+                &mut ctx,
+                req(Op::WriteZeroes, 0, sectors),
+                &mut buf,
+                &InPlace
+            ),
+            0
+        );
+    }
+
+    /// The kernel's side of `UBLK_F_USER_COPY` for one request: its data, or a copy that fails.
+    struct FakeKernel {
+        data: std::cell::RefCell<Vec<u8>>,
+        fail: bool,
+    }
+
+    impl Transfer for FakeKernel {
+        fn fetch(&self, data: &mut [u8]) -> std::io::Result<()> {
+            if self.fail {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            data.copy_from_slice(&self.data.borrow()[..data.len()]);
+            Ok(())
+        }
+        fn deliver(&self, data: &[u8]) -> std::io::Result<()> {
+            if self.fail {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.data.borrow_mut()[..data.len()].copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn user_copy_fetches_a_writes_data_and_delivers_a_reads() {
+        let device = DeviceSetup::new().init(1 << 20).unwrap();
+        let mut ctx = device.context().unwrap();
+        // The daemon's one buffer holds whatever the last request left in it.
+        let mut buf = vec![0xEEu8; 16384];
+        let page: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        let kernel = FakeKernel {
+            data: std::cell::RefCell::new(page.clone()),
+            fail: false,
+        };
+        assert_eq!(
+            handle(&device, &mut ctx, req(Op::Write, 8, 16), &mut buf, &kernel),
+            8192
+        );
+        *kernel.data.borrow_mut() = vec![0; 8192];
+        assert_eq!(
+            handle(&device, &mut ctx, req(Op::Read, 8, 16), &mut buf, &kernel),
+            8192
+        );
+        assert_eq!(*kernel.data.borrow(), page);
+
+        // A copy the kernel refuses fails the request with EIO and stores nothing (the buffer
+        // holds other bytes, which a write that went ahead would store).
+        buf.fill(0x55);
+        let broken = FakeKernel {
+            data: std::cell::RefCell::new(vec![7; 4096]),
+            fail: true,
+        };
+        let before = mailbox::failed_requests();
+        assert_eq!(
+            handle(&device, &mut ctx, req(Op::Write, 8, 8), &mut buf, &broken),
+            -libc::EIO
+        );
+        assert_eq!(
+            handle(&device, &mut ctx, req(Op::Read, 8, 8), &mut buf, &broken),
+            -libc::EIO
+        );
+        assert!(mailbox::failed_requests() >= before + 2);
+        assert_eq!(
+            handle(&device, &mut ctx, req(Op::Read, 8, 8), &mut buf, &kernel),
+            4096
+        );
+        assert_eq!(kernel.data.borrow()[..4096], page[..4096]);
     }
 }

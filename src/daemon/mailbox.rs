@@ -29,14 +29,19 @@ static LATEST_FAILURE: Mutex<Option<Failure>> = Mutex::new(None);
 
 /// Counts a failed request and, if nobody holds the mailbox, leaves its details there.
 pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
+    note(op, offset, len, io::errno(e), io::cause(e));
+}
+
+/// Counts a failed request that failed with `errno` for `cause`; see [`note_failure`].
+pub(super) fn note(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str) {
     FAILED_REQUESTS.fetch_add(1, Ordering::Relaxed);
     if let Some(mut latest) = LATEST_FAILURE.try_lock() {
         *latest = Some(Failure {
             op,
             offset,
             len,
-            errno: io::errno(e),
-            cause: io::cause(e),
+            errno,
+            cause,
         });
     }
 }

@@ -36,9 +36,11 @@ pub use self::ublk::{remove_dead, serve};
 use crate::common::options::{self, DeviceArgs, OptionsError};
 use uzram_engine::{Device, DeviceSetup, Growth};
 
-/// Largest I/O the device takes: 128 KiB. Each tag of each queue has a buffer this large, locked
-/// in RAM: 2 queues x depth 64 x 128 KiB = 16 MiB. Swap writes pages one folio at a time and the
-/// block layer merges neighbours up to this size; larger requests would only cost locked memory.
+/// Largest I/O the device takes: 128 KiB. Each queue thread has one buffer this large (the
+/// kernel's `UBLK_F_USER_COPY`: the thread copies each request's data through it), locked in
+/// RAM; on a kernel without user copy each tag has one (2 queues x depth 64 x 128 KiB = 16 MiB).
+/// Swap writes pages one folio at a time and the block layer merges neighbours up to this
+/// size; larger requests would only cost memory.
 pub const MAX_IO_BYTES: u32 = 128 << 10;
 /// Longest a write waits for the memory thread to refill the pool's reserve without seeing it
 /// make progress, before it fails with ENOMEM (swap then keeps the page and retries it later);
@@ -60,16 +62,22 @@ pub struct ServeArgs {
     /// What the device is made of
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Queues (one thread each); default one per CPU
+    /// Queues (one thread each); default 2 (1 on a one-CPU machine)
     #[arg(long)]
     pub queues: Option<u16>,
     /// Queue depth
     #[arg(long, default_value_t = DEFAULT_DEPTH)]
     pub depth: u16,
-    /// Pool memory to map (and lock) up front and keep mapped, so that swap-out does not have to
-    /// ask the kernel for memory while it is short of it (default: 1/64 of the size, 8M..16M)
+    /// The most pool memory kept mapped (and locked) ahead of writes, so that swap-out does not
+    /// have to ask the kernel for memory while it is short of it: the reserve starts at
+    /// --reserve-min, doubles under a burst of writes up to this, and halves back after each 10 s
+    /// without one (default: 1/64 of the size, 8M..16M)
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,
+    /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: all
+    /// of --reserve, kept for life; 2M, one arena, follows demand)
+    #[arg(long, value_name = "SIZE")]
+    pub reserve_min: Option<String>,
     /// Device id N for /dev/ublkbN (default: the first free one)
     #[arg(long)]
     pub id: Option<i32>,
@@ -116,11 +124,21 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
     let (mut setup, disksize) = options::check(&args.size, &args.device, args.queues)?;
     let reserve = match &args.reserve {
         Some(r) => uzram_engine::parse_size(r)?,
-        // 8 MiB is the floor: a smaller reserve runs dry under a filesystem's write burst where
-        // mapping is slow.
+        // The most is at least 8 MiB: a burst (a filesystem's writes, a swap storm) where
+        // mapping is slow runs a smaller reserve dry. The reserve starts at its least and
+        // doubles each round of a burst, so it is there within a few rounds.
         None => (disksize / 64).clamp(8 << 20, 16 << 20),
     };
     setup.set_pool_reserve(reserve);
+    // Unless told, the whole reserve is mapped up front and kept, as before it could follow
+    // demand: starting at one arena (`--reserve-min 2M`) saves 6-14 MiB, but a clean-clone CI
+    // run's swap check hung twice with it (the memory thread mapping arenas all through the
+    // storm), so it is not the default until that is understood.
+    let reserve_min = match &args.reserve_min {
+        Some(r) => uzram_engine::parse_size(r)?,
+        None => reserve,
+    };
+    setup.set_pool_reserve_min(reserve_min.min(reserve));
     setup.set_pool_growth(Growth::Reserve { wait: RESERVE_WAIT });
     Ok((setup, disksize))
 }
@@ -180,12 +198,19 @@ fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), 
     Ok((device, signals))
 }
 
-/// The number of queues: as asked, else one per CPU (at most 16).
+/// Queues a device gets unless told: at most this many, fewer on a machine with fewer CPUs.
+/// Each queue is a thread with its own stack, codec streams and buffer, so a queue per CPU
+/// would make the daemon's fixed cost grow with the machine; one thread compresses a page in
+/// microseconds (lz4 about 0.6 GB/s), faster than swap writes, and two keep a read served
+/// while a write compresses.
+pub const DEFAULT_QUEUES: u16 = 2;
+
+/// The number of queues: as asked, else [`DEFAULT_QUEUES`] (one on a machine with one CPU).
 fn queues(args: &ServeArgs) -> u16 {
     args.queues.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map_or(1, |n| n.get())
-            .min(16) as u16
+            .min(usize::from(DEFAULT_QUEUES)) as u16
     })
 }
 

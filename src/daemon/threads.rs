@@ -31,13 +31,19 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 let t = Instant::now();
                 pin::refill_heap();
-                match device.maintain_memory() {
-                    Ok(m) if m.arenas_mapped > 0 => {
-                        let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;
-                        REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
-                        SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
+                // Between arenas too: under pressure each one is slow to map, and the I/O
+                // path's metadata keeps drawing on the heap meanwhile.
+                let mut top_up = || {
+                    pin::refill_heap();
+                };
+                match device.maintain_memory_with(&mut top_up) {
+                    Ok(m) => {
+                        if m.arenas_mapped > 0 {
+                            let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;
+                            REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
+                            SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
+                        }
                     }
-                    Ok(_) => {}
                     Err(e) => {
                         if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
                             log(&format!("cannot refill the pool's reserve: {e}"));
@@ -67,7 +73,7 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
             if let Err(e) = io_flusher() {
                 return log(&format!("policy: {e}"));
             }
-            pin::prefault_stack();
+            pin::prefault_policy_stack();
             let mut ctx = match device.context() {
                 Ok(ctx) => ctx,
                 Err(e) => return log(&format!("policy: {e}")),

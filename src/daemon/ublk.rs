@@ -1,6 +1,7 @@
 //! The only module that talks to libublk (cargo feature `ublk`): adds the device, sets its
 //! block parameters, runs one thread per queue and deletes the device when serving ends.
 
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -58,15 +59,83 @@ fn request(iod: &sys::ublksrv_io_desc) -> Request {
     }
 }
 
-fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
+/// A queue thread's start: an I/O flusher with its stack faulted in and its own [`IoContext`].
+fn queue_start(qid: u16, device: &Device) -> Option<uzram_engine::IoContext> {
     if let Err(e) = super::io_flusher() {
         log(&format!("queue {qid}: {e}"));
-        return;
+        return None;
     }
     super::pin::prefault_stack();
-    let mut ctx = match device.context() {
-        Ok(ctx) => ctx,
+    match device.context() {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            log(&format!("queue {qid}: {e}"));
+            None
+        }
+    }
+}
+
+/// `UBLK_F_USER_COPY`: a request's data is read from and written to the ublk char device
+/// (`/dev/ublkcN`) at the request's own position, through the queue thread's one buffer.
+struct UserCopy<'a> {
+    cdev: &'a std::fs::File,
+    pos: u64,
+}
+
+impl io::Transfer for UserCopy<'_> {
+    fn fetch(&self, data: &mut [u8]) -> std::io::Result<()> {
+        self.cdev.read_exact_at(data, self.pos)
+    }
+    fn deliver(&self, data: &[u8]) -> std::io::Result<()> {
+        self.cdev.write_all_at(data, self.pos)
+    }
+}
+
+/// Serves queue `qid` with `UBLK_F_USER_COPY`: one request at a time through one buffer of
+/// [`MAX_IO_BYTES`], whatever the depth (the kernel holds the other requests' data until the
+/// thread copies it).
+fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
+    let Some(mut ctx) = queue_start(qid, device) else {
+        return;
+    };
+    let cdev = match crate::sys::dup_fd(dev.tgt.fds[0]) {
+        Ok(f) => f,
+        Err(e) => return log(&format!("queue {qid}: the char device: {e}")),
+    };
+    // Written, not only allocated: its pages are faulted in (and locked) before serving.
+    let mut buf = vec![0xA5u8; MAX_IO_BYTES as usize];
+    let queue = match UblkQueue::new(qid, dev)
+        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(None)))
+    {
+        Ok(q) => q,
         Err(e) => return log(&format!("queue {qid}: {e}")),
+    };
+    let handler = move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
+        let transfer = UserCopy {
+            cdev: &cdev,
+            pos: UblkIOCtx::ublk_user_copy_pos(qid, tag, 0),
+        };
+        let res = io::handle(
+            device,
+            &mut ctx,
+            request(q.get_iod(tag)),
+            &mut buf,
+            &transfer,
+        );
+        if let Err(e) =
+            q.complete_io_cmd_unified(tag, BufDesc::Slice(&[]), Ok(UblkIORes::Result(res)))
+        {
+            log(&format!("queue {qid}: completing tag {tag}: {e}"));
+        }
+    };
+    queue.wait_and_handle_io(handler);
+}
+
+/// Serves queue `qid` on a kernel without `UBLK_F_USER_COPY` (before Linux 6.5): a locked
+/// buffer of [`MAX_IO_BYTES`] per tag, which the kernel copies into and out of.
+fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
+    let Some(mut ctx) = queue_start(qid, device) else {
+        return;
     };
     let mut bufs = dev.alloc_queue_io_bufs();
     let queue = match UblkQueue::new(qid, dev)
@@ -80,7 +149,13 @@ fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
     // only after the commit. The buffers never move (each is its own allocation).
     let handler = move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
         let io_buf = &mut bufs[usize::from(tag)];
-        let res = io::handle(device, &mut ctx, request(q.get_iod(tag)), io_buf);
+        let res = io::handle(
+            device,
+            &mut ctx,
+            request(q.get_iod(tag)),
+            io_buf,
+            &io::InPlace,
+        );
         if let Err(e) = q.complete_io_cmd_unified(
             tag,
             BufDesc::Slice(io_buf.as_slice()),
@@ -90,6 +165,12 @@ fn queue_thread(qid: u16, dev: &UblkDev, device: &Device) {
         }
     };
     queue.wait_and_handle_io(handler);
+}
+
+/// Whether the kernel's ublk driver copies through the char device (Linux 6.5 and later say
+/// so in their features; older ones cannot be asked).
+fn kernel_has_user_copy() -> bool {
+    UblkCtrl::get_features().is_some_and(|f| f & u64::from(sys::UBLK_F_USER_COPY) != 0)
 }
 
 /// Stops device `id` (its queues end, so `run_target` returns).
@@ -104,13 +185,34 @@ fn stop(id: u32) {
 pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     let (device, signals) = super::start(args)?;
     let queues = super::queues(args);
+    let user_copy = kernel_has_user_copy();
+    if !user_copy {
+        log(&format!(
+            "this kernel's ublk cannot copy through the daemon (UBLK_F_USER_COPY, Linux 6.5): \
+             each of the {} tags has a locked {} KiB buffer",
+            u32::from(queues) * u32::from(args.depth),
+            MAX_IO_BYTES >> 10
+        ));
+    }
+    let (ctrl_flags, dev_flags) = if user_copy {
+        (
+            u64::from(sys::UBLK_F_USER_COPY),
+            UblkFlags::UBLK_DEV_F_ADD_DEV,
+        )
+    } else {
+        (
+            0,
+            UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER,
+        )
+    };
     let ctrl = UblkCtrlBuilder::default()
         .name("uzram")
         .id(args.id.unwrap_or(-1))
         .nr_queues(queues)
         .depth(args.depth)
         .io_buf_bytes(MAX_IO_BYTES)
-        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+        .ctrl_flags(ctrl_flags)
+        .dev_flags(dev_flags)
         .build()
         .map_err(|e| ServeError::Ublk(format!("cannot add the device: {e}")))?;
     let id = ctrl.dev_info().dev_id;
@@ -132,7 +234,13 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
             set_params(dev, disksize);
             Ok(())
         },
-        move |qid, dev: &UblkDev| queue_thread(qid, dev, &device),
+        move |qid, dev: &UblkDev| {
+            if user_copy {
+                user_copy_queue(qid, dev, &device)
+            } else {
+                per_tag_queue(qid, dev, &device)
+            }
+        },
         move |ctrl: &UblkCtrl| {
             super::disable_writeback_throttling(ctrl.dev_info().dev_id);
             // `uzram --find` may have gone: serving goes on without its answer.

@@ -73,7 +73,7 @@ pub(super) struct Shared<'a> {
     pub(super) arenas: &'a Mutex<ArenaSet>,
     /// `Some` in [`Growth::Reserve`] mode: whom to ask for more arenas, and below how many empty
     /// ones to ask.
-    pub(super) reserve: Option<(&'a ReserveSignal, usize)>,
+    pub(super) reserve: Option<&'a ReserveSignal>,
     pub(super) pages_used: &'a AtomicU64,
     pub(super) max_pages_used: &'a AtomicU64,
     pub(super) limit_pages: &'a AtomicU64,
@@ -197,8 +197,8 @@ impl ClassState {
             let run = arenas.alloc_run(self.spec.pages_per_zspage, Placement::Any);
             (run, arenas.empty_arenas())
         };
-        if let Some((signal, low)) = shared.reserve {
-            if empty_left < low || run.is_err() {
+        if let Some(signal) = shared.reserve {
+            if empty_left < signal.target() || run.is_err() {
                 signal.ask();
             }
         }

@@ -19,7 +19,7 @@ mod reserve;
 
 pub use self::class_state::FULLNESS_GROUPS;
 use self::class_state::{ClassState, Shared, AUTO_COMPACT_MOVES, AUTO_DEFRAG_MOVES};
-use self::reserve::{RefillWait, ReserveSignal, RESERVE_WAIT_CAP};
+use self::reserve::{Demand, RefillWait, ReserveSignal, RESERVE_WAIT_CAP};
 
 /// Largest zspage the pool accepts in its configuration.
 pub const MAX_PAGES_PER_ZSPAGE: usize = 16;
@@ -71,8 +71,13 @@ pub struct PoolConfig {
     /// Compact a class by itself, a bounded step at a time, when frees leave it fragmented.
     pub auto_compact: bool,
     /// Empty arenas kept mapped instead of returned to the OS; this many are mapped when the
-    /// pool is created, so the first growth needs nothing from the kernel.
+    /// pool is created, so the first growth needs nothing from the kernel. In
+    /// [`Growth::Reserve`] mode the most the reserve grows to under a burst of allocations.
     pub reserve_arenas: usize,
+    /// [`Growth::Reserve`] mode: the reserve a pool starts with and shrinks back to when
+    /// allocations stop taking arenas (at least 1, at most `reserve_arenas`); between the two
+    /// it follows demand (see [`Pool::maintain`]). Unused on demand.
+    pub reserve_min_arenas: usize,
     /// How the pool gets memory from the OS.
     pub growth: Growth,
 }
@@ -104,6 +109,7 @@ impl Default for PoolConfig {
             limit_bytes: None,
             auto_compact: true,
             reserve_arenas: 1,
+            reserve_min_arenas: 1,
             growth: Growth::OnDemand,
         }
     }
@@ -120,6 +126,9 @@ pub struct PoolStats {
     pub pages_mapped: u64,
     /// Pages of `pages_mapped` in arenas with nothing in them: the reserve.
     pub pages_reserved: u64,
+    /// Pages the reserve is kept at now ([`Growth::Reserve`] follows demand between its least
+    /// and its most; on demand, the configured reserve).
+    pub pages_reserve_target: u64,
     /// Zspage pages freed by compaction (zram's `pages_compacted`).
     pub pages_compacted: u64,
     /// Arena pages returned to the OS by compaction moving zspages out of sparse arenas.
@@ -169,8 +178,11 @@ pub struct CompactStats {
 pub struct Maintenance {
     /// Arenas mapped into the reserve.
     pub arenas_mapped: usize,
-    /// Empty arenas beyond twice the reserve, unmapped.
+    /// Empty arenas unmapped: those beyond twice the reserve, or beyond the reserve in a round
+    /// that shrank it.
     pub arenas_unmapped: usize,
+    /// The reserve's size in arenas after this round.
+    pub reserve_target: usize,
 }
 
 /// A pool of compressed objects: see the crate docs.
@@ -188,8 +200,13 @@ pub struct Pool {
     auto_compact: AtomicBool,
     defrag_running: AtomicBool,
     growth: Growth,
+    /// On demand: the reserve. In reserve mode: its most (the target lives in `signal`).
     reserve_arenas: usize,
+    /// Reserve mode: the least the reserve shrinks back to.
+    reserve_min: usize,
     signal: ReserveSignal,
+    /// Reserve mode: the maintenance thread's record of demand.
+    demand: Mutex<Demand>,
 }
 
 impl Pool {
@@ -214,6 +231,12 @@ impl Pool {
         } else {
             config.reserve_arenas.max(1)
         };
+        let reserve_min = config.reserve_min_arenas.clamp(1, reserve_arenas.max(1));
+        let premapped = if on_demand {
+            reserve_arenas
+        } else {
+            reserve_min
+        };
         let pool = Pool {
             table,
             classes,
@@ -227,7 +250,9 @@ impl Pool {
             defrag_running: AtomicBool::new(false),
             growth: config.growth,
             reserve_arenas,
-            signal: ReserveSignal::default(),
+            reserve_min,
+            signal: ReserveSignal::with_target(premapped),
+            demand: Mutex::new(Demand::default()),
         };
         pool.set_limit(config.limit_bytes);
         let prefault = if on_demand {
@@ -237,9 +262,9 @@ impl Pool {
         };
         pool.arenas
             .lock()
-            .premap(reserve_arenas, prefault)
+            .premap(premapped, prefault)
             .map_err(|errno| Error::OutOfMemory {
-                bytes: (reserve_arenas * ARENA_PAGES * PAGE_SIZE) as u64,
+                bytes: (premapped * ARENA_PAGES * PAGE_SIZE) as u64,
                 errno,
             })?;
         Ok(pool)
@@ -252,7 +277,7 @@ impl Pool {
                 Growth::OnDemand => None,
                 // Asked as soon as an arena of the reserve is taken: the maintenance thread
                 // then has the whole reserve's worth of writes to map the next one in.
-                Growth::Reserve { .. } => Some((&self.signal, self.reserve_arenas)),
+                Growth::Reserve { .. } => Some(&self.signal),
             },
             pages_used: &self.pages_used,
             max_pages_used: &self.max_pages_used,
@@ -429,7 +454,7 @@ impl Pool {
         let mut pages_released = self.defrag(usize::MAX);
         if self.growth != Growth::OnDemand {
             // In reserve mode frees leave empty arenas mapped; a compaction gives them back.
-            let unmapped = (self.unmap_empty(self.reserve_arenas) * ARENA_PAGES) as u64;
+            let unmapped = (self.unmap_empty(self.reserve_target()) * ARENA_PAGES) as u64;
             self.pages_released.fetch_add(unmapped, Ordering::Relaxed);
             pages_released += unmapped;
         }
@@ -518,6 +543,7 @@ impl Pool {
             max_pages_used: self.max_pages_used.load(Ordering::Relaxed),
             pages_mapped,
             pages_reserved,
+            pages_reserve_target: (self.reserve_target() * ARENA_PAGES) as u64,
             pages_compacted: self.pages_compacted.load(Ordering::Relaxed),
             pages_released: self.pages_released.load(Ordering::Relaxed),
             objects,

@@ -1,7 +1,7 @@
 //! [`Growth::Reserve`]: the handshake between allocations, which take pre-mapped arenas and
 //! never map, and the maintenance thread, which keeps the reserve filled.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -11,8 +11,9 @@ use crate::mem::{Mapping, Prefault, ARENA_PAGES, PAGE_SIZE};
 use crate::Error;
 
 /// The handshake between allocations and the maintenance thread in [`Growth::Reserve`] mode.
-#[derive(Default)]
 pub(super) struct ReserveSignal {
+    /// Empty arenas the maintenance thread keeps: an allocation that leaves fewer asks for more.
+    target: AtomicUsize,
     /// Pages the maintenance thread has faulted in so far: an allocation waiting for a refill
     /// keeps waiting (up to [`RESERVE_WAIT_CAP`] times its wait) while this moves.
     pub(super) touched: AtomicU64,
@@ -34,9 +35,86 @@ pub(super) struct ReserveState {
 }
 
 impl ReserveSignal {
+    pub(super) fn with_target(target: usize) -> ReserveSignal {
+        ReserveSignal {
+            target: AtomicUsize::new(target),
+            touched: AtomicU64::new(0),
+            state: Mutex::default(),
+            need: Condvar::new(),
+            refilled: Condvar::new(),
+        }
+    }
+
+    /// Empty arenas the reserve is kept at now.
+    pub(super) fn target(&self) -> usize {
+        self.target.load(Ordering::Relaxed)
+    }
+
     pub(super) fn ask(&self) {
         self.state.lock().needed = true;
         self.need.notify_one();
+    }
+}
+
+/// Two refills closer together than this mean a burst: the reserve doubles (up to its most),
+/// so the maintenance thread stays a whole reserve ahead of the writes.
+pub(super) const BURST_GAP: Duration = Duration::from_secs(1);
+
+/// A reserve that no allocation has drawn on for this long halves (down to its least), and the
+/// empty arenas beyond it are unmapped: memory held against a burst goes back once the burst
+/// is over.
+pub(super) const IDLE_DECAY: Duration = Duration::from_secs(10);
+
+/// What the maintenance thread knows of demand: when the last round that filled the reserve
+/// ended, when allocations last drew the reserve down, and when its size last changed.
+#[derive(Default)]
+pub(super) struct Demand {
+    last_filled: Option<Instant>,
+    last_draw: Option<Instant>,
+    last_change: Option<Instant>,
+}
+
+impl Demand {
+    /// The reserve's next size from its size `target` now (in `min..=max`), given whether the
+    /// allocations drew it below `target` since the last round, at `now` (the round's start).
+    /// A burst is a draw within [`BURST_GAP`] of the end of the last round that filled the
+    /// reserve: measured from the end, so a round that is slow to map (memory short) does not
+    /// hide the burst; and only after a round that filled it, so rounds that fail to map (and
+    /// are retried at once) do not count as draws.
+    pub(super) fn next_target(
+        &mut self,
+        target: usize,
+        drawn: bool,
+        min: usize,
+        max: usize,
+        now: Instant,
+    ) -> usize {
+        let since =
+            |t: Option<Instant>| t.map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+        if drawn {
+            let burst = since(self.last_filled) < BURST_GAP;
+            self.last_draw = Some(now);
+            // One doubling per filled round.
+            self.last_filled = None;
+            if burst && target < max {
+                self.last_change = Some(now);
+                return (target * 2).min(max);
+            }
+            return target;
+        }
+        if target > min
+            && since(self.last_draw) >= IDLE_DECAY
+            && since(self.last_change) >= IDLE_DECAY
+        {
+            self.last_change = Some(now);
+            return (target / 2).max(min);
+        }
+        target
+    }
+
+    /// A round filled the reserve; it ended at `end`.
+    pub(super) fn filled(&mut self, end: Instant) {
+        self.last_filled = Some(end);
     }
 }
 
@@ -96,16 +174,61 @@ impl Pool {
         }
     }
 
-    /// [`Growth::Reserve`] mode's maintenance: maps arenas (outside every lock, touching their
-    /// pages) until `reserve_arenas` are empty, wakes the allocations waiting for them, and
-    /// unmaps empty arenas beyond twice the reserve. Call it from a thread that may wait for
-    /// reclaim (not an I/O thread of a swap device). A no-op in [`Growth::OnDemand`] mode.
+    /// Empty arenas the reserve is kept at now: on demand the configured reserve; in
+    /// [`Growth::Reserve`] mode what [`Pool::maintain`] sized from demand.
+    pub fn reserve_target_arenas(&self) -> usize {
+        self.reserve_target()
+    }
+
+    pub(super) fn reserve_target(&self) -> usize {
+        match self.growth {
+            Growth::OnDemand => self.reserve_arenas,
+            Growth::Reserve { .. } => self.signal.target(),
+        }
+    }
+
+    /// [`Growth::Reserve`] mode's maintenance: sizes the reserve from demand, maps arenas
+    /// (outside every lock, touching their pages) until that many are empty, wakes the
+    /// allocations waiting for them, and unmaps empty arenas beyond twice the reserve. Call it
+    /// from a thread that may wait for reclaim (not an I/O thread of a swap device), at least
+    /// once a second. A no-op in [`Growth::OnDemand`] mode.
+    ///
+    /// The reserve follows demand between `reserve_min_arenas` and `reserve_arenas`: two
+    /// rounds that find it drawn down within [`BURST_GAP`] double it (a burst: the maintenance
+    /// thread then has a whole reserve's worth of allocations to map the next arenas), and
+    /// [`IDLE_DECAY`] without a draw halves it, unmapping what is beyond it.
     pub fn maintain(&self) -> Result<Maintenance, Error> {
+        self.maintain_at(Instant::now(), &mut || {})
+    }
+
+    /// [`Pool::maintain`], calling `before_each` before each arena it maps: mapping an arena
+    /// while memory is short can take long (every page is reclaimed for), and a caller that
+    /// keeps other memory ready for the allocations (malloc's heap) tops it up in between.
+    pub fn maintain_with(&self, before_each: &mut dyn FnMut()) -> Result<Maintenance, Error> {
+        self.maintain_at(Instant::now(), before_each)
+    }
+
+    pub(super) fn maintain_at(
+        &self,
+        now: Instant,
+        before_each: &mut dyn FnMut(),
+    ) -> Result<Maintenance, Error> {
         let mut done = Maintenance::default();
         if self.growth == Growth::OnDemand {
+            done.reserve_target = self.reserve_arenas;
             return Ok(done);
         }
-        while self.arenas.lock().empty_arenas() < self.reserve_arenas {
+        let old = self.signal.target();
+        let target = {
+            let drawn = self.arenas.lock().empty_arenas() < old;
+            self.demand
+                .lock()
+                .next_target(old, drawn, self.reserve_min, self.reserve_arenas, now)
+        };
+        self.signal.target.store(target, Ordering::Relaxed);
+        done.reserve_target = target;
+        while self.arenas.lock().empty_arenas() < target {
+            before_each();
             let mapping =
                 Mapping::new_counted(Prefault::Touch, &self.signal.touched).map_err(|errno| {
                     Error::OutOfMemory {
@@ -118,7 +241,13 @@ impl Pool {
             self.signal.state.lock().refills += 1;
             self.signal.refilled.notify_all();
         }
-        done.arenas_unmapped = self.unmap_empty(2 * self.reserve_arenas);
+        // The round's end: later than its start by the time mapping took (a test's clock, ahead
+        // of the real one, is its own).
+        self.demand.lock().filled(now.max(Instant::now()));
+        // A shrink gives back what is beyond the new size at once; otherwise up to twice the
+        // reserve stays, so frees and allocations that alternate do not map and unmap.
+        let keep = if target < old { target } else { 2 * target };
+        done.arenas_unmapped = self.unmap_empty(keep);
         Ok(done)
     }
 

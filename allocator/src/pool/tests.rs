@@ -91,3 +91,112 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
     );
     pool.check_invariants().unwrap();
 }
+
+#[test]
+fn rounds_that_fail_to_map_do_not_grow_the_reserve() {
+    let mut d = reserve::Demand::default();
+    let t0 = Instant::now();
+    // A filled round, then a draw 0.5 s after its end: a burst.
+    d.filled(t0);
+    assert_eq!(
+        d.next_target(1, true, 1, 8, t0 + Duration::from_millis(500)),
+        2
+    );
+    // That round fails to map (no `filled`); its retries 20 ms apart still see the reserve
+    // drawn down, and must not double it again.
+    for i in 1..10u64 {
+        let at = t0 + Duration::from_millis(500 + 20 * i);
+        assert_eq!(d.next_target(2, true, 1, 8, at), 2);
+    }
+    // A round that took 3 s to fill, then a draw 0.2 s after it ended: a burst all the same.
+    d.filled(t0 + Duration::from_secs(4));
+    assert_eq!(
+        d.next_target(2, true, 1, 8, t0 + Duration::from_millis(4200)),
+        4
+    );
+}
+
+#[test]
+fn the_reserve_follows_demand_between_its_least_and_its_most() {
+    let pool = Pool::new(PoolConfig {
+        reserve_arenas: 4,
+        reserve_min_arenas: 1,
+        growth: Growth::Reserve { wait: WAIT },
+        ..Default::default()
+    })
+    .unwrap();
+    let arena = ARENA_PAGES as u64;
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.pages_mapped, stats.pages_reserve_target),
+        (arena, arena)
+    );
+    // One arena's worth of one-page objects takes the reserve's only arena.
+    let mut live = Vec::new();
+    let mut draw = |pool: &Pool| {
+        for _ in 0..ARENA_PAGES {
+            live.push(pool.store(&[3u8; 4096]).unwrap());
+        }
+        assert_eq!(pool.arenas.lock().empty_arenas(), 0);
+    };
+    let t0 = Instant::now();
+    draw(&pool);
+    // A first draw refills but does not grow the reserve.
+    assert_eq!(pool.maintain_at(t0, &mut || {}).unwrap().reserve_target, 1);
+    // A second within a second is a burst: the reserve doubles, and is filled at once.
+    draw(&pool);
+    let mut calls = 0;
+    let m = pool
+        .maintain_at(t0 + Duration::from_millis(500), &mut || calls += 1)
+        .unwrap();
+    assert_eq!((m.reserve_target, m.arenas_mapped, calls), (2, 2, 2));
+    assert_eq!(pool.arenas.lock().empty_arenas(), 2);
+    // A draw long after the last filled round is no burst, however slow that round was.
+    // Quiet rounds keep it.
+    let m = pool
+        .maintain_at(t0 + Duration::from_secs(10), &mut || {})
+        .unwrap();
+    assert_eq!(
+        (m.reserve_target, m.arenas_mapped, m.arenas_unmapped),
+        (2, 0, 0)
+    );
+    // More bursts grow it to its most and no further.
+    for i in 1..=4u64 {
+        // Taking both empty arenas: the fullest arena with room is used first.
+        for _ in 0..2 * ARENA_PAGES {
+            live.push(pool.store(&[3u8; 4096]).unwrap());
+        }
+        let m = pool.maintain_at(
+            t0 + Duration::from_secs(10) + Duration::from_millis(200 * i),
+            &mut || {},
+        );
+        assert!(m.unwrap().reserve_target <= 4);
+    }
+    assert_eq!(pool.stats().pages_reserve_target, 4 * arena);
+    assert_eq!(pool.arenas.lock().empty_arenas(), 4);
+    // Idle for IDLE_DECAY: halved, and what is beyond it unmapped at once; then down to the
+    // least, never below.
+    let quiet = t0 + Duration::from_secs(11) + reserve::IDLE_DECAY;
+    let m = pool.maintain_at(quiet, &mut || {}).unwrap();
+    assert_eq!((m.reserve_target, m.arenas_unmapped), (2, 2));
+    assert_eq!(
+        pool.maintain_at(quiet + Duration::from_secs(1), &mut || {})
+            .unwrap()
+            .reserve_target,
+        2
+    );
+    let m = pool
+        .maintain_at(quiet + reserve::IDLE_DECAY, &mut || {})
+        .unwrap();
+    assert_eq!((m.reserve_target, m.arenas_unmapped), (1, 1));
+    let m = pool
+        .maintain_at(quiet + 4 * reserve::IDLE_DECAY, &mut || {})
+        .unwrap();
+    assert_eq!(m.reserve_target, 1);
+    let stats = pool.stats();
+    assert_eq!(stats.pages_mapped - stats.pages_used, arena);
+    for h in live {
+        pool.free(h).unwrap();
+    }
+    pool.check_invariants().unwrap();
+}

@@ -185,10 +185,23 @@ impl DeviceSetup {
         Ok(())
     }
 
-    /// Pool memory (bytes, rounded up to 2 MiB arenas) mapped at init and kept mapped.
+    /// Pool memory (bytes, rounded up to 2 MiB arenas) kept mapped and empty against the next
+    /// writes: on demand, mapped at init; with [`Growth::Reserve`], the most the reserve grows
+    /// to under a burst of writes (see [`DeviceSetup::set_pool_reserve_min`]).
     pub fn set_pool_reserve(&mut self, bytes: u64) {
+        self.config.pool.reserve_arenas = Self::arenas(bytes);
+    }
+
+    /// With [`Growth::Reserve`]: the reserve the pool starts with and shrinks back to when
+    /// writes stop drawing on it (bytes, rounded up to 2 MiB arenas, at least one; at most the
+    /// reserve's most).
+    pub fn set_pool_reserve_min(&mut self, bytes: u64) {
+        self.config.pool.reserve_min_arenas = Self::arenas(bytes);
+    }
+
+    fn arenas(bytes: u64) -> usize {
         let arena = (uzram_allocator::ARENA_PAGES * PAGE_SIZE) as u64;
-        self.config.pool.reserve_arenas = bytes.div_ceil(arena).max(1) as usize;
+        bytes.div_ceil(arena).max(1) as usize
     }
 
     /// How the pool gets memory: on demand (the default, for embedders), or from a reserve that

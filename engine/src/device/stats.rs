@@ -230,6 +230,10 @@ pub struct DeviceStats {
     pub table_bytes: u64,
     /// Pool memory really mapped (arenas), >= `mm.mem_used_total`.
     pub pool_mapped_bytes: u64,
+    /// Of `pool_mapped_bytes`, the empty arenas kept for the next writes.
+    pub pool_reserved_bytes: u64,
+    /// What the reserve is kept at now (it follows demand with `Growth::Reserve`).
+    pub pool_reserve_target_bytes: u64,
     /// Pages with an object in the pool.
     pub stored_pages: u64,
 }

@@ -28,6 +28,24 @@ impl Device {
         Ok(self.pool.maintain().map_err(IoError::OutOfMemory)?)
     }
 
+    /// [`Device::maintain_memory`], calling `before_each` before each arena it maps (the daemon
+    /// tops up malloc's heap there: mapping an arena can take long while memory is short).
+    pub fn maintain_memory_with(
+        &self,
+        before_each: &mut dyn FnMut(),
+    ) -> Result<Maintenance, Error> {
+        Ok(self
+            .pool
+            .maintain_with(before_each)
+            .map_err(IoError::OutOfMemory)?)
+    }
+
+    /// The arenas (2 MiB each) the pool's reserve is kept at now: with [`crate::Growth::Reserve`]
+    /// it follows demand (see [`Device::maintain_memory`]).
+    pub fn pool_reserve_target(&self) -> usize {
+        self.pool.reserve_target_arenas()
+    }
+
     /// Blocks until an I/O asks for pool memory or `timeout` passes.
     pub fn wait_for_maintenance(&self, timeout: std::time::Duration) -> bool {
         self.pool.wait_for_maintenance(timeout)
@@ -73,6 +91,8 @@ impl Device {
             table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64
                 + pool.metadata_bytes,
             pool_mapped_bytes: pool.pages_mapped * page,
+            pool_reserved_bytes: pool.pages_reserved * page,
+            pool_reserve_target_bytes: pool.pages_reserve_target * page,
             stored_pages: c.stored_pages,
         }
     }

@@ -2,6 +2,7 @@
 # The benchmarks (tests/vm/run bench), by suite (UZRAM_VM_CHECKS): "starved", the memory-starved
 # build on each kind of swap (starved.sh); "devices", uzram and kernel zram in the same guest, same
 # data, same fio jobs, lz4 and zstd, then a swap workload on disk swap, zram and uzram.
+# "memory", the daemon's whole cost at idle and for the same pages as kernel zram's.
 # Prints one "BENCH: {json}" line per measurement; tests/vm/bench-report turns them into the
 # table, the JSON file and the plot. Under TCG the absolute figures mean little (and userspace is
 # slowed more than the kernel): compare the ratios, and only between runs of the same setup.
@@ -65,14 +66,15 @@ device_bench() {
     done
 }
 
-# swap_workload DEV LABEL: vmtool touching 2x MemAvailable of realistic pages, 3 passes
+# swap_workload DEV LABEL AVAIL_MB: vmtool touching 2x AVAIL_MB (MemAvailable measured before any
+# device existed, so every device gets the same workload) of realistic pages, 3 passes
 swap_workload() {
-    local dev=$1 label=$2 avail t0 rc peak=0 used
+    local dev=$1 label=$2 avail=$3 t0 rc peak=0 used
     mkswap "$dev" >/dev/null 2>&1 && swapon --discard=pages -p 32767 "$dev" || { note "swapon $dev failed"; return; }
     SWAP_DEV=$dev
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    avail=$(($(meminfo_kb MemAvailable) / 1024))
+    note "swap workload on $label: MemAvailable $(($(meminfo_kb MemAvailable) / 1024)) MiB now, $avail MiB before any device"
     t0=$(uptime_s)
     "$TOOL" swapfill $((avail * 2)) "$SEED" 3 >"$UZ_TMP/bench-swap.log" 2>&1 &
     _p=$!
@@ -89,6 +91,7 @@ swap_workload() {
 }
 
 devices_suite() {
+    local avail
     for algo in lz4 zstd; do
         if zram_has_algo $algo; then
             zram_setup $algo 512M && device_bench /dev/zram0 "zram-$algo"
@@ -97,22 +100,97 @@ devices_suite() {
         uzram_setup $algo 512M && device_bench "$UZRAM_DEV" "uzram-$algo"
         uzram_reset
     done
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    avail=$(($(meminfo_kb MemAvailable) / 1024))
     if [ -b /dev/vda ]; then
-        swap_workload /dev/vda disk
+        swap_workload /dev/vda disk "$avail"
     fi
     for algo in lz4 zstd; do
         if zram_has_algo $algo; then
-            zram_setup $algo 2048M && swap_workload /dev/zram0 "zram-$algo"
+            zram_setup $algo 2048M && swap_workload /dev/zram0 "zram-$algo" "$avail"
             zram_reset
         fi
-        uzram_setup $algo 2048M && swap_workload "$UZRAM_DEV" "uzram-$algo"
+        uzram_setup $algo 2048M && swap_workload "$UZRAM_DEV" "uzram-$algo" "$avail"
         uzram_reset
     done
 }
 
-SUITES=${UZRAM_VM_CHECKS:-starved devices}
+# daemon_mem PID: the process's VmRSS RssAnon RssFile RssShmem VmLck, kB, from its status
+daemon_mem() {
+    awk '$1 ~ /^(VmRSS|RssAnon|RssFile|RssShmem|VmLck):$/ { v[$1] = $2 }
+        END { printf "%d %d %d %d %d", v["VmRSS:"], v["RssAnon:"], v["RssFile:"], v["RssShmem:"], v["VmLck:"] }' "/proc/$1/status"
+}
+
+# uzram_mem DEV: {"pid":..,"rss_kb":..,...} for DEV's daemon, and every other process named
+# uzram (there should be none: --find's is gone once the device serves)
+uzram_mem() {
+    local pid others
+    pid=$("$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "daemon_pid" { print $2 }')
+    pid=${pid:-0}
+    others=
+    for p in /proc/[0-9]*; do
+        [ "$(cat "$p/comm" 2>/dev/null)" = uzram ] && [ "${p#/proc/}" != "$pid" ] && others="$others ${p#/proc/}"
+    done
+    set -- $(daemon_mem "$pid" 2>/dev/null) 0 0 0 0 0
+    printf '"pid":%s,"rss_kb":%s,"anon_kb":%s,"file_kb":%s,"shmem_kb":%s,"locked_kb":%s,"other_processes":"%s"' \
+        "$pid" "$1" "$2" "$3" "$4" "$5" "$others"
+}
+
+# smaps_big PID: "Rss_kB:range:perms:name" for each mapping of PID with 256 kB or more resident,
+# largest first, separated by spaces
+smaps_big() {
+    awk '/^[0-9a-f]+-[0-9a-f]+ / { m = $1 ":" $2 ":" ($6 == "" ? "anon" : $6) }
+        $1 == "Rss:" && $2 >= 256 { print $2 ":" m }' "/proc/$1/smaps" | sort -rn | tr '\n' ' '
+}
+
+# The daemon's memory all in (issue 14): a fresh 1 GiB device's whole cost at idle, then each
+# algorithm's cost for the same pages against kernel zram's pool + table (16 B a page of
+# disksize) in the same guest. UZRAM_BENCH_MEMORY_FILLS: MiB of pages (default 130).
+memory_suite() {
+    local disk=1073741824 table mb stat mem burst t0
+    table=$((disk / 4096 * 16))
+    if uzram_setup lz4 1G; then
+        # What the daemon holds once it has settled (its threads started, the reserve mapped).
+        sleep 5
+        emit "{\"kind\":\"smaps\",\"algorithm\":\"idle\",\"cpus\":$(nproc),\"fill_mb\":0,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
+        emit "{\"kind\":\"idle\",\"cpus\":$(nproc),\"disksize\":$disk,\"slot_table\":$table,$(uzram_mem "$UZRAM_DEV"),\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
+        uzram_reset
+    fi
+    for mb in ${UZRAM_BENCH_MEMORY_FILLS:-130}; do
+        for algo in lz4 zstd; do
+            FILL_MB=$mb
+            if zram_has_algo $algo && zram_setup $algo 1G && fill /dev/zram0; then
+                stat=$(dev_mm_stat /dev/zram0 | tr -s ' ' | sed 's/^ //')
+                emit "{\"kind\":\"allin\",\"device\":\"zram\",\"algorithm\":\"$algo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\"}"
+            fi
+            zram_reset
+            if uzram_setup $algo 1G && fill "$UZRAM_DEV"; then
+                # Right after the burst the reserve is at its most; it halves every 10 s
+                # without writes. Both are reported: the burst's cost and the settled one.
+                burst=$(uzram_mem "$UZRAM_DEV" | sed 's/.*"rss_kb":\([0-9]*\).*/\1/')
+                t0=$(uptime_s)
+                while [ "$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | awk '$1 == "pool_reserve_target" { print $2 }')" -gt 2097152 ] &&
+                    [ "$(elapsed "$t0" | cut -d. -f1)" -lt 90 ]; do
+                    sleep 2
+                done
+                sleep 2
+                stat=$(dev_mm_stat "$UZRAM_DEV" | tr -s ' ' | sed 's/^ //')
+                mem=$(uzram_mem "$UZRAM_DEV")
+                # Where it is: every mapping holding 256 kB or more, largest first.
+                emit "{\"kind\":\"smaps\",\"algorithm\":\"$algo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
+                emit "{\"kind\":\"allin\",\"device\":\"uzram\",\"algorithm\":\"$algo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",$mem,\"burst_rss_kb\":$burst,\"settle_s\":$(elapsed "$t0"),\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
+            fi
+            uzram_reset
+        done
+    done
+    FILL_MB=${UZRAM_BENCH_FILL_MB:-128}
+}
+
+SUITES=${UZRAM_VM_CHECKS:-starved devices memory}
 zram_begin || exit 1
 uzram_begin || exit 1
 case " $SUITES " in *" starved "*) starved_suite ;; esac
 case " $SUITES " in *" devices "*) devices_suite ;; esac
+case " $SUITES " in *" memory "*) memory_suite ;; esac
 echo "UZRAM-BENCH-DONE"
