@@ -24,6 +24,11 @@ fn report(e: &dyn std::error::Error) -> String {
     msg
 }
 
+/// The daemon's threads that serve I/O allocate from a heap that never faults; everything else
+/// from malloc (see `uzram::daemon::heap`).
+#[global_allocator]
+static ALLOCATOR: uzram::daemon::heap::DaemonAlloc = uzram::daemon::heap::DaemonAlloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -38,6 +38,45 @@ pub fn lock_all_memory() -> io::Result<()> {
     Ok(())
 }
 
+/// Reserves `len` bytes of address space: mapped `PROT_NONE`, so it holds no memory and counts
+/// against no overcommit limit until [`commit_and_touch`] makes part of it usable. Never unmapped.
+pub fn reserve_address_space(len: usize) -> io::Result<*mut u8> {
+    // SAFETY: an anonymous mapping at an address the kernel picks; no existing memory is touched.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ptr.cast())
+}
+
+/// Makes `len` bytes at `at` (page aligned, inside a [`reserve_address_space`] span, not yet in
+/// use) readable and writable and writes every page, so that each is faulted in (and, under
+/// `mlockall`, locked) now rather than on first use.
+///
+/// # Safety
+/// `at..at + len` lies inside a span from [`reserve_address_space`] that nothing uses yet.
+pub unsafe fn commit_and_touch(at: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: `at..at + len` is part of a reserved span that nothing uses yet (the caller's
+    // contract); changing its protection affects no live memory.
+    if unsafe { libc::mprotect(at.cast(), len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for offset in (0..len).step_by(4096) {
+        // SAFETY: inside the range just made writable, and no one else's yet.
+        unsafe { at.add(offset).write_volatile(0) };
+    }
+    Ok(())
+}
+
 /// A `File` of its own (a `dup`) for `fd`, a descriptor that stays open across the call.
 pub fn dup_fd(fd: std::os::fd::RawFd) -> io::Result<std::fs::File> {
     // SAFETY: the caller's `fd` is open for the duration of this call (libublk's /dev/ublkcN,
@@ -89,32 +128,15 @@ impl BlockedSignals {
     }
 }
 
-/// Tunes glibc's malloc for a locked, fault-free heap: one arena, no trimming, no `mmap` below
-/// 32 MiB, `top_pad` bytes of top padding (see `daemon::pin`).
-pub fn tune_malloc(top_pad: usize) {
+/// Tunes glibc's malloc: one arena, no trimming, no `mmap` below 32 MiB (see `daemon::pin`).
+pub fn tune_malloc() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt takes integer parameters only; called before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(
-            libc::M_TOP_PAD,
-            top_pad.min(libc::c_int::MAX as usize) as libc::c_int,
-        );
     }
-}
-
-/// The size of malloc's top chunk (`mallinfo2().keepcost`), if the C library says.
-pub fn malloc_top_bytes() -> Option<usize> {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallinfo2 takes no arguments and returns a plain struct.
-        let info = unsafe { libc::mallinfo2() };
-        Some(info.keepcost)
-    }
-    #[cfg(not(target_env = "gnu"))]
-    None
 }
 
 /// Who is on the other end of a Unix socket, from the kernel.

@@ -1,44 +1,127 @@
-//! The heap refill on the main thread before any other thread exists, as the daemon does it
-//! (a test harness's threads would each have their own malloc arena). `harness = false`.
+//! The daemon's fault-free memory, as the daemon sets it up: its global allocator (the I/O heap
+//! for marked threads, malloc for the rest) and the stack a queue thread faults in.
+//! `harness = false`: one process, one global allocator, no harness threads.
+
+use uzram::daemon::heap::{self, DaemonAlloc};
+
+#[global_allocator]
+static ALLOCATOR: DaemonAlloc = DaemonAlloc;
 
 fn main() {
     uzram::daemon::pin::tune_malloc();
-    if uzram::daemon::pin::heap_top_bytes().is_none() {
-        println!("pin: not glibc, nothing to check");
-        return;
-    }
-    let reserve = uzram::daemon::pin::HEAP_RESERVE;
-    // Use up the top chunk, then refill: the top is resident and large again.
-    let mut hog: Vec<Vec<u8>> = Vec::with_capacity(1024);
-    let pad = uzram::daemon::pin::TOP_PAD;
-    while uzram::daemon::pin::heap_top_bytes().unwrap() >= reserve / 2 + pad && hog.len() < 1024 {
-        hog.push(vec![7u8; 64 << 10]);
-    }
-    let before = uzram::daemon::pin::heap_top_bytes().unwrap();
-    assert!(before < reserve / 2 + pad, "could not use up the top chunk");
-    let rss = rss_anon_kib();
-    let touched = uzram::daemon::pin::refill_heap();
-    assert!(touched > 0, "a {before}-byte top chunk was not refilled");
-    let top = uzram::daemon::pin::heap_top_bytes().unwrap();
-    assert!(
-        top >= reserve / 2 + pad,
-        "{top}-byte top chunk after a refill that touched {touched} bytes"
-    );
-    // What was touched is resident.
-    let grown = rss_anon_kib() - rss;
-    assert!(
-        grown * 1024 >= reserve.saturating_sub(before) as u64 * 9 / 10,
-        "a refill from a {before}-byte top made only {grown} KiB resident"
-    );
-    assert_eq!(
-        uzram::daemon::pin::refill_heap(),
-        0,
-        "a full top needs no refill"
-    );
-    drop(hog);
+    io_heap_serves_marked_threads();
     uzram::daemon::pin::prefault_stack();
     io_path_fits_in_the_prefaulted_stack();
-    println!("pin: top chunk {top} bytes after touching {touched}");
+    let s = heap::stats();
+    println!(
+        "pin: I/O heap {} of {} KiB in use, {} fallbacks",
+        s.in_use >> 10,
+        s.committed >> 10,
+        s.fallbacks
+    );
+}
+
+/// A marked thread's blocks come from the I/O heap (resident before they are handed out), stay
+/// intact through growth, shrinking and frees from other threads, and a block the heap cannot
+/// hold goes to malloc and is counted; unmarked threads never touch the heap. The model: every
+/// live block with the byte it was filled with.
+fn io_heap_serves_marked_threads() {
+    // Before the heap exists a marked thread still allocates (from malloc).
+    std::thread::spawn(|| {
+        heap::serve_from_io_heap();
+        let v = vec![3u8; 1000];
+        assert!(!heap::owns(v.as_ptr()));
+    })
+    .join()
+    .unwrap();
+    heap::init().unwrap();
+    let rss = rss_anon_kib();
+    let added = heap::refill();
+    assert!(
+        added >= heap::RESERVE,
+        "a first refill committed {added} bytes"
+    );
+    let grown = rss_anon_kib() - rss;
+    assert!(
+        grown * 1024 >= added as u64 * 9 / 10,
+        "a refill of {added} bytes made only {grown} KiB resident"
+    );
+    assert_eq!(heap::refill(), 0, "a full heap needs no refill");
+    // Unmarked threads (this one) allocate from malloc.
+    let plain = vec![1u8; 4096];
+    assert!(!heap::owns(plain.as_ptr()));
+
+    let start = heap::stats();
+    let live = std::thread::spawn(move || {
+        heap::serve_from_io_heap();
+        let mut live: Vec<(Vec<u8>, u8)> = Vec::new();
+        for i in 0..1500usize {
+            let len = i * 37 % 2000 + 1;
+            live.push((vec![i as u8; len], i as u8));
+        }
+        assert!(heap::owns(live.as_ptr()));
+        assert!(live.iter().all(|(v, _)| heap::owns(v.as_ptr())));
+        let mid = heap::stats();
+        let bytes: usize = live.iter().map(|(v, _)| v.len()).sum();
+        assert!(
+            mid.in_use >= start.in_use + bytes,
+            "{mid:?} after {bytes} bytes"
+        );
+        assert_eq!(
+            mid.fallbacks, start.fallbacks,
+            "the heap had room for all of it"
+        );
+        // Grow and shrink every third block, free every fifth.
+        for (i, (v, fill)) in live.iter_mut().enumerate() {
+            if i % 3 == 0 {
+                v.resize(v.len() * 2 + 100, *fill);
+            } else if i % 3 == 1 {
+                v.truncate(v.len() / 2 + 1);
+                v.shrink_to_fit();
+            }
+        }
+        let mut i = 0;
+        live.retain(|_| {
+            i += 1;
+            i % 5 != 0
+        });
+        // A block bigger than all the heap has free goes to malloc, and is counted.
+        let big = vec![9u8; 2 * heap::RESERVE];
+        assert!(!heap::owns(big.as_ptr()));
+        assert_eq!(heap::stats().fallbacks, start.fallbacks + 1);
+        // Growing a malloc block on a marked thread moves it into the heap.
+        let mut moved = plain;
+        moved.reserve_exact(8192);
+        assert!(heap::owns(moved.as_ptr()));
+        assert!(moved.iter().all(|&b| b == 1));
+        for (v, fill) in &live {
+            assert!(v.iter().all(|b| b == fill), "block {fill} changed");
+        }
+        (live, moved)
+    })
+    .join()
+    .unwrap();
+    // This (unmarked) thread grows the heap's blocks (in place, or out to malloc) and frees them.
+    let (mut live, moved) = live;
+    let mut out = 0;
+    for (v, fill) in live.iter_mut().step_by(7) {
+        v.resize(v.len() + 50_000, *fill);
+        out += usize::from(!heap::owns(v.as_ptr()));
+    }
+    assert!(
+        out > 0,
+        "no block grown off the I/O path moved out of its heap"
+    );
+    for (v, fill) in &live {
+        assert!(v.iter().all(|b| b == fill), "block {fill} changed");
+    }
+    drop(live);
+    drop(moved);
+    let end = heap::stats();
+    assert_eq!(
+        end.in_use, start.in_use,
+        "every block was freed: {start:?} then {end:?}"
+    );
 }
 
 /// The process's resident anonymous memory, KiB.
@@ -119,9 +202,19 @@ fn io_path_fits_in_the_prefaulted_stack() {
             }
         }
     };
+    heap::refill();
+    let before = heap::stats().fallbacks;
     std::thread::Builder::new()
         .stack_size(uzram::daemon::pin::STACK_PREFAULT - (32 << 10))
-        .spawn(run)
+        .spawn(move || {
+            heap::serve_from_io_heap();
+            run();
+            assert_eq!(
+                heap::stats().fallbacks,
+                before,
+                "the request path outgrew a full I/O heap"
+            );
+        })
         .unwrap()
         .join()
         .unwrap();

@@ -22,6 +22,8 @@ pub(super) struct Failure {
     len: u64,
     errno: i32,
     cause: &'static str,
+    /// How long it waited for the pool's reserve first, ms (0 when it did not).
+    waited_ms: u64,
 }
 
 static FAILED_REQUESTS: AtomicU64 = AtomicU64::new(0);
@@ -29,11 +31,19 @@ static LATEST_FAILURE: Mutex<Option<Failure>> = Mutex::new(None);
 
 /// Counts a failed request and, if nobody holds the mailbox, leaves its details there.
 pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
-    note(op, offset, len, io::errno(e), io::cause(e));
+    let waited_ms = match e {
+        IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms }) => *waited_ms,
+        _ => 0,
+    };
+    record(op, offset, len, io::errno(e), io::cause(e), waited_ms);
 }
 
 /// Counts a failed request that failed with `errno` for `cause`; see [`note_failure`].
 pub(super) fn note(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str) {
+    record(op, offset, len, errno, cause, 0);
+}
+
+fn record(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str, waited_ms: u64) {
     FAILED_REQUESTS.fetch_add(1, Ordering::Relaxed);
     if let Some(mut latest) = LATEST_FAILURE.try_lock() {
         *latest = Some(Failure {
@@ -42,6 +52,7 @@ pub(super) fn note(op: Op, offset: u64, len: u64, errno: i32, cause: &'static st
             len,
             errno,
             cause,
+            waited_ms,
         });
     }
 }
@@ -68,7 +79,7 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
         return;
     };
     super::log(&format!(
-        "{} requests failed{}; the latest: {} of {} bytes at byte {}: {} ({})",
+        "{} requests failed{}; the latest: {} of {} bytes at byte {}: {} ({}{})",
         n - *reported,
         if *reported == 0 {
             ""
@@ -79,7 +90,12 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
         f.len,
         f.offset,
         io::errno_name(f.errno),
-        f.cause
+        f.cause,
+        if f.waited_ms > 0 {
+            format!(", after waiting {} ms", f.waited_ms)
+        } else {
+            String::new()
+        }
     ));
     *reported = n;
     *last = Some(Instant::now());

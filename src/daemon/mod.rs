@@ -9,14 +9,17 @@
 //!
 //! Parts: [`io`] (one request: the op, the engine call, the errno map), `mailbox` (failed
 //! requests, counted on the I/O path and logged elsewhere), `threads` (memory and policy),
-//! `swapwatch`, `control` (the socket's answers), `watchdog` (the progress log), `pin` (a
-//! fault-free heap and stacks), `log` (stderr and syslog) and `ublk`, the only module that talks
-//! to libublk (cargo feature `ublk`). Every libc call is in `crate::sys`.
+//! `swapwatch`, `control` (the socket's answers), `watchdog` (the progress log), `pin` (locked
+//! memory, fault-free stacks), [`heap`] (the I/O path's fault-free heap), `log` (stderr and
+//! syslog) and `ublk`, the only module that talks to libublk (cargo feature `ublk`). Every libc
+//! call is in `crate::sys`.
 
 // Without the `ublk` feature nothing starts the daemon, but its parts still build and test.
 #![cfg_attr(not(feature = "ublk"), allow(dead_code))]
 
 mod control;
+#[allow(unsafe_code)] // the global allocator: talc over a span of its own
+pub mod heap;
 pub mod io;
 mod log;
 mod mailbox;
@@ -130,10 +133,10 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
         None => (disksize / 64).clamp(8 << 20, 16 << 20),
     };
     setup.set_pool_reserve(reserve);
-    // Unless told, the whole reserve is mapped up front and kept, as before it could follow
-    // demand: starting at one arena (`--reserve-min 2M`) saves 6-14 MiB, but a clean-clone CI
-    // run's swap check hung twice with it (the memory thread mapping arenas all through the
-    // storm), so it is not the default until that is understood.
+    // Unless told, the whole reserve is mapped up front and kept. Following demand from one
+    // arena (`--reserve-min 2M`) saves 6-14 MiB, but under emulation it failed writes with
+    // ENOMEM: 65 in the VM's swap check (kernel zram fails none) and 7 of a burst on an idle
+    // guest, the memory thread mapping arenas more slowly than the writes came.
     let reserve_min = match &args.reserve_min {
         Some(r) => uzram_engine::parse_size(r)?,
         None => reserve,
@@ -190,7 +193,11 @@ fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), 
             }
         })?;
     pin_memory()?;
-    pin::refill_heap();
+    heap::init().map_err(|source| ServeError::Setup {
+        what: "reserve address space for the I/O heap",
+        source,
+    })?;
+    heap::refill();
     threads::memory_thread(Arc::clone(&device))?;
     threads::policy_thread(Arc::clone(&device))?;
     watchdog::progress_log(Arc::clone(&device));

@@ -1,4 +1,4 @@
-//! The daemon's memory thread (keeps the pool's reserve and malloc's top chunk filled) and its
+//! The daemon's memory thread (keeps the pool's reserve and the I/O heap filled) and its
 //! policy thread (the tiering policy's rounds, and the evictions writes hand it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use uzram_engine::{Device, Policy, Pressure};
 
-use super::{io_flusher, log, pin, ServeError};
+use super::{heap, io_flusher, log, pin, ServeError};
 
 /// Arenas the memory thread has mapped into the pool's reserve, and the longest one took (ms):
 /// how close a write burst came to outrunning it, in the progress log.
@@ -26,15 +26,16 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             if let Err(e) = io_flusher() {
                 log(&format!("memory: {e}"));
             }
+            heap::serve_from_io_heap();
             let mut last_report: Option<Instant> = None;
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 let t = Instant::now();
-                pin::refill_heap();
+                heap::refill();
                 // Between arenas too: under pressure each one is slow to map, and the I/O
-                // path's metadata keeps drawing on the heap meanwhile.
+                // path's metadata keeps drawing on its heap meanwhile.
                 let mut top_up = || {
-                    pin::refill_heap();
+                    heap::refill();
                 };
                 match device.maintain_memory_with(&mut top_up) {
                     Ok(m) => {
@@ -73,6 +74,7 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
             if let Err(e) = io_flusher() {
                 return log(&format!("policy: {e}"));
             }
+            heap::serve_from_io_heap();
             pin::prefault_policy_stack();
             let mut ctx = match device.context() {
                 Ok(ctx) => ctx,

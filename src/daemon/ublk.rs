@@ -65,6 +65,7 @@ fn queue_start(qid: u16, device: &Device) -> Option<uzram_engine::IoContext> {
         log(&format!("queue {qid}: {e}"));
         return None;
     }
+    super::heap::serve_from_io_heap();
     super::pin::prefault_stack();
     match device.context() {
         Ok(ctx) => Some(ctx),

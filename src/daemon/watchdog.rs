@@ -55,6 +55,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
                 .and_then(|mut f| f.read(&mut status))
                 .unwrap_or(0);
             let rss = status_field(&status[..n], b"VmRSS:");
+            let heap = super::heap::stats();
             let mut w = std::io::Cursor::new(&mut line[..]);
             // "<3>" (error level) so that it reaches the console; one write(2) per record.
             let _ = write!(
@@ -80,9 +81,11 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, heap top {} kB, reserve refilled {} arenas (slowest {} ms){}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks), reserve refilled {} arenas (slowest {} ms){}",
                 rss,
-                super::pin::last_heap_top() >> 10,
+                heap.in_use >> 10,
+                heap.committed >> 10,
+                heap.fallbacks,
                 REFILLED_ARENAS.load(Ordering::Relaxed),
                 SLOWEST_REFILL_MS.load(Ordering::Relaxed),
                 if stalled_secs > 0 {
