@@ -1,5 +1,6 @@
 //! Every libc call of the `uzram` binary that needs `unsafe`, each behind a safe function with its
-//! `SAFETY:` reason. The one module of the binary allowed `unsafe` (see ARCHITECTURE.md).
+//! `SAFETY:` reason. With `daemon::heap` (the global allocator), the only module of the binary
+//! allowed `unsafe` (see ARCHITECTURE.md).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -38,8 +39,10 @@ pub fn lock_all_memory() -> io::Result<()> {
     Ok(())
 }
 
-/// Reserves `len` bytes of address space: mapped `PROT_NONE`, so it holds no memory and counts
-/// against no overcommit limit until [`commit_and_touch`] makes part of it usable. Never unmapped.
+/// Reserves `len` bytes of address space: mapped `PROT_NONE` and not locked (a mapping made
+/// under `mlockall(MCL_FUTURE)` is locked whole, and would count against `RLIMIT_MEMLOCK` and
+/// in `VmLck` though it holds nothing), so it holds no memory until [`commit_and_touch`] makes
+/// part of it usable. Never unmapped.
 pub fn reserve_address_space(len: usize) -> io::Result<*mut u8> {
     // SAFETY: an anonymous mapping at an address the kernel picks; no existing memory is touched.
     let ptr = unsafe {
@@ -55,20 +58,35 @@ pub fn reserve_address_space(len: usize) -> io::Result<*mut u8> {
     if ptr == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: the mapping just made, whole; unlocking changes no memory.
+    if unsafe { libc::munlock(ptr, len) } != 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: the mapping just made, which nothing uses.
+        unsafe { libc::munmap(ptr, len) };
+        return Err(e);
+    }
     Ok(ptr.cast())
 }
 
 /// Makes `len` bytes at `at` (page aligned, inside a [`reserve_address_space`] span, not yet in
-/// use) readable and writable and writes every page, so that each is faulted in (and, under
-/// `mlockall`, locked) now rather than on first use.
+/// use) readable and writable, locks them if `lock` (`MLOCK_ONFAULT`: each page as it is
+/// faulted in, which does not populate under the `mmap_lock`), and writes every page, so that
+/// each is faulted in (and locked) now rather than on first use.
 ///
 /// # Safety
 /// `at..at + len` lies inside a span from [`reserve_address_space`] that nothing uses yet.
-pub unsafe fn commit_and_touch(at: *mut u8, len: usize) -> io::Result<()> {
+pub unsafe fn commit_and_touch(at: *mut u8, len: usize, lock: bool) -> io::Result<()> {
     // SAFETY: `at..at + len` is part of a reserved span that nothing uses yet (the caller's
-    // contract); changing its protection affects no live memory.
-    if unsafe { libc::mprotect(at.cast(), len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
-        return Err(io::Error::last_os_error());
+    // contract); changing its protection and locking affect no live memory.
+    unsafe {
+        if libc::mprotect(at.cast(), len, libc::PROT_READ | libc::PROT_WRITE) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if lock && libc::mlock2(at.cast(), len, libc::MLOCK_ONFAULT) != 0 {
+            let e = io::Error::last_os_error();
+            libc::mprotect(at.cast(), len, libc::PROT_NONE);
+            return Err(e);
+        }
     }
     for offset in (0..len).step_by(4096) {
         // SAFETY: inside the range just made writable, and no one else's yet.

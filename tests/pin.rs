@@ -34,7 +34,8 @@ fn io_heap_serves_marked_threads() {
     })
     .join()
     .unwrap();
-    heap::init().unwrap();
+    // Locked as in the daemon where this process may lock (root, as in CI).
+    heap::init(64 << 30, uzram::sys::uid() == 0).unwrap();
     let rss = rss_anon_kib();
     let added = heap::refill();
     assert!(
@@ -85,6 +86,21 @@ fn io_heap_serves_marked_threads() {
             i += 1;
             i % 5 != 0
         });
+        // Draining the heap's top below half the reserve asks for a refill, once, before
+        // anything falls back to malloc.
+        let _ = heap::take_low();
+        let mut drain = Vec::new();
+        while !heap::take_low() {
+            drain.push(vec![5u8; 64 << 10]);
+            assert!(
+                drain.len() < 64,
+                "4 MiB allocated and the heap never said it was low"
+            );
+        }
+        assert!(!heap::take_low(), "asked twice for one refill");
+        assert!(drain.iter().all(|v| heap::owns(v.as_ptr())));
+        assert_eq!(heap::stats().fallbacks, start.fallbacks);
+        drop(drain);
         // A block bigger than all the heap has free goes to malloc, and is counted.
         let big = vec![9u8; 2 * heap::RESERVE];
         assert!(!heap::owns(big.as_ptr()));

@@ -9,13 +9,15 @@
 //! calling `brk`, inside malloc.
 //!
 //! So the threads that serve I/O (queues, policy, memory: marked with [`serve_from_io_heap`])
-//! allocate from a heap of their own: one span of address space reserved up front (no memory),
-//! committed 1 MiB at a time by the memory thread, which faults in and so locks every page before
-//! [`talc`] may hand any of it out ([`refill`]). The memory thread keeps [`RESERVE`] of it free.
-//! Allocations from this heap take a futex lock and never a system call. If it cannot serve a
-//! request (it ran dry, or one allocation is bigger than what is free in one piece), the request
-//! goes to malloc as it did before, and is counted ([`Stats::fallbacks`]); so the heap never
-//! makes anything fail that worked before.
+//! allocate from a heap of their own: one span of address space reserved up front (no memory;
+//! sized from the disksize), committed 1 MiB at a time by the memory thread, which locks and
+//! faults in every page before [`talc`] may hand any of it out ([`refill`]). The memory thread
+//! keeps at least [`RESERVE`] free in one piece at the heap's top, and twice the largest request
+//! seen (up to [`MOST_AHEAD`]); an allocation that leaves less than half of that asks for a refill
+//! ([`take_low`]). Allocations from this heap take a futex lock (at most a futex wait) and never
+//! fault. If it cannot serve a request (it ran dry, or one allocation is bigger than what is free
+//! in one piece), the request goes to malloc, and is counted ([`Stats::fallbacks`]): it works,
+//! but may fault, as every allocation could before this heap.
 //!
 //! Any thread may free or grow what any other allocated: a free goes to whichever heap the
 //! address is in. Other threads (control, watchdog, the CLI) use malloc alone.
@@ -26,29 +28,37 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use talc::base::Talc;
 use talc::source::Manual;
 use talc::DefaultBinning;
 
-/// Address space reserved for the heap: a bound, never memory (untouched `PROT_NONE` costs
-/// nothing). Metadata of the biggest device fits many times over.
-const SPAN: usize = 64 << 30;
+/// Address space reserved for the heap, per page of disksize: about 3 times the pool's
+/// metadata (22 B a stored page) and what else the I/O path holds. A bound, not memory.
+pub const SPAN_PER_PAGE: usize = 64;
+
+/// The least span, for small devices.
+pub const MIN_SPAN: usize = 64 << 20;
 
 /// What one refill step commits.
 const STEP: usize = 1 << 20;
 
-/// Free memory the memory thread keeps committed, faulted in and locked ahead of the I/O path:
-/// what the request path may allocate between two of its rounds (a second apart at most, and
-/// woken sooner by the pool's reserve running low). Metadata grows by a few bytes per page
-/// written: 4 MiB outlasts hundreds of MiB of swap writes.
+/// Free memory the memory thread keeps committed, faulted in and locked in one piece at the
+/// heap's top, ahead of the I/O path: what the request path may allocate between two of its
+/// rounds (woken when half of it is gone). Metadata grows by about 22 B a page written: 4 MiB is
+/// 190,000 pages, 740 MiB of swap writes.
 pub const RESERVE: usize = 4 << 20;
 
-/// What the heap's own bookkeeping adds to each allocation, counted so that "free" is not
-/// overstated.
-const PER_ALLOCATION: usize = 16;
+/// The most the memory thread keeps ahead for large requests (twice the largest seen).
+pub const MOST_AHEAD: usize = 16 << 20;
+
+/// The size talc's chunk for an allocation of `size` bytes takes (its tag, rounded up to its
+/// 32-byte unit), for [`Stats::in_use`].
+fn chunk_size(size: usize) -> usize {
+    (size + 8 + 31) & !31
+}
 
 thread_local! {
     /// Whether this thread allocates from the I/O heap.
@@ -57,9 +67,19 @@ thread_local! {
 
 /// Start of the reserved span; 0 until [`init`].
 static BASE: AtomicUsize = AtomicUsize::new(0);
+/// Its length.
+static SPAN: AtomicUsize = AtomicUsize::new(0);
+/// The largest request a marked thread made.
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+/// The free piece at the heap's top fell below half of what the memory thread keeps.
+static LOW: AtomicBool = AtomicBool::new(false);
+/// Whether committed steps are locked.
+static LOCK: AtomicBool = AtomicBool::new(false);
+/// Refill steps the kernel refused (`mprotect` or `mlock2` failed).
+static REFUSED: AtomicU64 = AtomicU64::new(0);
 /// Bytes of the span committed and handed to the allocator.
 static COMMITTED: AtomicUsize = AtomicUsize::new(0);
-/// Bytes allocated from the heap now (sizes asked for, plus [`PER_ALLOCATION`] each).
+/// Bytes allocated from the heap now (talc's chunks).
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 /// Allocations of marked threads that went to malloc.
 static FALLBACKS: AtomicU64 = AtomicU64::new(0);
@@ -80,15 +100,19 @@ struct Inner {
 // its whole life (never unmapped); every access to them goes through `HEAP`'s lock.
 unsafe impl Send for Inner {}
 
-/// The heap's figures, for the progress log and `uzram_stat`.
+/// The heap's figures, for the progress log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
     /// Bytes committed (faulted in and locked).
     pub committed: usize,
-    /// Bytes allocated now (with the per-allocation overhead).
+    /// Bytes allocated now (talc's chunks).
     pub in_use: usize,
+    /// The free piece at the heap's top, as the last refill left it.
+    pub top_free: usize,
     /// Allocations of the I/O path that the heap could not serve and malloc did.
     pub fallbacks: u64,
+    /// Refill steps the kernel refused.
+    pub refused: u64,
 }
 
 /// The heap's figures now.
@@ -96,52 +120,89 @@ pub fn stats() -> Stats {
     Stats {
         committed: COMMITTED.load(Ordering::Relaxed),
         in_use: IN_USE.load(Ordering::Relaxed),
+        top_free: TOP_FREE.load(Ordering::Relaxed),
         fallbacks: FALLBACKS.load(Ordering::Relaxed),
+        refused: REFUSED.load(Ordering::Relaxed),
     }
 }
 
-/// Reserves the heap's address space (no memory). Call once, before the threads that use it
-/// start and after `mlockall`, so that what is committed later is locked as it is faulted in.
-pub fn init() -> std::io::Result<()> {
+/// The top's free piece as the last refill left it.
+static TOP_FREE: AtomicUsize = AtomicUsize::new(0);
+
+/// What the memory thread keeps free at the top: [`RESERVE`], or twice the largest request
+/// seen, up to [`MOST_AHEAD`].
+fn ahead() -> usize {
+    RESERVE.max((2 * LARGEST.load(Ordering::Relaxed)).min(MOST_AHEAD))
+}
+
+/// Whether an allocation found the heap low since the last call (the I/O path then asks the
+/// memory thread for a round).
+pub fn take_low() -> bool {
+    LOW.load(Ordering::Relaxed) && LOW.swap(false, Ordering::Relaxed)
+}
+
+/// Reserves the heap's address space for a device of `disksize` bytes (no memory, not
+/// locked). With `lock`, every step committed later is locked (`mlock2`, as the daemon's
+/// `mlockall` would have). Call once, before the threads that use it start; later calls do
+/// nothing.
+pub fn init(disksize: u64, lock: bool) -> std::io::Result<()> {
+    static ONCE: Mutex<()> = Mutex::new(());
+    let _once = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     if BASE.load(Ordering::Acquire) != 0 {
         return Ok(());
     }
-    let base = crate::sys::reserve_address_space(SPAN)?;
-    if BASE
-        .compare_exchange(0, base as usize, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        // Another thread won the race; this span is simply never used.
-    }
+    let pages = usize::try_from(disksize / 4096).unwrap_or(usize::MAX);
+    let span = pages
+        .saturating_mul(SPAN_PER_PAGE)
+        .clamp(MIN_SPAN, 64 << 30)
+        .next_multiple_of(STEP);
+    let base = crate::sys::reserve_address_space(span)?;
+    SPAN.store(span, Ordering::Relaxed);
+    LOCK.store(lock, Ordering::Relaxed);
+    BASE.store(base as usize, Ordering::Release);
     Ok(())
 }
 
 /// Marks the calling thread as one that serves I/O: from now on it allocates from the I/O heap.
 pub fn serve_from_io_heap() {
+    // A thread's first call into malloc sets up its cache (an allocation of its own): done
+    // now, so that a free of malloc's memory on the I/O path later does not.
+    // SAFETY: a valid, nonzero layout; the block is freed at once with the same layout.
+    unsafe {
+        let layout = Layout::new::<u64>();
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            System.dealloc(p, layout);
+        }
+    }
     let _ = ON_IO_PATH.try_with(|on| on.set(true));
 }
 
-/// Commits, faults in (and so, under `mlockall`, locks) and hands to the allocator steps of the
-/// span until [`RESERVE`] is free. The memory thread's job: the faults may wait for reclaim.
-/// Returns the bytes committed; 0 without [`init`] or when the kernel refuses (the next round
-/// tries again).
+/// Commits, locks, faults in and hands to the allocator steps of the span until the free piece
+/// at the heap's top is what [`ahead`] says. The memory thread's job: the faults may wait for
+/// reclaim. Returns the bytes committed; 0 without [`init`] or when the kernel refuses (counted;
+/// the next round tries again).
 pub fn refill() -> usize {
     let base = BASE.load(Ordering::Acquire);
     if base == 0 {
         return 0;
     }
+    let span = SPAN.load(Ordering::Relaxed);
     let _one = REFILL.lock().unwrap_or_else(|e| e.into_inner());
     let mut added = 0;
     loop {
         let committed = COMMITTED.load(Ordering::Acquire);
-        let free = committed.saturating_sub(IN_USE.load(Ordering::Relaxed));
-        if free >= RESERVE || committed + STEP > SPAN {
+        let free = top_free();
+        TOP_FREE.store(free, Ordering::Relaxed);
+        if free >= ahead() || committed + STEP > span {
             break;
         }
         let at = base + committed;
+        let lock = LOCK.load(Ordering::Relaxed);
         // SAFETY: the span's next step: inside it (checked above), and not yet committed, so
         // nothing uses it.
-        if unsafe { crate::sys::commit_and_touch(at as *mut u8, STEP) }.is_err() {
+        if unsafe { crate::sys::commit_and_touch(at as *mut u8, STEP, lock) }.is_err() {
+            REFUSED.fetch_add(1, Ordering::Relaxed);
             break;
         }
         let mut heap = HEAP.lock().unwrap_or_else(|e| e.into_inner());
@@ -162,6 +223,24 @@ pub fn refill() -> usize {
     added
 }
 
+/// The free piece at the heap's top: what one allocation can surely have.
+fn top_free() -> usize {
+    top_of(&HEAP.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// The free piece at the top of `heap` (its lock held).
+fn top_of(heap: &Inner) -> usize {
+    match heap.end {
+        Some(end) => {
+            // SAFETY: `end` is the heap's end as talc last returned it (claim and extend are
+            // the only calls that change it, and both update `end` under the heap's lock).
+            let reserved = unsafe { heap.talc.reserved(end) };
+            end.as_ptr() as usize - reserved.up_to.as_ptr() as usize
+        }
+        None => 0,
+    }
+}
+
 /// Whether `ptr` is in the I/O heap (allocated from it, or could be).
 pub fn owns<T>(ptr: *const T) -> bool {
     in_heap(ptr.cast::<u8>().cast_mut())
@@ -170,7 +249,7 @@ pub fn owns<T>(ptr: *const T) -> bool {
 /// Whether `ptr` is in the I/O heap's span.
 fn in_heap(ptr: *mut u8) -> bool {
     let base = BASE.load(Ordering::Relaxed);
-    base != 0 && (ptr as usize).wrapping_sub(base) < SPAN
+    base != 0 && (ptr as usize).wrapping_sub(base) < SPAN.load(Ordering::Relaxed)
 }
 
 fn on_io_path() -> bool {
@@ -179,14 +258,25 @@ fn on_io_path() -> bool {
 
 /// An allocation from the I/O heap, if it has room.
 fn heap_alloc(layout: Layout) -> Option<*mut u8> {
-    if COMMITTED.load(Ordering::Relaxed) == 0 {
-        return None;
+    if layout.size() > LARGEST.load(Ordering::Relaxed) {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
     }
-    let mut heap = HEAP.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: `layout`'s size is nonzero (GlobalAlloc's contract).
-    let ptr = unsafe { heap.talc.allocate(layout) }?;
-    drop(heap);
-    IN_USE.fetch_add(layout.size() + PER_ALLOCATION, Ordering::Relaxed);
+    let ptr = {
+        let mut heap = HEAP.lock().unwrap_or_else(|e| e.into_inner());
+        heap.end?;
+        // SAFETY: `layout`'s size is nonzero (GlobalAlloc's contract).
+        let ptr = unsafe { heap.talc.allocate(layout) };
+        let top = top_of(&heap);
+        if top < ahead() / 2 {
+            LOW.store(true, Ordering::Relaxed);
+        }
+        ptr
+    };
+    let ptr = ptr.or_else(|| {
+        LOW.store(true, Ordering::Relaxed);
+        None
+    })?;
+    IN_USE.fetch_add(chunk_size(layout.size()), Ordering::Relaxed);
     Some(ptr.as_ptr())
 }
 
@@ -199,7 +289,7 @@ unsafe fn heap_free(ptr: *mut u8, layout: Layout) {
     // SAFETY: the caller's contract.
     unsafe { heap.talc.deallocate(ptr, layout) };
     drop(heap);
-    IN_USE.fetch_sub(layout.size() + PER_ALLOCATION, Ordering::Relaxed);
+    IN_USE.fetch_sub(chunk_size(layout.size()), Ordering::Relaxed);
 }
 
 /// The daemon's global allocator: the I/O heap for threads marked with [`serve_from_io_heap`]
@@ -253,20 +343,32 @@ unsafe impl GlobalAlloc for DaemonAlloc {
             // SAFETY: the heap allocated `ptr` with `layout`; `new_size` is nonzero.
             if unsafe { heap.talc.try_realloc_in_place(ptr, layout, new_size) } {
                 drop(heap);
-                IN_USE.fetch_add(new_size, Ordering::Relaxed);
-                IN_USE.fetch_sub(layout.size(), Ordering::Relaxed);
+                IN_USE.fetch_add(chunk_size(new_size), Ordering::Relaxed);
+                IN_USE.fetch_sub(chunk_size(layout.size()), Ordering::Relaxed);
                 return ptr;
             }
-        } else if !on_io_path() {
-            // SAFETY: malloc's block, staying malloc's.
-            return unsafe { System.realloc(ptr, layout, new_size) };
         }
-        // Moves between the heaps (or within the I/O heap): allocate, copy, free.
+        let io = on_io_path();
         // SAFETY: `new_size` with `layout`'s alignment is a valid layout (GlobalAlloc's
         // contract for realloc).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        // SAFETY: nonzero size, as `new_size` is.
-        let new = unsafe { self.alloc(new_layout) };
+        let new = match (heap_block, io.then(|| heap_alloc(new_layout)).flatten()) {
+            (_, Some(new)) => new,
+            (false, None) => {
+                if io {
+                    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                }
+                // SAFETY: malloc's block, staying malloc's.
+                return unsafe { System.realloc(ptr, layout, new_size) };
+            }
+            (true, None) => {
+                if io {
+                    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                }
+                // SAFETY: nonzero size, as `new_size` is.
+                unsafe { System.alloc(new_layout) }
+            }
+        };
         if !new.is_null() {
             // SAFETY: both blocks are live, distinct, and at least this long.
             unsafe { std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size)) };

@@ -193,11 +193,13 @@ fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), 
             }
         })?;
     pin_memory()?;
-    heap::init().map_err(|source| ServeError::Setup {
+    heap::init(disksize, true).map_err(|source| ServeError::Setup {
         what: "reserve address space for the I/O heap",
         source,
     })?;
-    heap::refill();
+    if heap::refill() == 0 {
+        log("warning: the I/O heap could not be committed; the I/O path allocates from malloc");
+    }
     threads::memory_thread(Arc::clone(&device))?;
     threads::policy_thread(Arc::clone(&device))?;
     watchdog::progress_log(Arc::clone(&device));

@@ -27,6 +27,9 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 log(&format!("memory: {e}"));
             }
             heap::serve_from_io_heap();
+            // It takes the I/O heap's lock and the pool's: a fault on its stack while holding
+            // either would stall the I/O threads behind reclaim.
+            pin::prefault_stack();
             let mut last_report: Option<Instant> = None;
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));

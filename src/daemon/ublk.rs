@@ -123,6 +123,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
             &mut buf,
             &transfer,
         );
+        heap_low(device);
         if let Err(e) =
             q.complete_io_cmd_unified(tag, BufDesc::Slice(&[]), Ok(UblkIORes::Result(res)))
         {
@@ -157,6 +158,7 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
             io_buf,
             &io::InPlace,
         );
+        heap_low(device);
         if let Err(e) = q.complete_io_cmd_unified(
             tag,
             BufDesc::Slice(io_buf.as_slice()),
@@ -166,6 +168,13 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
         }
     };
     queue.wait_and_handle_io(handler);
+}
+
+/// Asks the memory thread for a round when this request found the I/O heap low.
+fn heap_low(device: &Device) {
+    if super::heap::take_low() {
+        device.request_maintenance();
+    }
 }
 
 /// Whether the kernel's ublk driver copies through the char device (Linux 6.5 and later say

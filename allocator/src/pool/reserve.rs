@@ -251,6 +251,13 @@ impl Pool {
         Ok(done)
     }
 
+    /// Wakes the thread blocked in [`Pool::wait_for_maintenance`] for a round now, as an
+    /// allocation that takes the reserve down does: for a caller that keeps other memory ready
+    /// for the allocations and found it low. Never blocks beyond the signal's short lock.
+    pub fn request_maintenance(&self) {
+        self.signal.ask();
+    }
+
     /// Blocks until an allocation asks for arenas or `timeout` passes, for the thread that calls
     /// [`Pool::maintain`]. Returns whether it was asked.
     pub fn wait_for_maintenance(&self, timeout: Duration) -> bool {

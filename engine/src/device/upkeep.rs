@@ -46,6 +46,12 @@ impl Device {
         self.pool.reserve_target_arenas()
     }
 
+    /// Wakes the thread in [`Device::wait_for_maintenance`] for a round now (the daemon's I/O
+    /// path does when its own heap runs low).
+    pub fn request_maintenance(&self) {
+        self.pool.request_maintenance();
+    }
+
     /// Blocks until an I/O asks for pool memory or `timeout` passes.
     pub fn wait_for_maintenance(&self, timeout: std::time::Duration) -> bool {
         self.pool.wait_for_maintenance(timeout)
