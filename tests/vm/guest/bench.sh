@@ -144,6 +144,11 @@ smaps_big() {
         $1 == "Rss:" && $2 >= 256 { print $2 ":" m }' "/proc/$1/smaps" | sort -rn | tr '\n' ' '
 }
 
+# reserve_target DEV: the bytes DEV's pool reserve is kept at now
+reserve_target() {
+    "$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "pool_reserve_target" { print $2 }'
+}
+
 # The daemon's memory all in (issue 14): a fresh 1 GiB device's whole cost at idle, then each
 # algorithm's cost for the same pages against kernel zram's pool + table (16 B a page of
 # disksize) in the same guest. UZRAM_BENCH_MEMORY_FILLS: MiB of pages (default 130).
@@ -166,15 +171,18 @@ memory_suite() {
             fi
             zram_reset
             if uzram_setup $algo 1G && fill "$UZRAM_DEV"; then
-                # Right after the burst the reserve is at its most; it halves every 10 s
-                # without writes. Both are reported: the burst's cost and the settled one.
+                # Right after the burst a demand-sized reserve is at its most; it halves every
+                # 10 s without writes, down to its least (all of it by default, which never
+                # shrinks). Both are reported: the burst's cost and the settled one.
                 burst=$(uzram_mem "$UZRAM_DEV" | sed 's/.*"rss_kb":\([0-9]*\).*/\1/')
                 t0=$(uptime_s)
-                while [ "$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | awk '$1 == "pool_reserve_target" { print $2 }')" -gt 2097152 ] &&
-                    [ "$(elapsed "$t0" | cut -d. -f1)" -lt 90 ]; do
-                    sleep 2
+                prev=$(reserve_target "$UZRAM_DEV")
+                while [ "$(elapsed "$t0" | cut -d. -f1)" -lt 90 ]; do
+                    sleep 11
+                    cur=$(reserve_target "$UZRAM_DEV")
+                    [ "$cur" = "$prev" ] && break
+                    prev=$cur
                 done
-                sleep 2
                 stat=$(dev_mm_stat "$UZRAM_DEV" | tr -s ' ' | sed 's/^ //')
                 mem=$(uzram_mem "$UZRAM_DEV")
                 # Where it is: every mapping holding 256 kB or more, largest first.
