@@ -107,8 +107,6 @@ pub struct Stats {
     pub committed: usize,
     /// Bytes allocated now (talc's chunks).
     pub in_use: usize,
-    /// The free piece at the heap's top, as the last refill left it.
-    pub top_free: usize,
     /// Allocations of the I/O path that the heap could not serve and malloc did.
     pub fallbacks: u64,
     /// Refill steps the kernel refused.
@@ -120,14 +118,10 @@ pub fn stats() -> Stats {
     Stats {
         committed: COMMITTED.load(Ordering::Relaxed),
         in_use: IN_USE.load(Ordering::Relaxed),
-        top_free: TOP_FREE.load(Ordering::Relaxed),
         fallbacks: FALLBACKS.load(Ordering::Relaxed),
         refused: REFUSED.load(Ordering::Relaxed),
     }
 }
-
-/// The top's free piece as the last refill left it.
-static TOP_FREE: AtomicUsize = AtomicUsize::new(0);
 
 /// What the memory thread keeps free at the top: [`RESERVE`], or twice the largest request
 /// seen, up to [`MOST_AHEAD`].
@@ -192,9 +186,7 @@ pub fn refill() -> usize {
     let mut added = 0;
     loop {
         let committed = COMMITTED.load(Ordering::Acquire);
-        let free = top_free();
-        TOP_FREE.store(free, Ordering::Relaxed);
-        if free >= ahead() || committed + STEP > span {
+        if top_free() >= ahead() || committed + STEP > span {
             break;
         }
         let at = base + committed;

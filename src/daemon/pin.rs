@@ -8,16 +8,13 @@
 //! page is faulted in before it is handed out ([`super::heap`]). See ARCHITECTURE.md, "Safe to
 //! hold swap".
 
-/// Stack a queue thread faults in (and so locks) before it serves: `tests/pin.rs` runs the
-/// request path (`io::handle`: lz4 and zstd up to level 19, whole and partial pages) on a thread
-/// whose whole stack is 32 KiB less than this, the 32 KiB for libublk's frames above it. It
-/// passes at 128 KiB too; 256 KiB is kept until the VM's swap check is understood (see
-/// `daemon::configure`).
+/// Stack a thread that serves I/O (queues, policy, memory) faults in (and so locks) before it
+/// serves: `tests/pin.rs` runs the request path (`io::handle`: lz4 and zstd up to level 19,
+/// whole and partial pages) on a thread whose whole stack is 32 KiB less than this, the 32 KiB
+/// for libublk's frames above it. The request path passes at 128 KiB too; 256 KiB is kept for
+/// the policy thread's rounds (writeback with encryption, recompression, eviction for writes),
+/// which are deeper and not measured.
 pub const STACK_PREFAULT: usize = 256 << 10;
-
-/// Stack the policy thread faults in: its rounds (writeback with encryption, recompression,
-/// eviction for writes) are deeper and not measured, so it keeps what every thread had before.
-pub const POLICY_STACK_PREFAULT: usize = 256 << 10;
 
 /// Tunes glibc's malloc for the threads that still use it (control, watchdog; the I/O path has
 /// its own heap, [`super::heap`]): one arena, no trimming and no `mmap` below 32 MiB (giving
@@ -31,12 +28,5 @@ pub fn tune_malloc() {
 #[inline(never)]
 pub fn prefault_stack() {
     let probe = [1u8; STACK_PREFAULT];
-    std::hint::black_box(&probe);
-}
-
-/// Faults in [`POLICY_STACK_PREFAULT`] bytes of the calling thread's stack.
-#[inline(never)]
-pub fn prefault_policy_stack() {
-    let probe = [1u8; POLICY_STACK_PREFAULT];
     std::hint::black_box(&probe);
 }

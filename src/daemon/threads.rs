@@ -78,7 +78,7 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 return log(&format!("policy: {e}"));
             }
             heap::serve_from_io_heap();
-            pin::prefault_policy_stack();
+            pin::prefault_stack();
             let mut ctx = match device.context() {
                 Ok(ctx) => ctx,
                 Err(e) => return log(&format!("policy: {e}")),

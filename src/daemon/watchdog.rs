@@ -81,11 +81,12 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks), reserve refilled {} arenas (slowest {} ms){}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} steps refused), reserve refilled {} arenas (slowest {} ms){}",
                 rss,
                 heap.in_use >> 10,
                 heap.committed >> 10,
                 heap.fallbacks,
+                heap.refused,
                 REFILLED_ARENAS.load(Ordering::Relaxed),
                 SLOWEST_REFILL_MS.load(Ordering::Relaxed),
                 if stalled_secs > 0 {
