@@ -153,7 +153,7 @@ reserve_target() {
 # algorithm's cost for the same pages against kernel zram's pool + table (16 B a page of
 # disksize) in the same guest. UZRAM_BENCH_MEMORY_FILLS: MiB of pages (default 130).
 memory_suite() {
-    local disk=1073741824 table mb stat mem burst t0
+    local disk=1073741824 table mb stat mem burst t0 prev cur
     table=$((disk / 4096 * 16))
     if uzram_setup lz4 1G; then
         # What the daemon holds once it has settled (its threads started, the reserve mapped).
