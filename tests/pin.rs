@@ -37,10 +37,19 @@ fn io_heap_serves_marked_threads() {
     // Locked as in the daemon where this process may lock (root, as in CI).
     heap::init(64 << 30, uzram::sys::uid() == 0).unwrap();
     let rss = rss_anon_kib();
-    let added = heap::refill();
+    // Memory not short: a first refill keeps the calm margin ahead, no more.
+    let calm = heap::refill();
+    assert!(
+        (heap::CALM_RESERVE..heap::RESERVE).contains(&calm),
+        "a first refill committed {calm} bytes"
+    );
+    assert_eq!(heap::refill(), 0, "a full heap needs no refill");
+    // Memory short: the whole margin.
+    heap::set_memory_short(true);
+    let added = calm + heap::refill();
     assert!(
         added >= heap::RESERVE,
-        "a first refill committed {added} bytes"
+        "refills with memory short committed {added} bytes"
     );
     let grown = rss_anon_kib() - rss;
     assert!(

@@ -46,10 +46,16 @@ pub const MIN_SPAN: usize = 64 << 20;
 const STEP: usize = 1 << 20;
 
 /// Free memory the memory thread keeps committed, faulted in and locked in one piece at the
-/// heap's top, ahead of the I/O path: what the request path may allocate between two of its
-/// rounds (woken when half of it is gone). Metadata grows by about 22 B a page written: 4 MiB is
-/// 190,000 pages, 740 MiB of swap writes.
+/// heap's top, ahead of the I/O path, while the host's memory is short ([`set_memory_short`]):
+/// what the request path may allocate between two of its rounds (woken when half of it is
+/// gone). Metadata grows by about 22 B a page written: 4 MiB is 190,000 pages, 740 MiB of swap
+/// writes.
 pub const RESERVE: usize = 4 << 20;
+
+/// What it keeps free there while memory is not short: a fault then waits for no reclaim, and
+/// what the heap cannot serve goes to malloc, which has memory to give. 1 MiB is 47,000 pages
+/// written.
+pub const CALM_RESERVE: usize = 1 << 20;
 
 /// The most the memory thread keeps ahead for large requests (twice the largest seen).
 pub const MOST_AHEAD: usize = 16 << 20;
@@ -69,6 +75,8 @@ thread_local! {
 static BASE: AtomicUsize = AtomicUsize::new(0);
 /// Its length.
 static SPAN: AtomicUsize = AtomicUsize::new(0);
+/// The host's memory is short: the memory thread keeps [`RESERVE`] ahead, not [`CALM_RESERVE`].
+static SHORT: AtomicBool = AtomicBool::new(false);
 /// The largest request a marked thread made.
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
 /// The free piece at the heap's top fell below half of what the memory thread keeps.
@@ -123,10 +131,28 @@ pub fn stats() -> Stats {
     }
 }
 
-/// What the memory thread keeps free at the top: [`RESERVE`], or twice the largest request
-/// seen, up to [`MOST_AHEAD`].
+/// What the memory thread keeps free at the top: while memory is short [`RESERVE`], or twice
+/// the largest request seen, up to [`MOST_AHEAD`]; otherwise [`CALM_RESERVE`], or the largest
+/// request seen.
 fn ahead() -> usize {
-    RESERVE.max((2 * LARGEST.load(Ordering::Relaxed)).min(MOST_AHEAD))
+    let largest = LARGEST.load(Ordering::Relaxed);
+    if SHORT.load(Ordering::Relaxed) {
+        RESERVE.max(2 * largest).min(MOST_AHEAD.max(RESERVE))
+    } else {
+        CALM_RESERVE.max(largest.min(MOST_AHEAD))
+    }
+}
+
+/// Tells the heap whether the host's memory is short (the memory thread's judgement, as it
+/// tells the pool): the next [`refill`] keeps [`RESERVE`] ahead while it is. Committed memory
+/// is never given back, so this only changes how far ahead the heap grows.
+pub fn set_memory_short(short: bool) {
+    SHORT.store(short, Ordering::Relaxed);
+}
+
+/// Whether the memory thread last found the host's memory short.
+pub fn memory_short() -> bool {
+    SHORT.load(Ordering::Relaxed)
 }
 
 /// Whether an allocation found the heap low since the last call (the I/O path then asks the

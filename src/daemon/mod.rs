@@ -53,6 +53,9 @@ pub const MAX_IO_BYTES: u32 = 128 << 10;
 /// for long.
 const RESERVE_WAIT: Duration = Duration::from_secs(1);
 
+/// The reserve a fresh or idle device keeps unless told: one 2 MiB arena of the pool.
+const DEFAULT_RESERVE_MIN: u64 = 2 << 20;
+
 /// Default queue depth.
 pub const DEFAULT_DEPTH: u16 = 64;
 
@@ -73,12 +76,13 @@ pub struct ServeArgs {
     pub depth: u16,
     /// The most pool memory kept mapped (and locked) ahead of writes, so that swap-out does not
     /// have to ask the kernel for memory while it is short of it: the reserve starts at
-    /// --reserve-min, doubles under a burst of writes up to this, and halves back after each 10 s
-    /// without one (default: 1/64 of the size, 8M..16M)
+    /// --reserve-min, is all of this while the host's memory is short (MemAvailable under a third
+    /// of MemTotal, or PSI stalls), doubles under a burst of writes up to this, and halves back
+    /// after each 10 s without either (default: 1/64 of the size, 8M..16M)
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,
-    /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: all
-    /// of --reserve, kept for life; 2M, one arena, follows demand)
+    /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: 2M,
+    /// one arena; equal to --reserve, the whole reserve is mapped up front and kept for life)
     #[arg(long, value_name = "SIZE")]
     pub reserve_min: Option<String>,
     /// Device id N for /dev/ublkbN (default: the first free one)
@@ -133,13 +137,12 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
         None => (disksize / 64).clamp(8 << 20, 16 << 20),
     };
     setup.set_pool_reserve(reserve);
-    // Unless told, the whole reserve is mapped up front and kept. Following demand from one
-    // arena (`--reserve-min 2M`) saves 6-14 MiB, but under emulation it failed writes with
-    // ENOMEM: 65 in the VM's swap check (kernel zram fails none) and 7 of a burst on an idle
-    // guest, the memory thread mapping arenas more slowly than the writes came.
+    // Unless told, the reserve follows demand from one arena: it is whole while the host's
+    // memory is short (the memory thread tells the pool; swap writes come then) and under a
+    // burst of writes, and shrinks back to one arena once both are over.
     let reserve_min = match &args.reserve_min {
         Some(r) => uzram_engine::parse_size(r)?,
-        None => reserve,
+        None => DEFAULT_RESERVE_MIN,
     };
     setup.set_pool_reserve_min(reserve_min.min(reserve));
     setup.set_pool_growth(Growth::Reserve { wait: RESERVE_WAIT });

@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 
 use uzram_engine::{Device, Policy, Pressure};
 
+/// How often the memory thread reads the host's memory figures at most (it is woken by every
+/// write that draws on the reserve).
+const PRESSURE_EVERY: Duration = Duration::from_millis(250);
+
 use super::{heap, io_flusher, log, pin, ServeError};
 
 /// Arenas the memory thread has mapped into the pool's reserve, and the longest one took (ms):
@@ -31,9 +35,18 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             // either would stall the I/O threads behind reclaim.
             pin::prefault_stack();
             let mut last_report: Option<Instant> = None;
+            let mut last_pressure: Option<Instant> = None;
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 let t = Instant::now();
+                // The pool's reserve is kept whole while memory is short: swap writes then come
+                // in a storm, and each arena is slow to map.
+                if !last_pressure.is_some_and(|p| t.duration_since(p) < PRESSURE_EVERY) {
+                    let short = Pressure::read().short();
+                    device.set_memory_short(short);
+                    heap::set_memory_short(short);
+                    last_pressure = Some(t);
+                }
                 heap::refill();
                 // Between arenas too: under pressure each one is slow to map, and the I/O
                 // path's metadata keeps drawing on its heap meanwhile.

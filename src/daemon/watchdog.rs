@@ -81,12 +81,18 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} steps refused), reserve refilled {} arenas (slowest {} ms){}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} steps refused), reserve {} arenas{}, refilled {} (slowest {} ms){}",
                 rss,
                 heap.in_use >> 10,
                 heap.committed >> 10,
                 heap.fallbacks,
                 heap.refused,
+                device.pool_reserve_target(),
+                if super::heap::memory_short() {
+                    " (memory short)"
+                } else {
+                    ""
+                },
                 REFILLED_ARENAS.load(Ordering::Relaxed),
                 SLOWEST_REFILL_MS.load(Ordering::Relaxed),
                 if stalled_secs > 0 {

@@ -207,6 +207,8 @@ pub struct Pool {
     signal: ReserveSignal,
     /// Reserve mode: the maintenance thread's record of demand.
     demand: Mutex<Demand>,
+    /// Reserve mode: the host's memory is short ([`Pool::set_memory_short`]).
+    memory_short: AtomicBool,
 }
 
 impl Pool {
@@ -253,6 +255,7 @@ impl Pool {
             reserve_min,
             signal: ReserveSignal::with_target(premapped),
             demand: Mutex::new(Demand::default()),
+            memory_short: AtomicBool::new(false),
         };
         pool.set_limit(config.limit_bytes);
         let prefault = if on_demand {

@@ -66,18 +66,23 @@ pub(super) const BURST_GAP: Duration = Duration::from_secs(1);
 pub(super) const IDLE_DECAY: Duration = Duration::from_secs(10);
 
 /// What the maintenance thread knows of demand: when the last round that filled the reserve
-/// ended, when allocations last drew the reserve down, and when its size last changed.
+/// ended, when allocations last drew the reserve down, when the host's memory was last short,
+/// and when the reserve's size last changed.
 #[derive(Default)]
 pub(super) struct Demand {
     last_filled: Option<Instant>,
     last_draw: Option<Instant>,
+    last_short: Option<Instant>,
     last_change: Option<Instant>,
 }
 
 impl Demand {
     /// The reserve's next size from its size `target` now (in `min..=max`), given whether the
-    /// allocations drew it below `target` since the last round, at `now` (the round's start).
-    /// A burst is a draw within [`BURST_GAP`] of the end of the last round that filled the
+    /// allocations drew it below `target` since the last round and whether the host's memory is
+    /// `short` (see [`Pool::set_memory_short`]), at `now` (the round's start).
+    /// While memory is short the reserve is at its most: that is when swap writes come, in a
+    /// storm, and when every arena is slowest to map (each of its pages is reclaimed for), so a
+    /// reserve that only began to grow then would run dry. A burst is a draw within [`BURST_GAP`] of the end of the last round that filled the
     /// reserve: measured from the end, so a round that is slow to map (memory short) does not
     /// hide the burst; and only after a round that filled it, so rounds that fail to map (and
     /// are retried at once) do not count as draws.
@@ -85,12 +90,23 @@ impl Demand {
         &mut self,
         target: usize,
         drawn: bool,
+        short: bool,
         min: usize,
         max: usize,
         now: Instant,
     ) -> usize {
         let since =
             |t: Option<Instant>| t.map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+        if short {
+            self.last_short = Some(now);
+            if drawn {
+                self.last_draw = Some(now);
+            }
+            if target < max {
+                self.last_change = Some(now);
+            }
+            return max;
+        }
         if drawn {
             let burst = since(self.last_filled) < BURST_GAP;
             self.last_draw = Some(now);
@@ -104,6 +120,7 @@ impl Demand {
         }
         if target > min
             && since(self.last_draw) >= IDLE_DECAY
+            && since(self.last_short) >= IDLE_DECAY
             && since(self.last_change) >= IDLE_DECAY
         {
             self.last_change = Some(now);
@@ -195,8 +212,9 @@ impl Pool {
     ///
     /// The reserve follows demand between `reserve_min_arenas` and `reserve_arenas`: two
     /// rounds that find it drawn down within [`BURST_GAP`] double it (a burst: the maintenance
-    /// thread then has a whole reserve's worth of allocations to map the next arenas), and
-    /// [`IDLE_DECAY`] without a draw halves it, unmapping what is beyond it.
+    /// thread then has a whole reserve's worth of allocations to map the next arenas), memory
+    /// short on the host ([`Pool::set_memory_short`]) takes it to its most, and [`IDLE_DECAY`]
+    /// without either halves it, unmapping what is beyond it.
     pub fn maintain(&self) -> Result<Maintenance, Error> {
         self.maintain_at(Instant::now(), &mut || {})
     }
@@ -221,9 +239,15 @@ impl Pool {
         let old = self.signal.target();
         let target = {
             let drawn = self.arenas.lock().empty_arenas() < old;
-            self.demand
-                .lock()
-                .next_target(old, drawn, self.reserve_min, self.reserve_arenas, now)
+            let short = self.memory_short.load(Ordering::Relaxed);
+            self.demand.lock().next_target(
+                old,
+                drawn,
+                short,
+                self.reserve_min,
+                self.reserve_arenas,
+                now,
+            )
         };
         self.signal.target.store(target, Ordering::Relaxed);
         done.reserve_target = target;
@@ -249,6 +273,20 @@ impl Pool {
         let keep = if target < old { target } else { 2 * target };
         done.arenas_unmapped = self.unmap_empty(keep);
         Ok(done)
+    }
+
+    /// Tells a [`Growth::Reserve`] pool whether the host's memory is short now (the caller's
+    /// judgement: the daemon's is `Pressure::short` of the engine). While it is, the reserve is
+    /// kept at its most, and it shrinks only [`IDLE_DECAY`] after memory stopped being short;
+    /// the change to short asks for a round at once. A no-op in [`Growth::OnDemand`] mode.
+    pub fn set_memory_short(&self, short: bool) {
+        if self.growth == Growth::OnDemand {
+            return;
+        }
+        let was = self.memory_short.swap(short, Ordering::Relaxed);
+        if short && !was {
+            self.signal.ask();
+        }
     }
 
     /// Wakes the thread blocked in [`Pool::wait_for_maintenance`] for a round now, as an

@@ -99,19 +99,19 @@ fn rounds_that_fail_to_map_do_not_grow_the_reserve() {
     // A filled round, then a draw 0.5 s after its end: a burst.
     d.filled(t0);
     assert_eq!(
-        d.next_target(1, true, 1, 8, t0 + Duration::from_millis(500)),
+        d.next_target(1, true, false, 1, 8, t0 + Duration::from_millis(500)),
         2
     );
     // That round fails to map (no `filled`); its retries 20 ms apart still see the reserve
     // drawn down, and must not double it again.
     for i in 1..10u64 {
         let at = t0 + Duration::from_millis(500 + 20 * i);
-        assert_eq!(d.next_target(2, true, 1, 8, at), 2);
+        assert_eq!(d.next_target(2, true, false, 1, 8, at), 2);
     }
     // A round that took 3 s to fill, then a draw 0.2 s after it ended: a burst all the same.
     d.filled(t0 + Duration::from_secs(4));
     assert_eq!(
-        d.next_target(2, true, 1, 8, t0 + Duration::from_millis(4200)),
+        d.next_target(2, true, false, 1, 8, t0 + Duration::from_millis(4200)),
         4
     );
 }
@@ -199,4 +199,54 @@ fn the_reserve_follows_demand_between_its_least_and_its_most() {
         pool.free(h).unwrap();
     }
     pool.check_invariants().unwrap();
+}
+
+#[test]
+fn short_memory_keeps_the_reserve_at_its_most_until_it_has_been_over_for_a_while() {
+    let pool = Pool::new(PoolConfig {
+        reserve_arenas: 4,
+        reserve_min_arenas: 1,
+        growth: Growth::Reserve { wait: WAIT },
+        ..Default::default()
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    // Not short: a quiet round keeps the least.
+    assert_eq!(pool.maintain_at(t0, &mut || {}).unwrap().reserve_target, 1);
+    // Short: a round is asked for at once, and it maps the whole reserve without any draw.
+    pool.set_memory_short(true);
+    assert!(pool.wait_for_maintenance(Duration::ZERO));
+    let m = pool
+        .maintain_at(t0 + Duration::from_millis(100), &mut || {})
+        .unwrap();
+    assert_eq!((m.reserve_target, m.arenas_mapped), (4, 3));
+    assert_eq!(pool.arenas.lock().empty_arenas(), 4);
+    // Staying short asks nothing more; long quiet rounds while short keep it all.
+    pool.set_memory_short(true);
+    assert!(!pool.wait_for_maintenance(Duration::ZERO));
+    let short_end = t0 + 3 * reserve::IDLE_DECAY;
+    for at in [t0 + reserve::IDLE_DECAY * 2, short_end] {
+        let m = pool.maintain_at(at, &mut || {}).unwrap();
+        assert_eq!((m.reserve_target, m.arenas_unmapped), (4, 0));
+    }
+    // Memory no longer short: kept until IDLE_DECAY after the last short round, then halved.
+    pool.set_memory_short(false);
+    let almost = short_end + reserve::IDLE_DECAY - Duration::from_millis(1);
+    assert_eq!(
+        pool.maintain_at(almost, &mut || {}).unwrap().reserve_target,
+        4
+    );
+    let m = pool
+        .maintain_at(short_end + reserve::IDLE_DECAY, &mut || {})
+        .unwrap();
+    assert_eq!((m.reserve_target, m.arenas_unmapped), (2, 2));
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn an_on_demand_pool_ignores_short_memory() {
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    pool.set_memory_short(true);
+    assert!(!pool.wait_for_maintenance(Duration::ZERO));
+    assert_eq!(pool.maintain().unwrap().arenas_mapped, 0);
 }

@@ -46,6 +46,13 @@ impl Device {
         self.pool.reserve_target_arenas()
     }
 
+    /// Tells the pool whether the host's memory is short (see [`crate::Pressure::short`]): with
+    /// [`crate::Growth::Reserve`], the reserve is kept at its most while it is, since that is
+    /// when swap writes come.
+    pub fn set_memory_short(&self, short: bool) {
+        self.pool.set_memory_short(short);
+    }
+
     /// Wakes the thread in [`Device::wait_for_maintenance`] for a round now (the daemon's I/O
     /// path does when its own heap runs low).
     pub fn request_maintenance(&self) {

@@ -229,6 +229,14 @@ impl Pressure {
         }
     }
 
+    /// Whether memory is short enough that swap writes are coming or near: `MemAvailable` under a
+    /// third of `MemTotal`, or tasks stalled on memory (PSI `some avg10` at least 1 %). Unknown
+    /// figures (no `/proc/meminfo`, no PSI) count as not short.
+    pub fn short(&self) -> bool {
+        let low = self.mem_total > 0 && self.mem_available.saturating_mul(3) < self.mem_total;
+        low || self.psi_some_avg10.is_some_and(|v| v >= 1.0)
+    }
+
     /// No pressure at all (for callers without a host view).
     pub fn none() -> Pressure {
         Pressure::default()

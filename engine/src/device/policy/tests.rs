@@ -65,6 +65,22 @@ fn pressure_reads_meminfo_and_psi() {
 }
 
 #[test]
+fn memory_is_short_under_a_third_available_or_with_stalls() {
+    let p = |total_mib: u64, avail_mib: u64, psi: Option<f32>| Pressure {
+        mem_total: total_mib << 20,
+        mem_available: avail_mib << 20,
+        psi_some_avg10: psi,
+    };
+    assert!(!p(900, 301, None).short());
+    assert!(p(900, 299, None).short());
+    assert!(!p(900, 800, Some(0.99)).short());
+    assert!(p(900, 800, Some(1.0)).short());
+    // Unknown figures are not short.
+    assert!(!Pressure::none().short());
+    assert!(!p(0, 0, None).short());
+}
+
+#[test]
 fn the_budget_refills_over_a_day() {
     let mut b = Budget::default();
     b.set(Some(86_400), 0);
