@@ -95,6 +95,27 @@ pub unsafe fn commit_and_touch(at: *mut u8, len: usize, lock: bool) -> io::Resul
     Ok(())
 }
 
+/// Gives back `len` bytes at `at` (page aligned, inside a [`reserve_address_space`] span, no
+/// longer in use) that [`commit_and_touch`] made usable: unlocked, their pages dropped, and
+/// `PROT_NONE` again, so they count in neither `VmRSS` nor `VmLck`.
+///
+/// # Safety
+/// `at..at + len` lies inside a span from [`reserve_address_space`] and nothing uses it any
+/// more (its contents are lost).
+pub unsafe fn decommit(at: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: `at..at + len` is part of a reserved span that nothing uses (the caller's
+    // contract): unlocking, dropping its pages and removing access affect no live memory.
+    unsafe {
+        if libc::munlock(at.cast(), len) != 0
+            || libc::madvise(at.cast(), len, libc::MADV_DONTNEED) != 0
+            || libc::mprotect(at.cast(), len, libc::PROT_NONE) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// A `File` of its own (a `dup`) for `fd`, a descriptor that stays open across the call.
 pub fn dup_fd(fd: std::os::fd::RawFd) -> io::Result<std::fs::File> {
     // SAFETY: the caller's `fd` is open for the duration of this call (libublk's /dev/ublkcN,

@@ -57,6 +57,28 @@ fn io_heap_serves_marked_threads() {
         "a refill of {added} bytes made only {grown} KiB resident"
     );
     assert_eq!(heap::refill(), 0, "a full heap needs no refill");
+    // Short memory over: a trim gives back all but the calm margin and a step, and they are
+    // no longer resident; refills commit again what memory short needs.
+    heap::set_memory_short(false);
+    let before = rss_anon_kib();
+    let trimmed = heap::trim();
+    assert!(
+        trimmed >= heap::RESERVE - heap::CALM_RESERVE - (1 << 20),
+        "a trim gave back only {trimmed} of {added} bytes"
+    );
+    let shrunk = before.saturating_sub(rss_anon_kib());
+    assert!(
+        shrunk * 1024 >= trimmed as u64 * 9 / 10,
+        "a trim of {trimmed} bytes left all but {shrunk} KiB resident"
+    );
+    assert_eq!(heap::trim(), 0, "a trimmed heap trims no more");
+    assert_eq!(heap::refill(), 0, "a trim keeps the calm margin");
+    heap::set_memory_short(true);
+    assert_eq!(heap::trim(), 0, "no trim while memory is short");
+    assert!(
+        heap::refill() > 0,
+        "memory short again: the margin is committed again"
+    );
     // Unmarked threads (this one) allocate from malloc.
     let plain = vec![1u8; 4096];
     assert!(!heap::owns(plain.as_ptr()));

@@ -83,7 +83,8 @@ static LARGEST: AtomicUsize = AtomicUsize::new(0);
 static LOW: AtomicBool = AtomicBool::new(false);
 /// Whether committed steps are locked.
 static LOCK: AtomicBool = AtomicBool::new(false);
-/// Refill steps the kernel refused (`mprotect` or `mlock2` failed).
+/// Refill steps the kernel refused (`mprotect` or `mlock2` failed), and trims it failed to give
+/// back (`munlock`, `madvise` or `mprotect`: the memory stays, out of the heap until a refill).
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 /// Bytes of the span committed and handed to the allocator.
 static COMMITTED: AtomicUsize = AtomicUsize::new(0);
@@ -117,7 +118,7 @@ pub struct Stats {
     pub in_use: usize,
     /// Allocations of the I/O path that the heap could not serve and malloc did.
     pub fallbacks: u64,
-    /// Refill steps the kernel refused.
+    /// Refill steps the kernel refused, and trims it failed.
     pub refused: u64,
 }
 
@@ -239,6 +240,51 @@ pub fn refill() -> usize {
         added += STEP;
     }
     added
+}
+
+/// Gives back the committed steps at the heap's top beyond what [`ahead`] keeps free there
+/// and one step more (so that a refill and a trim do not alternate), while memory is not
+/// short: what a swap storm committed is returned once it is over. The memory thread's job,
+/// like [`refill`]. Returns the bytes given back.
+pub fn trim() -> usize {
+    let base = BASE.load(Ordering::Acquire);
+    if base == 0 || SHORT.load(Ordering::Relaxed) {
+        return 0;
+    }
+    let _one = REFILL.lock().unwrap_or_else(|e| e.into_inner());
+    let committed = COMMITTED.load(Ordering::Acquire);
+    let keep = ahead();
+    let released = {
+        let mut heap = HEAP.lock().unwrap_or_else(|e| e.into_inner());
+        let free = top_of(&heap);
+        let (Some(end), true) = (heap.end, free >= keep + 2 * STEP) else {
+            return 0;
+        };
+        let steps = (free - keep - STEP) / STEP;
+        let new_end = base + committed - steps * STEP;
+        // SAFETY: `end` is the heap's current end (updated under this lock by every claim,
+        // extend and truncate), and `new_end` lies inside its free top piece: no allocation is
+        // above it.
+        heap.end = unsafe { heap.talc.truncate(end, new_end as *mut u8) };
+        // talc may leave its end a little below `new_end` (its chunk unit): the step that
+        // end is in stays committed, and the next refill extends talc from there.
+        let kept = heap
+            .end
+            .map_or(0, |e| (e.as_ptr() as usize - base).next_multiple_of(STEP));
+        committed.saturating_sub(kept)
+    };
+    if released == 0 {
+        return 0;
+    }
+    COMMITTED.store(committed - released, Ordering::Release);
+    let at = base + committed - released;
+    // SAFETY: `at..at + released` was committed and is no longer talc's (truncated away under
+    // the heap's lock), and only this (serialised) thread commits or decommits steps; a refill
+    // commits it again before talc gets it back.
+    if unsafe { crate::sys::decommit(at as *mut u8, released) }.is_err() {
+        REFUSED.fetch_add(1, Ordering::Relaxed);
+    }
+    released
 }
 
 /// The free piece at the heap's top: what one allocation can surely have.

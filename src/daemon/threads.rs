@@ -11,6 +11,10 @@ use uzram_engine::{Device, Policy, Pressure};
 /// write that draws on the reserve).
 const PRESSURE_EVERY: Duration = Duration::from_millis(250);
 
+/// How long memory must not have been short before the memory thread trims the I/O heap (the
+/// pool's reserve shrinks after as long).
+const HEAP_TRIM_AFTER: Duration = Duration::from_secs(10);
+
 use super::{heap, io_flusher, log, pin, ServeError};
 
 /// Arenas the memory thread has mapped into the pool's reserve, and the longest one took (ms):
@@ -36,6 +40,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             pin::prefault_stack();
             let mut last_report: Option<Instant> = None;
             let mut last_pressure: Option<Instant> = None;
+            let mut calm_since: Option<Instant> = Some(Instant::now());
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 let t = Instant::now();
@@ -46,6 +51,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                     device.set_memory_short(short);
                     heap::set_memory_short(short);
                     last_pressure = Some(t);
+                    calm_since = if short { None } else { calm_since.or(Some(t)) };
                 }
                 heap::refill();
                 // Between arenas too: under pressure each one is slow to map, and the I/O
@@ -53,6 +59,11 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 let mut top_up = || {
                     heap::refill();
                 };
+                // What a storm committed to the I/O heap goes back once memory has not been
+                // short for a while, as the pool's reserve does.
+                if calm_since.is_some_and(|c| t.duration_since(c) >= HEAP_TRIM_AFTER) {
+                    heap::trim();
+                }
                 match device.maintain_memory_with(&mut top_up) {
                     Ok(m) => {
                         if m.arenas_mapped > 0 {

@@ -149,17 +149,32 @@ reserve_target() {
     "$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "pool_reserve_target" { print $2 }'
 }
 
+# settle DEV: waits (up to 150 s) until DEV's pool reserve is at its least (one 2 MiB arena by
+# default): it is whole while the guest's memory is short (as after an earlier suite's swap
+# workload, until PSI's 10 s average falls) and halves each 10 s after; the I/O heap gives back
+# what it committed then too. Prints the seconds it waited.
+settle() {
+    local t0
+    t0=$(uptime_s)
+    while [ "$(elapsed "$t0" | cut -d. -f1)" -lt 150 ] && [ "$(reserve_target "$1")" -gt 2097152 ]; do
+        sleep 5
+    done
+    elapsed "$t0"
+}
+
 # The daemon's memory all in (issue 14): a fresh 1 GiB device's whole cost at idle, then each
 # algorithm's cost for the same pages against kernel zram's pool + table (16 B a page of
 # disksize) in the same guest. UZRAM_BENCH_MEMORY_FILLS: MiB of pages (default 130).
 memory_suite() {
-    local disk=1073741824 table mb stat mem burst t0 prev cur
+    local disk=1073741824 table mb stat mem burst settle_s
     table=$((disk / 4096 * 16))
     if uzram_setup lz4 1G; then
-        # What the daemon holds once it has settled (its threads started, the reserve mapped).
+        # What the daemon holds once it has settled (its threads started, the reserve at its
+        # least).
         sleep 5
+        settle_s=$(settle "$UZRAM_DEV")
         emit "{\"kind\":\"smaps\",\"algorithm\":\"idle\",\"cpus\":$(nproc),\"fill_mb\":0,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
-        emit "{\"kind\":\"idle\",\"cpus\":$(nproc),\"disksize\":$disk,\"slot_table\":$table,$(uzram_mem "$UZRAM_DEV"),\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
+        emit "{\"kind\":\"idle\",\"cpus\":$(nproc),\"disksize\":$disk,\"slot_table\":$table,$(uzram_mem "$UZRAM_DEV"),\"settle_s\":$settle_s,\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
         uzram_reset
     fi
     for mb in ${UZRAM_BENCH_MEMORY_FILLS:-130}; do
@@ -171,23 +186,16 @@ memory_suite() {
             fi
             zram_reset
             if uzram_setup $algo 1G && fill "$UZRAM_DEV"; then
-                # Right after the burst a demand-sized reserve is at its most; it halves every
-                # 10 s without writes, down to its least (all of it by default, which never
-                # shrinks). Both are reported: the burst's cost and the settled one.
+                # Right after the burst the reserve may be at its most; it halves every 10 s
+                # without writes, down to its least. Both are reported: the burst's cost and
+                # the settled one.
                 burst=$(uzram_mem "$UZRAM_DEV" | sed 's/.*"rss_kb":\([0-9]*\).*/\1/')
-                t0=$(uptime_s)
-                prev=$(reserve_target "$UZRAM_DEV")
-                while [ "$(elapsed "$t0" | cut -d. -f1)" -lt 90 ]; do
-                    sleep 11
-                    cur=$(reserve_target "$UZRAM_DEV")
-                    [ "$cur" = "$prev" ] && break
-                    prev=$cur
-                done
+                settle_s=$(settle "$UZRAM_DEV")
                 stat=$(dev_mm_stat "$UZRAM_DEV" | tr -s ' ' | sed 's/^ //')
                 mem=$(uzram_mem "$UZRAM_DEV")
                 # Where it is: every mapping holding 256 kB or more, largest first.
                 emit "{\"kind\":\"smaps\",\"algorithm\":\"$algo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
-                emit "{\"kind\":\"allin\",\"device\":\"uzram\",\"algorithm\":\"$algo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",$mem,\"burst_rss_kb\":$burst,\"settle_s\":$(elapsed "$t0"),\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
+                emit "{\"kind\":\"allin\",\"device\":\"uzram\",\"algorithm\":\"$algo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",$mem,\"burst_rss_kb\":$burst,\"settle_s\":$settle_s,\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
             fi
             uzram_reset
         done
