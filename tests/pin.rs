@@ -61,7 +61,10 @@ fn io_heap_serves_marked_threads() {
     // no longer resident; refills commit again what memory short needs.
     heap::set_memory_short(false);
     let before = rss_anon_kib();
+    let committed = heap::stats().committed;
     let trimmed = heap::trim();
+    assert_eq!(heap::stats().committed, committed - trimmed);
+    assert_eq!(trimmed % (1 << 20), 0, "a trim gives back whole steps");
     assert!(
         trimmed >= heap::RESERVE - heap::CALM_RESERVE - (1 << 20),
         "a trim gave back only {trimmed} of {added} bytes"
@@ -75,10 +78,24 @@ fn io_heap_serves_marked_threads() {
     assert_eq!(heap::refill(), 0, "a trim keeps the calm margin");
     heap::set_memory_short(true);
     assert_eq!(heap::trim(), 0, "no trim while memory is short");
+    let again = heap::refill();
     assert!(
-        heap::refill() > 0,
+        again > 0,
         "memory short again: the margin is committed again"
     );
+    assert_eq!(heap::stats().committed, committed - trimmed + again);
+    // The steps committed again are the heap's: a block nearly as large as the margin fits.
+    std::thread::spawn(|| {
+        heap::serve_from_io_heap();
+        let v = vec![7u8; heap::RESERVE - (64 << 10)];
+        assert!(
+            heap::owns(v.as_ptr()),
+            "the recommitted top is not the heap's"
+        );
+        assert!(v.iter().all(|&b| b == 7));
+    })
+    .join()
+    .unwrap();
     // Unmarked threads (this one) allocate from malloc.
     let plain = vec![1u8; 4096];
     assert!(!heap::owns(plain.as_ptr()));

@@ -11,10 +11,11 @@
 //! So the threads that serve I/O (queues, policy, memory: marked with [`serve_from_io_heap`])
 //! allocate from a heap of their own: one span of address space reserved up front (no memory;
 //! sized from the disksize), committed 1 MiB at a time by the memory thread, which locks and
-//! faults in every page before [`talc`] may hand any of it out ([`refill`]). The memory thread
-//! keeps at least [`RESERVE`] free in one piece at the heap's top, and twice the largest request
-//! seen (up to [`MOST_AHEAD`]); an allocation that leaves less than half of that asks for a refill
-//! ([`take_low`]). Allocations from this heap take a futex lock (at most a futex wait) and never
+//! faults in every page before [`talc`] may hand any of it out ([`refill`]). While the host's
+//! memory is short the memory thread keeps at least [`RESERVE`] free in one piece at the heap's
+//! top, and twice the largest request seen (up to [`MOST_AHEAD`]); otherwise [`CALM_RESERVE`],
+//! and what a storm committed beyond that it gives back once memory is no longer short
+//! ([`trim`]). An allocation that leaves less than half of it asks for a refill ([`take_low`]). Allocations from this heap take a futex lock (at most a futex wait) and never
 //! fault. If it cannot serve a request (it ran dry, or one allocation is bigger than what is free
 //! in one piece), the request goes to malloc, and is counted ([`Stats::fallbacks`]): it works,
 //! but may fault, as every allocation could before this heap.
@@ -59,6 +60,8 @@ pub const CALM_RESERVE: usize = 1 << 20;
 
 /// The most the memory thread keeps ahead for large requests (twice the largest seen).
 pub const MOST_AHEAD: usize = 16 << 20;
+
+const _: () = assert!(CALM_RESERVE <= RESERVE && RESERVE <= MOST_AHEAD);
 
 /// The size talc's chunk for an allocation of `size` bytes takes (its tag, rounded up to its
 /// 32-byte unit), for [`Stats::in_use`].
@@ -138,15 +141,15 @@ pub fn stats() -> Stats {
 fn ahead() -> usize {
     let largest = LARGEST.load(Ordering::Relaxed);
     if SHORT.load(Ordering::Relaxed) {
-        RESERVE.max(2 * largest).min(MOST_AHEAD.max(RESERVE))
+        (2 * largest).clamp(RESERVE, MOST_AHEAD)
     } else {
         CALM_RESERVE.max(largest.min(MOST_AHEAD))
     }
 }
 
 /// Tells the heap whether the host's memory is short (the memory thread's judgement, as it
-/// tells the pool): the next [`refill`] keeps [`RESERVE`] ahead while it is. Committed memory
-/// is never given back, so this only changes how far ahead the heap grows.
+/// tells the pool): the next [`refill`] keeps [`RESERVE`] ahead while it is, and [`trim`] gives
+/// nothing back.
 pub fn set_memory_short(short: bool) {
     SHORT.store(short, Ordering::Relaxed);
 }
@@ -260,18 +263,23 @@ pub fn trim() -> usize {
         let (Some(end), true) = (heap.end, free >= keep + 2 * STEP) else {
             return 0;
         };
+        // Steps are claimed whole and talc's unit divides them, so its end is the committed end.
+        debug_assert_eq!(end.as_ptr() as usize, base + committed);
         let steps = (free - keep - STEP) / STEP;
-        let new_end = base + committed - steps * STEP;
+        let new_end = end.as_ptr() as usize - steps * STEP;
         // SAFETY: `end` is the heap's current end (updated under this lock by every claim,
         // extend and truncate), and `new_end` lies inside its free top piece: no allocation is
         // above it.
         heap.end = unsafe { heap.talc.truncate(end, new_end as *mut u8) };
         // talc may leave its end a little below `new_end` (its chunk unit): the step that
-        // end is in stays committed, and the next refill extends talc from there.
-        let kept = heap
-            .end
-            .map_or(0, |e| (e.as_ptr() as usize - base).next_multiple_of(STEP));
-        committed.saturating_sub(kept)
+        // end is in stays committed, and the next refill extends talc from there. It keeps
+        // the heap (at least `keep` and a step stay free above what is reserved); if it ever
+        // did not, nothing is given back (a refill then claims a heap from the next step up).
+        let Some(e) = heap.end else {
+            REFUSED.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        };
+        committed.saturating_sub((e.as_ptr() as usize - base).next_multiple_of(STEP))
     };
     if released == 0 {
         return 0;
@@ -296,8 +304,9 @@ fn top_free() -> usize {
 fn top_of(heap: &Inner) -> usize {
     match heap.end {
         Some(end) => {
-            // SAFETY: `end` is the heap's end as talc last returned it (claim and extend are
-            // the only calls that change it, and both update `end` under the heap's lock).
+            // SAFETY: `end` is the heap's end as talc last returned it (claim, extend and
+            // truncate are the only calls that change it, and each updates `end` under the
+            // heap's lock).
             let reserved = unsafe { heap.talc.reserved(end) };
             end.as_ptr() as usize - reserved.up_to.as_ptr() as usize
         }

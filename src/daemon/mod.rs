@@ -77,12 +77,12 @@ pub struct ServeArgs {
     /// The most pool memory kept mapped (and locked) ahead of writes, so that swap-out does not
     /// have to ask the kernel for memory while it is short of it: the reserve starts at
     /// --reserve-min, is all of this while the host's memory is short (MemAvailable under a third
-    /// of MemTotal, or PSI stalls), doubles under a burst of writes up to this, and halves back
+    /// of MemTotal, PSI stalls, or swap writing), doubles under a burst of writes up to this, and halves back
     /// after each 10 s without either (default: 1/64 of the size, 8M..16M)
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,
     /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: 2M,
-    /// one arena; equal to --reserve, the whole reserve is mapped up front and kept for life)
+    /// one arena; set it to --reserve to map the whole reserve up front and keep it)
     #[arg(long, value_name = "SIZE")]
     pub reserve_min: Option<String>,
     /// Device id N for /dev/ublkbN (default: the first free one)
@@ -200,6 +200,9 @@ fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), 
         what: "reserve address space for the I/O heap",
         source,
     })?;
+    // Sized for the memory as it is now: a daemon started under pressure starts with the whole
+    // reserve and margin, not a second later.
+    threads::note_pressure(&device, &mut None);
     if heap::refill() == 0 {
         log("warning: the I/O heap could not be committed; the I/O path allocates from malloc");
     }

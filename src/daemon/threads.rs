@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use uzram_engine::{Device, Policy, Pressure};
 
+use super::{heap, io_flusher, log, pin, ServeError};
+
 /// How often the memory thread reads the host's memory figures at most (it is woken by every
 /// write that draws on the reserve).
 const PRESSURE_EVERY: Duration = Duration::from_millis(250);
@@ -15,7 +17,18 @@ const PRESSURE_EVERY: Duration = Duration::from_millis(250);
 /// pool's reserve shrinks after as long).
 const HEAP_TRIM_AFTER: Duration = Duration::from_secs(10);
 
-use super::{heap, io_flusher, log, pin, ServeError};
+/// Whether the host's memory is short, for the pool's reserve and the I/O heap's margin:
+/// [`Pressure::short`], or swap writing since `swap_outs` (the last reading, updated). Tells
+/// both, and returns it.
+pub(super) fn note_pressure(device: &Device, swap_outs: &mut Option<u64>) -> bool {
+    let now = Pressure::swap_outs();
+    let swapping = matches!((*swap_outs, now), (Some(a), Some(b)) if b != a);
+    *swap_outs = now;
+    let short = swapping || Pressure::read().short();
+    device.set_memory_short(short);
+    heap::set_memory_short(short);
+    short
+}
 
 /// Arenas the memory thread has mapped into the pool's reserve, and the longest one took (ms):
 /// how close a write burst came to outrunning it, in the progress log.
@@ -41,15 +54,14 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             let mut last_report: Option<Instant> = None;
             let mut last_pressure: Option<Instant> = None;
             let mut calm_since: Option<Instant> = Some(Instant::now());
+            let mut swap_outs = Pressure::swap_outs();
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 let t = Instant::now();
-                // The pool's reserve is kept whole while memory is short: swap writes then come
-                // in a storm, and each arena is slow to map.
+                // The pool's reserve is kept whole while memory is short or swap is writing:
+                // swap writes then come in a storm, and each arena is slow to map.
                 if !last_pressure.is_some_and(|p| t.duration_since(p) < PRESSURE_EVERY) {
-                    let short = Pressure::read().short();
-                    device.set_memory_short(short);
-                    heap::set_memory_short(short);
+                    let short = note_pressure(&device, &mut swap_outs);
                     last_pressure = Some(t);
                     calm_since = if short { None } else { calm_since.or(Some(t)) };
                 }

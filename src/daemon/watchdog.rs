@@ -81,7 +81,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} steps refused), reserve {} arenas{}, refilled {} (slowest {} ms){}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused), reserve {} arenas{}, refilled {} (slowest {} ms){}",
                 rss,
                 heap.in_use >> 10,
                 heap.committed >> 10,

@@ -82,10 +82,11 @@ impl Demand {
     /// `short` (see [`Pool::set_memory_short`]), at `now` (the round's start).
     /// While memory is short the reserve is at its most: that is when swap writes come, in a
     /// storm, and when every arena is slowest to map (each of its pages is reclaimed for), so a
-    /// reserve that only began to grow then would run dry. A burst is a draw within [`BURST_GAP`] of the end of the last round that filled the
-    /// reserve: measured from the end, so a round that is slow to map (memory short) does not
-    /// hide the burst; and only after a round that filled it, so rounds that fail to map (and
-    /// are retried at once) do not count as draws.
+    /// reserve that only began to grow then would run dry. A burst is a draw within
+    /// [`BURST_GAP`] of the end of the last round that filled the reserve: measured from the
+    /// end, so a round that is slow to map (memory short) does not hide the burst; and only
+    /// after a round that filled it, so rounds that fail to map (and are retried at once) do not
+    /// count as draws.
     pub(super) fn next_target(
         &mut self,
         target: usize,

@@ -154,9 +154,11 @@ reserve_target() {
 # workload, until PSI's 10 s average falls) and halves each 10 s after; the I/O heap gives back
 # what it committed then too. Prints the seconds it waited.
 settle() {
-    local t0
+    local t0 r
     t0=$(uptime_s)
-    while [ "$(elapsed "$t0" | cut -d. -f1)" -lt 150 ] && [ "$(reserve_target "$1")" -gt 2097152 ]; do
+    while [ "$(elapsed "$t0" | cut -d. -f1)" -lt 150 ]; do
+        r=$(reserve_target "$1")
+        [ -n "$r" ] && [ "$r" -gt 2097152 ] || break
         sleep 5
     done
     elapsed "$t0"

@@ -237,6 +237,22 @@ impl Pressure {
         low || self.psi_some_avg10.is_some_and(|v| v >= 1.0)
     }
 
+    /// The host's swap-outs so far (`pswpout` of `/proc/vmstat`, pages), where it has them: a
+    /// count that moves between two reads means swap is writing now, short memory or not (a
+    /// machine with much page cache and a high `vm.swappiness` swaps with MemAvailable high,
+    /// and a kernel without PSI shows no stalls).
+    pub fn swap_outs() -> Option<u64> {
+        Pressure::parse_swap_outs(&std::fs::read_to_string("/proc/vmstat").ok()?)
+    }
+
+    /// `pswpout` of `/proc/vmstat`'s text.
+    pub fn parse_swap_outs(vmstat: &str) -> Option<u64> {
+        vmstat
+            .lines()
+            .find_map(|l| l.strip_prefix("pswpout "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// No pressure at all (for callers without a host view).
     pub fn none() -> Pressure {
         Pressure::default()

@@ -81,6 +81,14 @@ fn memory_is_short_under_a_third_available_or_with_stalls() {
 }
 
 #[test]
+fn swap_outs_are_read_from_vmstat() {
+    let vmstat = "pgpgout 77\npswpin 12\npswpout 4096\npswpoutx 1\n";
+    assert_eq!(Pressure::parse_swap_outs(vmstat), Some(4096));
+    assert_eq!(Pressure::parse_swap_outs("pswpin 3\n"), None);
+    assert_eq!(Pressure::parse_swap_outs("pswpout lots\n"), None);
+}
+
+#[test]
 fn the_budget_refills_over_a_day() {
     let mut b = Budget::default();
     b.set(Some(86_400), 0);
