@@ -116,15 +116,20 @@ fn rounds_that_fail_to_map_do_not_grow_the_reserve() {
     );
 }
 
-#[test]
-fn the_reserve_follows_demand_between_its_least_and_its_most() {
-    let pool = Pool::new(PoolConfig {
+/// A reserve-mode pool whose reserve follows demand between one arena and four.
+fn demand_sized_pool() -> Pool {
+    Pool::new(PoolConfig {
         reserve_arenas: 4,
         reserve_min_arenas: 1,
         growth: Growth::Reserve { wait: WAIT },
         ..Default::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn the_reserve_follows_demand_between_its_least_and_its_most() {
+    let pool = demand_sized_pool();
     let arena = ARENA_PAGES as u64;
     let stats = pool.stats();
     assert_eq!(
@@ -203,13 +208,7 @@ fn the_reserve_follows_demand_between_its_least_and_its_most() {
 
 #[test]
 fn short_memory_keeps_the_reserve_at_its_most_until_it_has_been_over_for_a_while() {
-    let pool = Pool::new(PoolConfig {
-        reserve_arenas: 4,
-        reserve_min_arenas: 1,
-        growth: Growth::Reserve { wait: WAIT },
-        ..Default::default()
-    })
-    .unwrap();
+    let pool = demand_sized_pool();
     let t0 = Instant::now();
     // Not short: a quiet round keeps the least.
     assert_eq!(pool.maintain_at(t0, &mut || {}).unwrap().reserve_target, 1);
