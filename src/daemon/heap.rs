@@ -15,10 +15,11 @@
 //! memory is short the memory thread keeps at least [`RESERVE`] free in one piece at the heap's
 //! top, and twice the largest request seen (up to [`MOST_AHEAD`]); otherwise [`CALM_RESERVE`],
 //! and what a storm committed beyond that it gives back once memory is no longer short
-//! ([`trim`]). An allocation that leaves less than half of it asks for a refill ([`take_low`]). Allocations from this heap take a futex lock (at most a futex wait) and never
-//! fault. If it cannot serve a request (it ran dry, or one allocation is bigger than what is free
-//! in one piece), the request goes to malloc, and is counted ([`Stats::fallbacks`]): it works,
-//! but may fault, as every allocation could before this heap.
+//! ([`trim`]). An allocation that leaves less than half of it asks for a refill ([`take_low`]).
+//! Allocations from this heap take a futex lock (at most a futex wait) and never fault. If it
+//! cannot serve a request (it ran dry, or one allocation is bigger than what is free in one
+//! piece), the request goes to malloc, and is counted ([`Stats::fallbacks`]): it works, but may
+//! fault, as every allocation could before this heap.
 //!
 //! Any thread may free or grow what any other allocated: a free goes to whichever heap the
 //! address is in. Other threads (control, watchdog, the CLI) use malloc alone.

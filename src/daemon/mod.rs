@@ -77,8 +77,8 @@ pub struct ServeArgs {
     /// The most pool memory kept mapped (and locked) ahead of writes, so that swap-out does not
     /// have to ask the kernel for memory while it is short of it: the reserve starts at
     /// --reserve-min, is all of this while the host's memory is short (MemAvailable under a third
-    /// of MemTotal, PSI stalls, or swap writing), doubles under a burst of writes up to this, and halves back
-    /// after each 10 s without either (default: 1/64 of the size, 8M..16M)
+    /// of MemTotal, PSI stalls, or swap writing), doubles under a burst of writes up to this,
+    /// and halves back after each 10 s without either (default: 1/64 of the size, 8M..16M)
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,
     /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: 2M,
