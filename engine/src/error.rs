@@ -44,6 +44,13 @@ pub enum IoError {
     /// The system refused memory; nothing was changed.
     #[error("out of memory")]
     OutOfMemory(#[source] uzram_allocator::Error),
+    /// The system refused memory for the slot table's leaf that holds page `index`; nothing
+    /// was changed.
+    #[error("out of memory for the slot table entry of page {index}")]
+    TableOutOfMemory {
+        /// The page written.
+        index: PageIndex,
+    },
     /// A stored page failed to decompress.
     #[error("page {index} is corrupt")]
     Corrupt {

@@ -2,11 +2,11 @@
 //!
 //! A thread that serves swap must not take a page fault while memory is short (see
 //! [`super::pin`]). The request path allocates a little (pool metadata growing: zspage records,
-//! fullness lists, slot-table segments), and from glibc's malloc that memory may be a page the
-//! kernel has not faulted in yet (a fresh `brk`, the untouched top pad), or the top may be held
-//! for a moment by whoever extends it. Every hang of the VM's swap check under the old scheme (a
-//! resident top of malloc's heap refilled by the memory thread) had a queue thread faulting, or
-//! calling `brk`, inside malloc.
+//! fullness lists; the slot table's 4 KiB leaves), and from glibc's malloc that memory may be a
+//! page the kernel has not faulted in yet (a fresh `brk`, the untouched top pad), or the top may
+//! be held for a moment by whoever extends it. Every hang of the VM's swap check under the old
+//! scheme (a resident top of malloc's heap refilled by the memory thread) had a queue thread
+//! faulting, or calling `brk`, inside malloc.
 //!
 //! So the threads that serve I/O (queues, policy, memory: marked with [`serve_from_io_heap`])
 //! allocate from a heap of their own: one span of address space reserved up front (no memory;
@@ -37,8 +37,9 @@ use talc::base::Talc;
 use talc::source::Manual;
 use talc::DefaultBinning;
 
-/// Address space reserved for the heap, per page of disksize: about 3 times the pool's
-/// metadata (22 B a stored page) and what else the I/O path holds. A bound, not memory.
+/// Address space reserved for the heap, per page of disksize: 1.7 times the pool's metadata
+/// (22 B a stored page) and the slot table's leaves (16 B a page), and what else the I/O path
+/// holds. A bound, not memory.
 pub const SPAN_PER_PAGE: usize = 64;
 
 /// The least span, for small devices.
@@ -50,12 +51,12 @@ const STEP: usize = 1 << 20;
 /// Free memory the memory thread keeps committed, faulted in and locked in one piece at the
 /// heap's top, ahead of the I/O path, while the host's memory is short ([`set_memory_short`]):
 /// what the request path may allocate between two of its rounds (woken when half of it is
-/// gone). Metadata grows by about 22 B a page written: 4 MiB is 190,000 pages, 740 MiB of swap
-/// writes.
+/// gone). Metadata grows by about 38 B a page written to a fresh part of the device (22 B of the
+/// pool's, 16 B of slot table): 4 MiB is 110,000 pages, 430 MiB of swap writes.
 pub const RESERVE: usize = 4 << 20;
 
 /// What it keeps free there while memory is not short: a fault then waits for no reclaim, and
-/// what the heap cannot serve goes to malloc, which has memory to give. 1 MiB is 47,000 pages
+/// what the heap cannot serve goes to malloc, which has memory to give. 1 MiB is 27,000 pages
 /// written.
 pub const CALM_RESERVE: usize = 1 << 20;
 

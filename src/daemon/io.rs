@@ -73,7 +73,9 @@ pub fn errno(e: &IoError) -> i32 {
     match e {
         IoError::OutOfRange { .. } | IoError::Misaligned { .. } => libc::EINVAL,
         IoError::MemLimit { .. } => libc::ENOSPC,
-        IoError::OutOfMemory(_) | IoError::Context(_) => libc::ENOMEM,
+        IoError::OutOfMemory(_) | IoError::TableOutOfMemory { .. } | IoError::Context(_) => {
+            libc::ENOMEM
+        }
         IoError::Corrupt { .. }
         | IoError::Compress { .. }
         | IoError::Lost { .. }
@@ -107,6 +109,7 @@ pub fn cause(e: &IoError) -> &'static str {
         }
         IoError::OutOfMemory(PoolError::OutOfMemory { .. }) => "no memory for the pool",
         IoError::OutOfMemory(_) => "out of memory",
+        IoError::TableOutOfMemory { .. } => "no memory for the slot table",
         IoError::Context(_) => "no memory for the codec streams of an i/o context",
         IoError::Corrupt { .. } => "a stored page failed to decompress",
         IoError::Compress { .. } => "a page failed to compress",

@@ -27,7 +27,7 @@ use uzram_allocator::{Handle, Pool, PoolConfig};
 use uzram_codecs::{Algorithm, Codec, Stream, MAX_COMPRESSED_LEN};
 
 pub use self::setup::{DeviceConfig, DeviceSetup};
-use self::slot::Slot;
+use self::slot::{Slot, SlotTable};
 pub use self::slot::{SlotFlags, SlotState};
 use self::stats::{Counters, Field};
 pub use self::stats::{DeviceStats, IoStat, MmStat};
@@ -77,7 +77,7 @@ static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Device {
     id: u64,
     disksize: u64,
-    slots: Box<[Slot]>,
+    slots: SlotTable,
     pool: Pool,
     /// By priority; `[0]` is the primary (always there), 1..=3 the recompression algorithms.
     codecs: Vec<Option<Codec>>,
@@ -155,10 +155,13 @@ impl Device {
             disksize,
             table_bytes,
         };
-        let n = usize::try_from(pages).map_err(|_| too_large())?;
-        let mut slots = Vec::new();
-        slots.try_reserve_exact(n).map_err(|_| too_large())?;
-        slots.resize_with(n, Slot::default);
+        // The table's leaves come as pages are written; a table that could never be whole on
+        // this machine is refused now rather than failing writes later.
+        usize::try_from(table_bytes)
+            .ok()
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(too_large)?;
+        let slots = SlotTable::new(pages).ok_or_else(too_large)?;
         let mut codecs = vec![Some(Codec::new(config.algorithm, config.params.clone())?)];
         for secondary in &config.secondary {
             codecs.push(
@@ -187,7 +190,7 @@ impl Device {
         Ok(Device {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             disksize,
-            slots: slots.into_boxed_slice(),
+            slots,
             pool,
             codecs,
             huge_threshold,
@@ -211,7 +214,7 @@ impl Device {
 
     /// The number of pages.
     pub fn pages(&self) -> u64 {
-        self.slots.len() as u64
+        self.slots.len()
     }
 
     /// The primary algorithm.
@@ -283,8 +286,21 @@ impl Device {
             .wrapping_add(self.clock_skew.load(Ordering::Relaxed))
     }
 
-    fn slot(&self, index: PageIndex) -> &Slot {
-        &self.slots[index.0 as usize]
+    /// Page `index`'s slot, if it was ever written (its leaf is there).
+    fn slot(&self, index: PageIndex) -> Option<&Slot> {
+        self.slots.get(index.0)
+    }
+
+    /// Page `index`'s slot, for a write: its leaf is allocated if need be.
+    fn slot_for_write(&self, index: PageIndex) -> Result<&Slot, IoError> {
+        self.slots
+            .get_or_alloc(index.0)
+            .ok_or(IoError::TableOutOfMemory { index })
+    }
+
+    /// Page `index`'s state without its lock (empty if never written).
+    fn peek(&self, index: PageIndex) -> SlotState {
+        self.slots.peek(index.0)
     }
 
     /// Checks that `[offset, offset + len)` is sector-aligned and inside the device.
@@ -320,11 +336,16 @@ impl Device {
         for (index, in_page, len) in segments(offset, buf.len()) {
             let chunk = &mut buf[done..done + len];
             done += len;
+            let Some(slot) = self.slot(index) else {
+                // Never written: zeros, and nothing to mark accessed.
+                chunk.fill(0);
+                continue;
+            };
             if let Ok(page) = <&mut [u8; PAGE_SIZE]>::try_from(&mut *chunk) {
-                let mut g = self.slot(index).lock();
+                let mut g = slot.lock();
                 self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, page)?;
             } else {
-                let mut g = self.slot(index).lock();
+                let mut g = slot.lock();
                 self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, &mut ctx.page)?;
                 chunk.copy_from_slice(&ctx.page[in_page..in_page + len]);
             }
@@ -349,6 +370,7 @@ impl Device {
         for (index, in_page, len) in segments(offset, buf.len()) {
             let chunk = &buf[done..done + len];
             done += len;
+            let slot = self.slot_for_write(index)?;
             if let Ok(page) = <&[u8; PAGE_SIZE]>::try_from(chunk) {
                 // Compress and allocate before taking the slot lock.
                 let new = self.encode(
@@ -359,13 +381,13 @@ impl Device {
                     page,
                 )?;
                 let flags = new.flags;
-                let mut g = self.slot(index).lock();
+                let mut g = slot.lock();
                 self.replace(index, &mut g, new);
                 drop(g);
                 self.note_stored(index, flags);
             } else {
                 // Read-modify-write under the slot lock, so no other write slips in between.
-                let mut g = self.slot(index).lock();
+                let mut g = slot.lock();
                 self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, &mut ctx.page)?;
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
                 let new = self.encode(
@@ -432,11 +454,14 @@ impl Device {
         let mut freed = 0;
         for i in first.0..self.pages() {
             let index = PageIndex(i);
-            let peek = self.slot(index).peek();
+            let peek = self.peek(index);
             if peek.is_empty() || peek.atime >= before_secs {
                 continue;
             }
-            let mut g = self.slot(index).lock();
+            let Some(slot) = self.slot(index) else {
+                continue;
+            };
+            let mut g = slot.lock();
             let s = g.get();
             if !s.is_empty() && s.atime < before_secs {
                 self.replace(index, &mut g, SlotState::default());
@@ -448,9 +473,11 @@ impl Device {
     }
 
     fn free_page(&self, index: PageIndex) {
-        let mut g = self.slot(index).lock();
-        if !g.get().is_empty() {
-            self.replace(index, &mut g, SlotState::default());
+        if let Some(slot) = self.slot(index) {
+            let mut g = slot.lock();
+            if !g.get().is_empty() {
+                self.replace(index, &mut g, SlotState::default());
+            }
         }
         // zram counts every whole page of a discard or write-zeroes, held data or not.
         self.counters.bump(gauge_shard(index), Field::NotifyFree);

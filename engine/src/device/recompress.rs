@@ -119,7 +119,7 @@ impl Device {
     pub fn mark_idle(&self, older_than_secs: Option<u32>) -> u64 {
         let now = self.now();
         let mut marked = 0;
-        for slot in self.slots.iter() {
+        for (_, slot) in self.slots.iter() {
             if !slot.peek().flags.contains(SlotFlags::STORED) {
                 continue;
             }
@@ -204,10 +204,10 @@ impl Device {
         };
         let all_last = self.recomp_algorithms().last().map(|&(p, _)| p) == Some(last);
         candidates.clear();
-        for (i, slot) in self.slots.iter().enumerate() {
+        for (i, slot) in self.slots.iter() {
             let s = slot.peek();
             if self.eligible(&s, req, &prios, min_age, now) {
-                candidates.push((s.size, i as u64));
+                candidates.push((s.size, i));
             }
         }
         // Largest objects first: they gain the most, and max_pages keeps the best of them.
@@ -273,7 +273,10 @@ impl Device {
         all_last: bool,
         min_age: Option<u32>,
     ) -> Outcome {
-        let mut g = self.slot(index).lock();
+        let Some(slot) = self.slot(index) else {
+            return Outcome::Skipped;
+        };
+        let mut g = slot.lock();
         let s = g.get();
         // The page may have changed since the scan.
         if !self.eligible(&s, req, prios, min_age, self.now()) {

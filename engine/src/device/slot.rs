@@ -1,4 +1,5 @@
-//! The slot table: one 16-byte [`Slot`] per 4 KiB page of the device.
+//! The slot table: one 16-byte [`Slot`] per 4 KiB page of the device, allocated in leaves of
+//! 256 as pages are first written ([`SlotTable`]).
 //!
 //! ```text
 //! word (64 bits): the pool handle (stored page), the fill word (SAME), or 0 (empty)
@@ -14,7 +15,8 @@
 //! object's length (4096 for a huge page); the access time counts seconds since the device was
 //! created, wrapping after 136 years.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 const LOCK: u64 = 1 << 0;
 const WAITERS: u64 = 1 << 1;
@@ -193,6 +195,106 @@ impl Slot {
     }
 }
 
+/// Slots a leaf of the [`SlotTable`] holds: 4 KiB of entries, 1 MiB of the device.
+pub const LEAF_SLOTS: usize = 256;
+
+/// One leaf: [`LEAF_SLOTS`] slots, allocated whole.
+type Leaf = [Slot; LEAF_SLOTS];
+
+/// The device's slots, allocated a leaf of [`LEAF_SLOTS`] at a time when a page in it is first
+/// written. A page never written costs nothing: kernel zram allocates its whole table (16 B a
+/// page) at `disksize`, this table only the leaves that hold pages (a swap area fills from its
+/// start, a file system writes its metadata in a few places), plus 16 B of directory a leaf.
+///
+/// A leaf, once there, stays until the table is dropped, so a `&Slot` is good for the table's
+/// life. Reads of a page whose leaf is not there see an empty slot and allocate nothing.
+pub(crate) struct SlotTable {
+    pages: u64,
+    leaves: Box<[OnceLock<Box<Leaf>>]>,
+    /// Leaves allocated.
+    allocated: AtomicUsize,
+}
+
+impl SlotTable {
+    /// A table of `pages` empty slots; `None` if its directory cannot be allocated.
+    pub fn new(pages: u64) -> Option<SlotTable> {
+        let n = usize::try_from(pages.div_ceil(LEAF_SLOTS as u64)).ok()?;
+        let mut leaves = Vec::new();
+        leaves.try_reserve_exact(n).ok()?;
+        leaves.resize_with(n, OnceLock::new);
+        Some(SlotTable {
+            pages,
+            leaves: leaves.into_boxed_slice(),
+            allocated: AtomicUsize::new(0),
+        })
+    }
+
+    /// The number of slots (pages).
+    pub fn len(&self) -> u64 {
+        self.pages
+    }
+
+    fn split(&self, index: u64) -> Option<(&OnceLock<Box<Leaf>>, usize)> {
+        if index >= self.pages {
+            return None;
+        }
+        let leaf = self
+            .leaves
+            .get(usize::try_from(index / LEAF_SLOTS as u64).ok()?)?;
+        Some((leaf, (index % LEAF_SLOTS as u64) as usize))
+    }
+
+    /// Slot `index`, if its leaf is there.
+    pub fn get(&self, index: u64) -> Option<&Slot> {
+        let (leaf, i) = self.split(index)?;
+        leaf.get().map(|l| &l[i])
+    }
+
+    /// Slot `index`, allocating its leaf if need be; `None` if `index` is beyond the table or
+    /// the leaf cannot be allocated (out of memory).
+    pub fn get_or_alloc(&self, index: u64) -> Option<&Slot> {
+        let (leaf, i) = self.split(index)?;
+        if let Some(l) = leaf.get() {
+            return Some(&l[i]);
+        }
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(LEAF_SLOTS).ok()?;
+        slots.resize_with(LEAF_SLOTS, Slot::default);
+        let new: Box<Leaf> = slots.into_boxed_slice().try_into().ok()?;
+        // Another thread may have set it meanwhile: then theirs stays, and ours is dropped.
+        if leaf.set(new).is_ok() {
+            self.allocated.fetch_add(1, Ordering::Relaxed);
+        }
+        leaf.get().map(|l| &l[i])
+    }
+
+    /// The state of slot `index` without its lock (empty if its leaf is not there).
+    pub fn peek(&self, index: u64) -> SlotState {
+        self.get(index).map(Slot::peek).unwrap_or_default()
+    }
+
+    /// Every slot whose leaf is there, with its index, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Slot)> {
+        self.leaves
+            .iter()
+            .enumerate()
+            .filter_map(|(n, leaf)| leaf.get().map(|l| (n, l)))
+            .flat_map(move |(n, l)| {
+                let first = (n * LEAF_SLOTS) as u64;
+                l.iter()
+                    .enumerate()
+                    .map(move |(i, s)| (first + i as u64, s))
+                    .take_while(move |&(index, _)| index < self.pages)
+            })
+    }
+
+    /// Bytes the table holds: its directory and the leaves allocated.
+    pub fn bytes(&self) -> u64 {
+        (self.leaves.len() * std::mem::size_of::<OnceLock<Box<Leaf>>>()
+            + self.allocated.load(Ordering::Relaxed) * std::mem::size_of::<Leaf>()) as u64
+    }
+}
+
 /// A locked slot; unlocks on drop.
 pub struct SlotGuard<'a> {
     slot: &'a Slot,
@@ -251,6 +353,104 @@ mod tests {
         drop(g);
         assert_eq!(slot.peek(), state);
         assert_eq!(slot.meta.load(Ordering::Relaxed) & (LOCK | WAITERS), 0);
+    }
+
+    /// A table of 3 leaves and a bit, against a model of which slots hold what: slots come
+    /// into being as they are first asked for by a write, reads of the others see empty slots
+    /// and allocate nothing, iteration visits exactly the slots of the leaves there, and the
+    /// bytes counted are the directory plus the leaves.
+    #[test]
+    fn table_allocates_leaves_as_written_against_a_model() {
+        let pages = 3 * LEAF_SLOTS as u64 + 10;
+        let table = SlotTable::new(pages).unwrap();
+        let directory = 4 * std::mem::size_of::<OnceLock<Box<Leaf>>>() as u64;
+        assert_eq!(table.len(), pages);
+        assert_eq!(table.bytes(), directory);
+        let mut model = std::collections::HashMap::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..4000u64 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let index = rng % (pages + 3);
+            if rng & 0x100 == 0 {
+                // A write: allocates the leaf; refused only beyond the table.
+                match table.get_or_alloc(index) {
+                    Some(slot) => {
+                        assert!(index < pages, "step {step}: slot {index} beyond {pages}");
+                        let state = SlotState {
+                            word: step + 1,
+                            flags: SlotFlags::STORED,
+                            ..SlotState::default()
+                        };
+                        slot.lock().set(state);
+                        model.insert(index, state);
+                    }
+                    None => assert!(index >= pages, "step {step}: slot {index} refused"),
+                }
+            } else {
+                let want = model.get(&index).copied().unwrap_or_default();
+                assert_eq!(table.peek(index), want, "step {step}: slot {index}");
+            }
+            let leaves: std::collections::HashSet<u64> =
+                model.keys().map(|i| i / LEAF_SLOTS as u64).collect();
+            assert_eq!(
+                table.bytes(),
+                directory + leaves.len() as u64 * 4096,
+                "step {step}"
+            );
+        }
+        // Leaves 0..=3 all written by now; the last holds only 10 slots of the device.
+        let seen: Vec<(u64, SlotState)> = table.iter().map(|(i, s)| (i, s.peek())).collect();
+        assert_eq!(seen.len() as u64, pages);
+        assert!(seen.iter().enumerate().all(|(n, &(i, _))| n as u64 == i));
+        for (i, state) in seen {
+            assert_eq!(
+                state,
+                model.get(&i).copied().unwrap_or_default(),
+                "slot {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn iteration_skips_leaves_never_written() {
+        let table = SlotTable::new(4 * LEAF_SLOTS as u64).unwrap();
+        assert_eq!(table.iter().count(), 0);
+        assert!(table.get(600).is_none());
+        table.get_or_alloc(600).unwrap();
+        let visited: Vec<u64> = table.iter().map(|(i, _)| i).collect();
+        assert_eq!(visited, (512..768).collect::<Vec<_>>());
+        assert!(table.get(600).is_some() && table.get(300).is_none());
+    }
+
+    /// Threads racing to write into one missing leaf all get the same slots, and one leaf is
+    /// allocated and counted.
+    #[test]
+    fn racing_writers_share_one_leaf() {
+        let table = Arc::new(SlotTable::new(LEAF_SLOTS as u64).unwrap());
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (table, barrier) = (Arc::clone(&table), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let slot = table.get_or_alloc(t).unwrap();
+                    slot.lock().set(SlotState {
+                        word: t + 1,
+                        ..SlotState::default()
+                    });
+                    std::ptr::from_ref(table.get_or_alloc(0).unwrap()) as usize
+                })
+            })
+            .collect();
+        let firsts: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(firsts.windows(2).all(|w| w[0] == w[1]));
+        let directory = std::mem::size_of::<OnceLock<Box<Leaf>>>() as u64;
+        assert_eq!(table.bytes(), directory + 4096);
+        for t in 0..4 {
+            assert_eq!(table.peek(t).word, t + 1, "thread {t}'s write was lost");
+        }
     }
 
     #[test]

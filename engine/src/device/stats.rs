@@ -225,8 +225,9 @@ pub struct DeviceStats {
     pub mm: MmStat,
     /// zram's `io_stat`.
     pub io: IoStat,
-    /// Every byte of metadata outside the pool's pages: the slot table (16 B per page) and the
-    /// pool's handle tables, back-pointers and records.
+    /// Every byte of metadata outside the pool's pages: the slot table (16 B per page in the
+    /// leaves written, 1 MiB of the device a leaf, and 16 B a leaf of directory) and the pool's
+    /// handle tables, back-pointers and records.
     pub table_bytes: u64,
     /// Pool memory really mapped (arenas), >= `mm.mem_used_total`.
     pub pool_mapped_bytes: u64,

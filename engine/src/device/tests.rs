@@ -214,3 +214,47 @@ fn free_pages_older_than_keeps_newer_pages_and_page_zero() {
     assert_eq!(d.stats().mm.orig_data_size, PAGE_SIZE as u64);
     d.check_invariants().unwrap();
 }
+
+/// A 1 GiB device holds a slot-table leaf (4 KiB, 1 MiB of the device) only where pages were
+/// written: reads of unwritten pages return zeros and allocate nothing, and the scans over the
+/// table (idle marking, the invariants check) see the pages in the leaves that are there.
+#[test]
+fn slot_table_holds_only_the_leaves_written() {
+    let (d, mut ctx) = device(1 << 18);
+    let directory = 1024 * 16;
+    let metadata = |d: &Device| d.stats().table_bytes - d.pool().stats().metadata_bytes;
+    assert_eq!(metadata(&d), directory, "a fresh table holds no leaf");
+    let mut out = [1u8; PAGE_SIZE];
+    d.read(&mut ctx, 700 << 20, &mut out).unwrap();
+    assert_page(&out, &[0; PAGE_SIZE]);
+    let mut part = [1u8; 512];
+    d.read(&mut ctx, (300 << 20) + 1024, &mut part).unwrap();
+    assert_eq!(part, [0; 512]);
+    assert_eq!(metadata(&d), directory, "reads allocate no leaf");
+    let pages = [
+        (0u64, 1u8),
+        (255, 2),
+        (256, 3),
+        (1 << 17, 4),
+        ((1 << 18) - 1, 5),
+    ];
+    for &(page, seed) in &pages {
+        d.write(&mut ctx, page * 4096, &text_page(seed)).unwrap();
+    }
+    // A partial write into a fresh leaf reads its page's other bytes as zeros.
+    d.write(&mut ctx, (600 << 20) + 512, &[7u8; 512]).unwrap();
+    assert_eq!(metadata(&d), directory + 5 * 4096);
+    for &(page, seed) in &pages {
+        d.read(&mut ctx, page * 4096, &mut out).unwrap();
+        assert_page(&out, &text_page(seed));
+    }
+    d.read(&mut ctx, 600 << 20, &mut out).unwrap();
+    assert!(out[..512].iter().chain(&out[1024..]).all(|&b| b == 0));
+    assert!(out[512..1024].iter().all(|&b| b == 7));
+    assert_eq!(d.mark_idle(None), 6);
+    d.check_invariants().unwrap();
+    // A discard of a range never written frees nothing and allocates nothing.
+    d.discard(400 << 20, 8 << 20).unwrap();
+    assert_eq!(metadata(&d), directory + 5 * 4096);
+    assert_eq!(d.stats().stored_pages, 6);
+}

@@ -3,7 +3,6 @@
 
 use uzram_allocator::Handle;
 
-use super::slot::Slot;
 use super::stats::Totals;
 use super::{
     Device, DeviceStats, IoStat, Maintenance, MmStat, PageIndex, SlotFlags, SlotState, PAGE_SIZE,
@@ -101,8 +100,7 @@ impl Device {
                 failed_writes: c.failed_writes,
                 notify_free: c.notify_free,
             },
-            table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64
-                + pool.metadata_bytes,
+            table_bytes: self.slots.bytes() + pool.metadata_bytes,
             pool_mapped_bytes: pool.pages_mapped * page,
             pool_reserved_bytes: pool.pages_reserved * page,
             pool_reserve_target_bytes: pool.pages_reserve_target * page,
@@ -122,7 +120,7 @@ impl Device {
 
     /// The state of page `index`'s slot (racy: for tests and tools).
     pub fn slot_state(&self, index: PageIndex) -> Option<SlotState> {
-        self.slots.get(index.0 as usize).map(Slot::peek)
+        (index.0 < self.slots.len()).then(|| self.peek(index))
     }
 
     /// Checks the slot table against the pool and the counters: every stored slot's handle is
@@ -130,7 +128,7 @@ impl Device {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.pool.check_invariants()?;
         let mut expect = Totals::default();
-        for (i, slot) in self.slots.iter().enumerate() {
+        for (i, slot) in self.slots.iter() {
             let s = slot.peek();
             expect.add(&s);
             if s.flags.contains(SlotFlags::STORED) {

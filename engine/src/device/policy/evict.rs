@@ -112,7 +112,7 @@ impl Device {
                     break;
                 }
                 let i = PageIndex((start + k) % n);
-                let s = self.slot(i).peek();
+                let s = self.peek(i);
                 if !s.flags.contains(SlotFlags::STORED) {
                     continue;
                 }

@@ -478,7 +478,7 @@ impl Policy {
         // Histogram of stored bytes by age; the cutoff bucket is the youngest one needed.
         let mut hist = [0u64; BUCKETS];
         for i in 0..device.pages() {
-            let s = device.slot(PageIndex(i)).peek();
+            let s = device.peek(PageIndex(i));
             if s.flags.contains(SlotFlags::STORED) {
                 let age = now.saturating_sub(s.atime);
                 if age >= min_age {
@@ -538,7 +538,7 @@ impl Policy {
                 && self.pages.len() < BATCH
                 && total.object_bytes + batch_bytes < target
             {
-                let s = device.slot(PageIndex(i)).peek();
+                let s = device.peek(PageIndex(i));
                 if keep(&s) {
                     self.pages.push(PageIndex(i));
                     batch_bytes += u64::from(s.size);

@@ -285,7 +285,7 @@ impl Device {
 
     /// Locks page `index`'s slot, or with `wait` false only if nobody holds it.
     fn lock_for_writeback(&self, index: PageIndex, wait: bool) -> Option<slot::SlotGuard<'_>> {
-        let slot = self.slot(index);
+        let slot = self.slot(index)?;
         if wait {
             Some(slot.lock())
         } else {
@@ -428,7 +428,7 @@ impl Device {
             _ => 0..=self.pages() - 1,
         };
         let candidates: Vec<PageIndex> = range
-            .filter(|&i| Self::wb_eligible(&self.slot(PageIndex(i)).peek(), req, i))
+            .filter(|&i| Self::wb_eligible(&self.peek(PageIndex(i)), req, i))
             .map(PageIndex)
             .collect();
         let mut stats = WritebackStats {
