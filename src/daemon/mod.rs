@@ -53,8 +53,10 @@ pub const MAX_IO_BYTES: u32 = 128 << 10;
 /// for long.
 const RESERVE_WAIT: Duration = Duration::from_secs(1);
 
-/// The reserve a fresh or idle device keeps unless told: one 2 MiB arena of the pool.
-const DEFAULT_RESERVE_MIN: u64 = 2 << 20;
+/// The reserve a fresh or idle device keeps unless told: none. While memory is plentiful the
+/// first write that needs a new arena waits for the memory thread to map one (a millisecond);
+/// while it is short, the whole reserve is there.
+const DEFAULT_RESERVE_MIN: u64 = 0;
 
 /// Default queue depth.
 pub const DEFAULT_DEPTH: u16 = 64;
@@ -81,8 +83,8 @@ pub struct ServeArgs {
     /// and halves back after each 10 s without either (default: 1/64 of the size, 8M..16M)
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,
-    /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: 2M,
-    /// one arena; set it to --reserve to map the whole reserve up front and keep it)
+    /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: 0,
+    /// none; set it to --reserve to map the whole reserve up front and keep it)
     #[arg(long, value_name = "SIZE")]
     pub reserve_min: Option<String>,
     /// Device id N for /dev/ublkbN (default: the first free one)
@@ -137,9 +139,10 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
         None => (disksize / 64).clamp(8 << 20, 16 << 20),
     };
     setup.set_pool_reserve(reserve);
-    // Unless told, the reserve follows demand from one arena: it is whole while the host's
-    // memory is short (the memory thread tells the pool; swap writes come then) and under a
-    // burst of writes, and shrinks back to one arena once both are over.
+    // Unless told, the reserve follows demand from none: it is whole while the host's memory
+    // is short (the memory thread tells the pool; swap writes come then), one arena once a
+    // write found none, doubling under a burst of writes, and shrinks back to none once both
+    // are over.
     let reserve_min = match &args.reserve_min {
         Some(r) => uzram_engine::parse_size(r)?,
         None => DEFAULT_RESERVE_MIN,

@@ -198,6 +198,11 @@ impl ClassState {
             (run, arenas.empty_arenas())
         };
         if let Some(signal) = shared.reserve {
+            if run.is_err() {
+                // Before the ask, so the round it wakes sees the draw (a reserve kept at 0
+                // is never drawn below its target).
+                signal.dry.store(true, Ordering::Relaxed);
+            }
             if empty_left < signal.target() || run.is_err() {
                 signal.ask();
             }

@@ -75,8 +75,10 @@ pub struct PoolConfig {
     /// [`Growth::Reserve`] mode the most the reserve grows to under a burst of allocations.
     pub reserve_arenas: usize,
     /// [`Growth::Reserve`] mode: the reserve a pool starts with and shrinks back to when
-    /// allocations stop taking arenas (at least 1, at most `reserve_arenas`); between the two
-    /// it follows demand (see [`Pool::maintain`]). Unused on demand.
+    /// allocations stop taking arenas (at most `reserve_arenas`); between the two it follows
+    /// demand (see [`Pool::maintain`]). With 0 a fresh or idle pool maps nothing: the first
+    /// allocation that finds no room in the arenas there waits for the maintenance thread to
+    /// map one (a wait, not a failure, unless that thread is stuck). Unused on demand.
     pub reserve_min_arenas: usize,
     /// How the pool gets memory from the OS.
     pub growth: Growth,
@@ -233,7 +235,7 @@ impl Pool {
         } else {
             config.reserve_arenas.max(1)
         };
-        let reserve_min = config.reserve_min_arenas.clamp(1, reserve_arenas.max(1));
+        let reserve_min = config.reserve_min_arenas.min(reserve_arenas.max(1));
         let premapped = if on_demand {
             reserve_arenas
         } else {

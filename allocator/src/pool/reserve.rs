@@ -1,7 +1,7 @@
 //! [`Growth::Reserve`]: the handshake between allocations, which take pre-mapped arenas and
 //! never map, and the maintenance thread, which keeps the reserve filled.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -17,6 +17,9 @@ pub(super) struct ReserveSignal {
     /// Pages the maintenance thread has faulted in so far: an allocation waiting for a refill
     /// keeps waiting (up to [`RESERVE_WAIT_CAP`] times its wait) while this moves.
     pub(super) touched: AtomicU64,
+    /// An allocation found no room since the last round (set where it found none, before it
+    /// asks): a draw even on a reserve kept at 0.
+    pub(super) dry: AtomicBool,
     pub(super) state: Mutex<ReserveState>,
     /// The maintenance thread waits here for `needed`.
     pub(super) need: Condvar,
@@ -39,6 +42,7 @@ impl ReserveSignal {
         ReserveSignal {
             target: AtomicUsize::new(target),
             touched: AtomicU64::new(0),
+            dry: AtomicBool::new(false),
             state: Mutex::default(),
             need: Condvar::new(),
             refilled: Condvar::new(),
@@ -113,11 +117,12 @@ impl Demand {
             self.last_draw = Some(now);
             // One doubling per filled round.
             self.last_filled = None;
-            if burst && target < max {
+            // A reserve kept at 0 that an allocation found dry holds one arena from now on.
+            let next = if burst { target * 2 } else { target }.clamp(1, max.max(1));
+            if next != target {
                 self.last_change = Some(now);
-                return (target * 2).min(max);
             }
-            return target;
+            return next;
         }
         if target > min
             && since(self.last_draw) >= IDLE_DECAY
@@ -213,7 +218,8 @@ impl Pool {
     ///
     /// The reserve follows demand between `reserve_min_arenas` and `reserve_arenas`: two
     /// rounds that find it drawn down within [`BURST_GAP`] double it (a burst: the maintenance
-    /// thread then has a whole reserve's worth of allocations to map the next arenas), memory
+    /// thread then has a whole reserve's worth of allocations to map the next arenas), an
+    /// allocation that found none takes a reserve kept at 0 to one arena, memory
     /// short on the host ([`Pool::set_memory_short`]) takes it to its most, and [`IDLE_DECAY`]
     /// without either halves it, unmapping what is beyond it.
     pub fn maintain(&self) -> Result<Maintenance, Error> {
@@ -239,7 +245,8 @@ impl Pool {
         }
         let old = self.signal.target();
         let target = {
-            let drawn = self.arenas.lock().empty_arenas() < old;
+            let dry = self.signal.dry.swap(false, Ordering::Relaxed);
+            let drawn = dry || self.arenas.lock().empty_arenas() < old;
             let short = self.memory_short.load(Ordering::Relaxed);
             self.demand.lock().next_target(
                 old,

@@ -127,6 +127,52 @@ fn demand_sized_pool() -> Pool {
     .unwrap()
 }
 
+/// A reserve kept at 0 maps nothing until an allocation finds no room: that allocation waits
+/// for the maintenance thread, which maps an arena and keeps the reserve at one from then on,
+/// until quiet rounds take it back to 0 and the empty arenas are unmapped.
+#[test]
+fn a_reserve_kept_at_zero_maps_on_the_first_allocation_and_gives_it_back() {
+    let pool = Pool::new(PoolConfig {
+        reserve_arenas: 4,
+        reserve_min_arenas: 0,
+        growth: Growth::Reserve { wait: WAIT },
+        ..Default::default()
+    })
+    .unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.pages_mapped, stats.pages_reserve_target), (0, 0));
+    let t0 = Instant::now();
+    // A quiet round keeps it at 0.
+    assert_eq!(pool.maintain_at(t0, &mut || {}).unwrap().arenas_mapped, 0);
+    let h = std::thread::scope(|s| {
+        let writer = s.spawn(|| pool.store(&[5u8; 1000]));
+        // The writer finds no room and asks; one round maps the arena it waits for.
+        assert!(pool.wait_for_maintenance(Duration::from_secs(10)));
+        let m = pool
+            .maintain_at(t0 + Duration::from_secs(1), &mut || {})
+            .unwrap();
+        // One arena, or two if the writer took the first before the round ended (the round
+        // keeps one empty).
+        assert_eq!(m.reserve_target, 1, "a dry reserve of 0 holds one arena");
+        assert!((1..=2).contains(&m.arenas_mapped), "{m:?}");
+        writer.join().unwrap()
+    })
+    .expect("the writer's wait ends with the arena mapped");
+    let mapped = pool.stats().pages_mapped / ARENA_PAGES as u64;
+    assert!((1..=2).contains(&mapped));
+    // A quiet round halves it back to 0; freeing the object empties its arena: all go.
+    pool.free(h).unwrap();
+    let m = pool
+        .maintain_at(
+            t0 + Duration::from_secs(1) + reserve::IDLE_DECAY,
+            &mut || {},
+        )
+        .unwrap();
+    assert_eq!((m.reserve_target, m.arenas_unmapped as u64), (0, mapped));
+    assert_eq!(pool.stats().pages_mapped, 0);
+    pool.check_invariants().unwrap();
+}
+
 #[test]
 fn the_reserve_follows_demand_between_its_least_and_its_most() {
     let pool = demand_sized_pool();

@@ -193,10 +193,12 @@ impl DeviceSetup {
     }
 
     /// With [`Growth::Reserve`]: the reserve the pool starts with and shrinks back to when
-    /// writes stop drawing on it (bytes, rounded up to 2 MiB arenas, at least one; at most the
-    /// reserve's most).
+    /// writes stop drawing on it (bytes, rounded up to 2 MiB arenas; at most the reserve's
+    /// most). With 0 a fresh or idle device holds no pool memory: its first write that needs a
+    /// new arena waits for [`Device::maintain_memory`] to map one.
     pub fn set_pool_reserve_min(&mut self, bytes: u64) {
-        self.config.pool.reserve_min_arenas = Self::arenas(bytes);
+        let arena = (uzram_allocator::ARENA_PAGES * PAGE_SIZE) as u64;
+        self.config.pool.reserve_min_arenas = bytes.div_ceil(arena) as usize;
     }
 
     fn arenas(bytes: u64) -> usize {

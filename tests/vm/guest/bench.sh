@@ -149,8 +149,8 @@ reserve_target() {
     "$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "pool_reserve_target" { print $2 }'
 }
 
-# settle DEV: waits (up to 150 s) until DEV's pool reserve is at its least (one 2 MiB arena by
-# default): it is whole while the guest's memory is short (as after an earlier suite's swap
+# settle DEV: waits (up to 150 s) until DEV's pool reserve is at its least (none by default):
+# it is whole while the guest's memory is short (as after an earlier suite's swap
 # workload, until PSI's 10 s average falls) and halves each 10 s after; the I/O heap gives back
 # what it committed then too. Prints the seconds it waited.
 settle() {
@@ -158,7 +158,7 @@ settle() {
     t0=$(uptime_s)
     while [ "$(elapsed "$t0" | cut -d. -f1)" -lt 150 ]; do
         r=$(reserve_target "$1")
-        [ -n "$r" ] && [ "$r" -gt 2097152 ] || break
+        [ -n "$r" ] && [ "$r" -gt 0 ] || break
         sleep 5
     done
     elapsed "$t0"
