@@ -55,10 +55,11 @@ const STEP: usize = 1 << 20;
 /// pool's, 16 B of slot table): 4 MiB is 110,000 pages, 430 MiB of swap writes.
 pub const RESERVE: usize = 4 << 20;
 
-/// What it keeps free there while memory is not short: a fault then waits for no reclaim, and
-/// what the heap cannot serve goes to malloc, which has memory to give. 1 MiB is 27,000 pages
-/// written.
-pub const CALM_RESERVE: usize = 1 << 20;
+/// What it keeps free there while memory is not short (or the largest request seen, if more):
+/// a fault then waits for no reclaim, and what the heap cannot serve goes to malloc, which has
+/// memory to give. 256 KiB is 6,900 pages written; an idle daemon's heap (1.5 MiB in use) then
+/// commits 2 MiB, not 3.
+pub const CALM_RESERVE: usize = 256 << 10;
 
 /// The most the memory thread keeps ahead for large requests (twice the largest seen).
 pub const MOST_AHEAD: usize = 16 << 20;
