@@ -24,6 +24,11 @@ pub const MAX_REQUEST: usize = 4096;
 /// How long either side waits for the other.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a client waits for the reply to a write that works through the whole device
+/// ([`Request::is_long`]): zram's sysfs write of `recompress` or `writeback` blocks until the
+/// pass is done, minutes on a large device or a slow machine, and so does this one.
+pub const LONG_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// One request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -73,6 +78,14 @@ impl Request {
     /// Whether only root may make this request.
     pub fn needs_root(&self) -> bool {
         matches!(self, Request::Write(..) | Request::Reset)
+    }
+
+    /// Whether the daemon works through the whole device before it answers (recompression,
+    /// writeback, compaction, idle marking): its client waits [`LONG_TIMEOUT`] for the reply,
+    /// not [`IO_TIMEOUT`].
+    pub fn is_long(&self) -> bool {
+        matches!(self, Request::Write(name, _)
+            if matches!(name.as_str(), "recompress" | "writeback" | "compact" | "idle"))
     }
 }
 
@@ -165,14 +178,18 @@ pub enum CallError {
 /// The most bytes a reply may hold (the longest attribute is a few KiB).
 pub const MAX_REPLY: usize = 1 << 20;
 
-/// Reads the whole reply, within one [`IO_TIMEOUT`] for all of it (a daemon that trickles
-/// bytes cannot keep the client waiting longer) and at most [`MAX_REPLY`] bytes.
-fn read_reply(stream: &mut UnixStream, path: &Path) -> Result<String, CallError> {
+/// Reads the whole reply, within one `timeout` for all of it (a daemon that trickles bytes
+/// cannot keep the client waiting longer) and at most [`MAX_REPLY`] bytes.
+fn read_reply(
+    stream: &mut UnixStream,
+    path: &Path,
+    timeout: Duration,
+) -> Result<String, CallError> {
     let bad = |why: String| CallError::BadReply {
         path: path.to_path_buf(),
         why,
     };
-    let deadline = std::time::Instant::now() + IO_TIMEOUT;
+    let deadline = std::time::Instant::now() + timeout;
     let mut reply = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -180,7 +197,7 @@ fn read_reply(stream: &mut UnixStream, path: &Path) -> Result<String, CallError>
         if left.is_zero() {
             return Err(bad(format!(
                 "no whole reply within {} s (the daemon is stuck or busy)",
-                IO_TIMEOUT.as_secs()
+                timeout.as_secs()
             )));
         }
         stream
@@ -232,7 +249,12 @@ pub fn call_at(path: &Path, request: &Request) -> Result<String, CallError> {
     stream
         .write_all(format!("{}\n", request.encode()).as_bytes())
         .map_err(io)?;
-    let reply = read_reply(&mut stream, path)?;
+    let timeout = if request.is_long() {
+        LONG_TIMEOUT
+    } else {
+        IO_TIMEOUT
+    };
+    let reply = read_reply(&mut stream, path, timeout)?;
     let (status, body) = reply.split_once('\n').unwrap_or((&reply, ""));
     if status == "ok" {
         return Ok(body.to_string());
@@ -274,6 +296,39 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// A reply later than [`IO_TIMEOUT`] is waited for after a write that works through the
+    /// whole device (zram's blocks as long), and is an error after any other request.
+    #[test]
+    fn long_writes_wait_for_a_slow_reply_and_others_do_not() {
+        let dir = std::env::temp_dir().join(format!("uzram-control-slow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut s) = conn else { continue };
+                let mut line = String::new();
+                let _ = BufReader::new(&s).read_line(&mut line);
+                std::thread::sleep(IO_TIMEOUT + Duration::from_millis(300));
+                let _ = s.write_all(b"ok\ndone");
+            }
+        });
+        assert!(Request::Write("recompress".into(), "type=idle".into()).is_long());
+        assert!(!Request::Write("mem_limit".into(), "1G".into()).is_long());
+        assert!(!Request::Read("recompress".into()).is_long());
+        let long = call_at(
+            &path,
+            &Request::Write("recompress".into(), "type=idle".into()),
+        );
+        assert_eq!(long.unwrap(), "done");
+        match call_at(&path, &Request::Read("mm_stat".into())) {
+            Err(CallError::BadReply { why, .. }) => assert!(why.contains("within 2 s"), "{why}"),
+            r => panic!("a reply after {IO_TIMEOUT:?} was taken: {r:?}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

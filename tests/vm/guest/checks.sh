@@ -612,7 +612,7 @@ check_kill() {
 # check_recompress: a device with zstd as its recompression algorithm; written with lz4, all of
 # it marked idle and recompressed through zram's attributes; less memory, every byte intact.
 check_recompress() {
-    local name=recompress log=$UZ_TMP/recompress.log dev m0 m1 c0 c1 MB=1048576
+    local name=recompress log=$UZ_TMP/recompress.log dev m0 m1 c0 c1 t0 took MB=1048576
     note "$name: idle + recompress through the attributes"
     : >"$log"
     uzram_reset
@@ -630,11 +630,13 @@ check_recompress() {
     fi
     m0=$(dev_mem_used "$dev") c0=$(dev_stat_field "$dev" 2)
     "$UZRAM_BIN" attr "$dev" recomp_algorithm >>"$log" 2>&1
+    t0=$(uptime_s)
     if ! "$UZRAM_BIN" attr "$dev" idle all >>"$log" 2>&1 ||
         ! "$UZRAM_BIN" attr "$dev" recompress "type=idle" >>"$log" 2>&1; then
-        fail_log "$name" "$log" "idle/recompress refused"
+        fail_log "$name" "$log" "idle/recompress refused after $(elapsed "$t0") s"
         return
     fi
+    took=$(elapsed "$t0")
     m1=$(dev_mem_used "$dev") c1=$(dev_stat_field "$dev" 2)
     echo "mem_used $m0 -> $m1, compr $c0 -> $c1" >>"$log"
     if ! "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1; then
@@ -646,7 +648,7 @@ check_recompress() {
         return
     fi
     uzram_reset
-    pass "$name" "32 MiB written with lz4, idle all, recompress type=idle (zstd): mem_used_total $(mib "$m0") -> $(mib "$m1"), compr $(mib "$c0") -> $(mib "$c1"), verified"
+    pass "$name" "32 MiB written with lz4, idle all, recompress type=idle (zstd) in $took s: mem_used_total $(mib "$m0") -> $(mib "$m1"), compr $(mib "$c0") -> $(mib "$c1"), verified"
 }
 
 # check_writeback FSDEV: a device whose backing file lives on ext4 on FSDEV (the scratch disk, or
