@@ -61,6 +61,11 @@ pub const RESERVE: usize = 4 << 20;
 /// commits 2 MiB, not 3.
 pub const CALM_RESERVE: usize = 256 << 10;
 
+/// What a trim leaves free beyond the margin: more than talc's truncation may keep below the
+/// end it is given (its chunk unit), so that the top stays at least the margin and the next
+/// refill has nothing to do.
+const TRIM_SLACK: usize = 64 << 10;
+
 /// The most the memory thread keeps ahead for large requests (twice the largest seen).
 pub const MOST_AHEAD: usize = 16 << 20;
 
@@ -249,9 +254,9 @@ pub fn refill() -> usize {
 }
 
 /// Gives back the committed steps at the heap's top beyond what [`ahead`] keeps free there
-/// and one step more (so that a refill and a trim do not alternate), while memory is not
-/// short: what a swap storm committed is returned once it is over. The memory thread's job,
-/// like [`refill`]. Returns the bytes given back.
+/// and [`TRIM_SLACK`], while memory is not short: what a swap storm committed is returned once
+/// it is over. What stays free is at least what a refill fills to, so a refill and a trim do
+/// not alternate. The memory thread's job, like [`refill`]. Returns the bytes given back.
 pub fn trim() -> usize {
     let base = BASE.load(Ordering::Acquire);
     if base == 0 || SHORT.load(Ordering::Relaxed) {
@@ -263,12 +268,12 @@ pub fn trim() -> usize {
     let released = {
         let mut heap = HEAP.lock().unwrap_or_else(|e| e.into_inner());
         let free = top_of(&heap);
-        let (Some(end), true) = (heap.end, free >= keep + 2 * STEP) else {
+        let (Some(end), true) = (heap.end, free >= keep + TRIM_SLACK + STEP) else {
             return 0;
         };
         // Steps are claimed whole and talc's unit divides them, so its end is the committed end.
         debug_assert_eq!(end.as_ptr() as usize, base + committed);
-        let steps = (free - keep - STEP) / STEP;
+        let steps = (free - keep - TRIM_SLACK) / STEP;
         let new_end = end.as_ptr() as usize - steps * STEP;
         // SAFETY: `end` is the heap's current end (updated under this lock by every claim,
         // extend and truncate), and `new_end` lies inside its free top piece: no allocation is
