@@ -90,9 +90,12 @@ swap_workload() {
     SWAP_DEV=
 }
 
+# UZRAM_BENCH_DEVICES_FIO=0 skips the fio jobs; UZRAM_BENCH_SWAP_ALGOS picks the swap
+# workload's algorithms (default "lz4 zstd"): for a quick side-by-side of two builds.
 devices_suite() {
     local avail
     for algo in lz4 zstd; do
+        [ "${UZRAM_BENCH_DEVICES_FIO:-1}" = 0 ] && break
         if zram_has_algo $algo; then
             zram_setup $algo 512M && device_bench /dev/zram0 "zram-$algo"
             zram_reset
@@ -106,7 +109,7 @@ devices_suite() {
     if [ -b /dev/vda ]; then
         swap_workload /dev/vda disk "$avail"
     fi
-    for algo in lz4 zstd; do
+    for algo in ${UZRAM_BENCH_SWAP_ALGOS:-lz4 zstd}; do
         if zram_has_algo $algo; then
             zram_setup $algo 2048M && swap_workload /dev/zram0 "zram-$algo" "$avail"
             zram_reset
