@@ -116,7 +116,7 @@ pub enum Error {
     },
     /// A disksize too large for this machine's memory to index.
     #[error(
-        "disksize {disksize} needs a {table_bytes}-byte slot table, more than can be allocated"
+        "disksize {disksize} needs a {table_bytes}-byte slot table when full, more than this machine's memory"
     )]
     TableTooLarge {
         /// The disksize asked for.

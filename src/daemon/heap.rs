@@ -61,9 +61,9 @@ pub const RESERVE: usize = 4 << 20;
 /// commits 2 MiB, not 3.
 pub const CALM_RESERVE: usize = 256 << 10;
 
-/// What a trim leaves free beyond the margin: more than talc's truncation may keep below the
-/// end it is given (its chunk unit), so that the top stays at least the margin and the next
-/// refill has nothing to do.
+/// What a trim leaves free beyond the margin, so that a small block allocated right after a
+/// trim does not take the top below the margin and make the next refill commit a step again.
+/// (The memory thread also trims only once no refill has committed for a while.)
 const TRIM_SLACK: usize = 64 << 10;
 
 /// The most the memory thread keeps ahead for large requests (twice the largest seen).

@@ -105,7 +105,7 @@ pub fn cause(e: &IoError) -> &'static str {
         IoError::Misaligned { .. } => "not aligned to 512-byte sectors",
         IoError::MemLimit { .. } => "mem_limit reached",
         IoError::OutOfMemory(PoolError::ReserveExhausted { .. }) => {
-            "the pool's reserve ran out and was not refilled in time (memory short)"
+            "the pool's reserve ran out and the memory thread did not map an arena in time"
         }
         IoError::OutOfMemory(PoolError::OutOfMemory { .. }) => "no memory for the pool",
         IoError::OutOfMemory(_) => "out of memory",

@@ -13,8 +13,8 @@ use super::{heap, io_flusher, log, pin, ServeError};
 /// write that draws on the reserve).
 const PRESSURE_EVERY: Duration = Duration::from_millis(250);
 
-/// How long memory must not have been short before the memory thread trims the I/O heap (the
-/// pool's reserve shrinks after as long).
+/// How long memory must not have been short, and no refill have committed, before the memory
+/// thread trims the I/O heap (the pool's reserve shrinks after as long).
 const HEAP_TRIM_AFTER: Duration = Duration::from_secs(10);
 
 /// Whether the host's memory is short, for the pool's reserve and the I/O heap's margin:
@@ -54,6 +54,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             let mut last_report: Option<Instant> = None;
             let mut last_pressure: Option<Instant> = None;
             let mut calm_since: Option<Instant> = Some(Instant::now());
+            let mut last_commit: Option<Instant> = None;
             let mut swap_outs = Pressure::swap_outs();
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
@@ -65,18 +66,30 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                     last_pressure = Some(t);
                     calm_since = if short { None } else { calm_since.or(Some(t)) };
                 }
-                heap::refill();
-                // Between arenas too: under pressure each one is slow to map, and the I/O
-                // path's metadata keeps drawing on its heap meanwhile.
-                let mut top_up = || {
-                    heap::refill();
-                };
+                if heap::refill() > 0 {
+                    last_commit = Some(t);
+                }
                 // What a storm committed to the I/O heap goes back once memory has not been
-                // short for a while, as the pool's reserve does.
-                if calm_since.is_some_and(|c| t.duration_since(c) >= HEAP_TRIM_AFTER) {
+                // short for a while, as the pool's reserve does, and no refill has committed
+                // meanwhile (so that a large block that comes and goes does not make each
+                // round commit and give back a step).
+                let quiet = |since: Option<Instant>| {
+                    since.map_or(true, |s| t.duration_since(s) >= HEAP_TRIM_AFTER)
+                };
+                if calm_since.is_some() && quiet(calm_since) && quiet(last_commit) {
                     heap::trim();
                 }
-                match device.maintain_memory_with(&mut top_up) {
+                // Between arenas too: under pressure each one is slow to map, and the I/O
+                // path's metadata keeps drawing on its heap meanwhile.
+                let mut committed = false;
+                let mut top_up = || {
+                    committed |= heap::refill() > 0;
+                };
+                let maintained = device.maintain_memory_with(&mut top_up);
+                if committed {
+                    last_commit = Some(Instant::now());
+                }
+                match maintained {
                     Ok(m) => {
                         if m.arenas_mapped > 0 {
                             let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;

@@ -92,7 +92,8 @@ pub enum Growth {
     OnDemand,
     /// Allocations and frees never map or unmap: they draw on empty arenas mapped ahead of time by
     /// a maintenance thread that calls [`Pool::maintain`] (woken through
-    /// [`Pool::wait_for_maintenance`] as soon as an arena of the reserve is taken). An
+    /// [`Pool::wait_for_maintenance`] as soon as an arena of the reserve is taken, or, with a
+    /// reserve kept at 0, when an allocation finds no room). An
     /// allocation that finds no room waits for a refill as long as the maintenance thread keeps
     /// faulting pages in, giving up after `wait` without progress (or 8 times `wait` in all),
     /// and then fails with [`Error::ReserveExhausted`]. For a swap device's I/O threads, which

@@ -118,7 +118,7 @@ impl Demand {
             // One doubling per filled round.
             self.last_filled = None;
             // A reserve kept at 0 that an allocation found dry holds one arena from now on.
-            let next = if burst { target * 2 } else { target }.clamp(1, max.max(1));
+            let next = (if burst { target * 2 } else { target }).clamp(1, max.max(1));
             if next != target {
                 self.last_change = Some(now);
             }

@@ -155,12 +155,13 @@ impl Device {
             disksize,
             table_bytes,
         };
-        // The table's leaves come as pages are written; a table that could never be whole on
-        // this machine is refused now rather than failing writes later.
-        usize::try_from(table_bytes)
-            .ok()
-            .filter(|&b| b <= isize::MAX as usize)
-            .ok_or_else(too_large)?;
+        // The table's leaves come as pages are written; a table that could not be whole in
+        // this machine's memory is refused now (as zram's allocation of it would fail), rather
+        // than a mistyped size costing its directory (16 B a MiB) and failing writes later.
+        let mem_total = policy::Pressure::read().mem_total;
+        if mem_total > 0 && table_bytes > mem_total {
+            return Err(too_large());
+        }
         let slots = SlotTable::new(pages).ok_or_else(too_large)?;
         let mut codecs = vec![Some(Codec::new(config.algorithm, config.params.clone())?)];
         for secondary in &config.secondary {

@@ -258,3 +258,18 @@ fn slot_table_holds_only_the_leaves_written() {
     assert_eq!(metadata(&d), directory + 5 * 4096);
     assert_eq!(d.stats().stored_pages, 6);
 }
+
+/// A disksize whose full slot table (16 B a page) would not fit in this machine's memory is
+/// refused, as zram's allocation of its table would fail, and allocates nothing.
+#[test]
+fn a_table_larger_than_memory_is_refused() {
+    let mem_total = policy::Pressure::read().mem_total;
+    if mem_total == 0 {
+        return; // no /proc/meminfo: the bound is off
+    }
+    let pages = mem_total / 16 + 1;
+    match DeviceSetup::new().init(pages * PAGE_SIZE as u64) {
+        Err(Error::TableTooLarge { table_bytes, .. }) => assert_eq!(table_bytes, pages * 16),
+        r => panic!("a {}-page device was not refused: {r:?}", pages),
+    }
+}
