@@ -298,15 +298,21 @@ mod tests {
         }
     }
 
-    /// A reply later than [`IO_TIMEOUT`] is waited for after a write that works through the
-    /// whole device (zram's blocks as long), and is an error after any other request.
-    #[test]
-    fn long_writes_wait_for_a_slow_reply_and_others_do_not() {
-        let dir = std::env::temp_dir().join(format!("uzram-control-slow-{}", std::process::id()));
+    /// A scratch directory of this process's own for test `tag`, and a socket listening in it.
+    fn listening(tag: &str) -> (PathBuf, PathBuf, UnixListener) {
+        let dir = std::env::temp_dir().join(format!("uzram-control-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.sock");
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).unwrap();
+        (dir, path, listener)
+    }
+
+    /// A reply later than [`IO_TIMEOUT`] is waited for after a write that works through the
+    /// whole device (zram's blocks as long), and is an error after any other request.
+    #[test]
+    fn long_writes_wait_for_a_slow_reply_and_others_do_not() {
+        let (dir, path, listener) = listening("slow");
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(mut s) = conn else { continue };
@@ -333,11 +339,7 @@ mod tests {
 
     #[test]
     fn a_socket_answers_reads_and_refuses_malformed_requests() {
-        let dir = std::env::temp_dir().join(format!("uzram-control-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.sock");
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
+        let (dir, path, listener) = listening("serve");
         std::thread::spawn(move || {
             serve(&listener, |r| match r {
                 Request::Read(n) if n == "mm_stat" => Ok("1 2 3\n".into()),
