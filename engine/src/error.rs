@@ -151,6 +151,16 @@ pub enum Error {
     /// The backing device could not be used.
     #[error(transparent)]
     BackingOpen(#[from] crate::device::writeback::BackingError),
+    /// Marks of freed pages (`FreedPages`) with fewer words than the device's pages need.
+    #[error("freed-page marks of {words} words for a device of {pages} pages: it needs {needed}")]
+    FreeMarksTooShort {
+        /// The device's pages.
+        pages: u64,
+        /// The words given.
+        words: usize,
+        /// The words it needs.
+        needed: usize,
+    },
     /// A setting that only an uninitialised device takes (zram's rule).
     #[error("{what} cannot change once the device is initialised: reset it first")]
     Busy {

@@ -101,6 +101,7 @@ fn fuzz_corpus_replays() {
         ("compacted pages", t.compacted_pages),
         ("recompressed pages", t.recompressed_pages),
         ("written-back pages", t.written_back_pages),
+        ("pages freed by their marks", t.notice_freed_pages),
     ] {
         assert!(n > 0, "the corpus has no {what}: {t:?}");
     }

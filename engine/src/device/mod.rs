@@ -5,6 +5,7 @@
 //! holds its slot's lock across its read-modify-write.
 
 mod backing_io;
+mod freed;
 #[allow(unsafe_code)] // the slot lock's parking, each call with its SAFETY reason
 mod park;
 pub mod policy;
@@ -18,6 +19,7 @@ mod upkeep;
 pub mod writeback;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 pub use policy::{Policy, PolicyConfig, PolicyStats, Pressure, TickReport};
@@ -26,6 +28,7 @@ pub use uzram_allocator::{Growth, Maintenance};
 use uzram_allocator::{Handle, Pool, PoolConfig};
 use uzram_codecs::{Algorithm, Codec, Stream, MAX_COMPRESSED_LEN};
 
+pub use self::freed::{FreeMarks, FreedPages};
 pub use self::setup::{DeviceConfig, DeviceSetup};
 use self::slot::{Slot, SlotTable};
 pub use self::slot::{SlotFlags, SlotState};
@@ -92,6 +95,9 @@ pub struct Device {
     tier: policy::Tier,
     counters: Counters,
     next_shard: AtomicUsize,
+    /// Pages the device's user freed without a request, marked by someone else (swap's freed
+    /// slots): see [`FreedPages`].
+    freed: OnceLock<FreedPages>,
 }
 
 impl std::fmt::Debug for Device {
@@ -200,6 +206,7 @@ impl Device {
             clock_skew: AtomicU32::new(0),
             tier: policy::Tier::new(config.policy),
             next_shard: AtomicUsize::new(0),
+            freed: OnceLock::new(),
             counters: Counters::new(
                 (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4)
                     .next_power_of_two()
@@ -384,6 +391,7 @@ impl Device {
                 let flags = new.flags;
                 let mut g = slot.lock();
                 self.replace(index, &mut g, new);
+                self.take_freed_for_write(index);
                 drop(g);
                 self.note_stored(index, flags);
             } else {
@@ -400,6 +408,7 @@ impl Device {
                 )?;
                 let flags = new.flags;
                 self.replace(index, &mut g, new);
+                self.take_freed_for_write(index);
                 drop(g);
                 self.note_stored(index, flags);
             }

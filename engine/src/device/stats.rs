@@ -23,6 +23,8 @@ pub(crate) struct Totals {
     pub notify_free: u64,
     /// Pool frees that failed (would be a pool bug); kept visible rather than hidden.
     pub free_errors: u64,
+    /// Pages whose data was freed because their user marked them freed (`FreedPages`).
+    pub notice_freed: u64,
 }
 
 impl Totals {
@@ -64,7 +66,7 @@ impl Totals {
 #[derive(Debug, Default)]
 struct Shard([AtomicU64; FIELDS]);
 
-const FIELDS: usize = 10;
+const FIELDS: usize = 11;
 
 /// A counter of [`Counters`].
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +75,7 @@ pub(crate) enum Field {
     FailedWrites = 7,
     NotifyFree = 8,
     FreeErrors = 9,
+    NoticeFreed = 10,
 }
 
 /// Running counters, sharded so that I/O threads do not fight over one cache line. A page's
@@ -150,6 +153,7 @@ impl Counters {
             failed_writes: v[7],
             notify_free: v[8],
             free_errors: v[9],
+            notice_freed: v[10],
         }
     }
 }
@@ -237,6 +241,9 @@ pub struct DeviceStats {
     pub pool_reserve_target_bytes: u64,
     /// Pages with an object in the pool.
     pub stored_pages: u64,
+    /// Pages whose data was freed because their user marked them freed (swap's freed slots,
+    /// through [`FreedPages`](super::FreedPages)), as zram frees on `swap_slot_free_notify`.
+    pub notice_freed_pages: u64,
 }
 
 #[cfg(test)]

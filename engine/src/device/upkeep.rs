@@ -105,6 +105,7 @@ impl Device {
             pool_reserved_bytes: pool.pages_reserved * page,
             pool_reserve_target_bytes: pool.pages_reserve_target * page,
             stored_pages: c.stored_pages,
+            notice_freed_pages: c.notice_freed,
         }
     }
 

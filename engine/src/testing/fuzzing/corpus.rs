@@ -16,7 +16,7 @@ fn variant(out: &mut Vec<u8>, index: usize, count: usize) {
 /// The bytes that [`device_ops`] decodes into `algorithm` and `ops`: how the seed corpus is
 /// written. Mirrors arbitrary 1.x's encoding; a unit test checks the round trip.
 pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
-    const OPS: usize = 12;
+    const OPS: usize = 14;
     let mut out = Vec::new();
     let alg = Algorithm::ALL
         .iter()
@@ -88,6 +88,11 @@ pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
                 variant(&mut out, 11, OPS);
                 out.extend([page, pages, u8::from(fail)]);
             }
+            DeviceOp::FreeSlots { page, pages } => {
+                variant(&mut out, 12, OPS);
+                out.extend([page, pages]);
+            }
+            DeviceOp::ReclaimFreed => variant(&mut out, 13, OPS),
         }
     }
     out.push(0); // no more elements
@@ -268,12 +273,50 @@ fn writeback() -> Vec<DeviceOp> {
         .collect()
 }
 
+/// Swap freeing slots (marked, as the daemon's probe does) and reusing them: marked pages read
+/// as before, a write over a marked page keeps its data through the reclaim, the others are
+/// freed; marks over written-back and recompressed pages, and under the memory limit.
+fn freed_slots() -> Vec<DeviceOp> {
+    use DeviceOp::*;
+    use PageKind::*;
+    vec![
+        whole(0, 16, Text, 1),
+        whole(16, 4, Noise, 2),
+        FreeSlots { page: 2, pages: 8 },
+        read(0, 128),
+        whole(4, 2, Pointers, 3),
+        part(8 * 8 + 1, 2, Sparse, 4),
+        ReclaimFreed,
+        read(0, 160),
+        Writeback {
+            page: 10,
+            pages: 6,
+            fail: false,
+        },
+        Recompress { huge_only: false },
+        FreeSlots { page: 9, pages: 12 },
+        limit(Some(3)),
+        whole(12, 4, Noise, 5),
+        ReclaimFreed,
+        whole(12, 4, Noise, 6),
+        FreeSlots {
+            page: 60,
+            pages: 16,
+        },
+        ReclaimFreed,
+        read(0, 255),
+    ]
+}
+
 pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
     use DeviceOp::*;
     use PageKind::*;
     let (kinds, overwrite, compact) = (kinds(), overwrite(), compact());
     let (recompress, writeback) = (recompress(), writeback());
+    let freed = freed_slots();
     vec![
+        ("seed-lz4-freed-slots", Algorithm::Lz4, freed.clone()),
+        ("seed-zstd-freed-slots", Algorithm::Zstd, freed),
         ("seed-lz4-writeback", Algorithm::Lz4, writeback.clone()),
         ("seed-zstd-writeback", Algorithm::Zstd, writeback),
         ("seed-lz4-recompress", Algorithm::Lz4, recompress.clone()),

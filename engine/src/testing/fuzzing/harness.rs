@@ -1,7 +1,7 @@
 //! The model and the harness that holds the device beside it: each operation applied to both
 //! and the results compared.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use uzram_codecs::{Algorithm, Codec, CodecParams, Stream, MAX_COMPRESSED_LEN};
 
@@ -143,6 +143,8 @@ pub(super) struct Harness {
     pub(super) sizer2: Stream,
     pub(super) scratch: Vec<u8>,
     pub(super) pages: HashMap<PageIndex, ModelPage>,
+    /// Pages marked freed whose marks no write or reclaim has taken yet.
+    pub(super) marked: BTreeSet<PageIndex>,
     pub(super) io: IoStat,
     pub(super) huge_pages_since: u64,
     pub(super) limit_pages: u64,
@@ -206,6 +208,9 @@ impl Harness {
             ..DeviceConfig::default()
         };
         let device = Device::new(config, DEVICE_PAGES * PAGE_SIZE as u64).expect("device");
+        device
+            .set_freed_pages(crate::FreedPages::in_memory(DEVICE_PAGES))
+            .expect("marks for the device");
         let _ = std::fs::remove_file(&backing);
         let foreign = Device::new(
             DeviceConfig {
@@ -235,6 +240,7 @@ impl Harness {
             sizer2,
             scratch: vec![0; MAX_COMPRESSED_LEN],
             pages: HashMap::new(),
+            marked: BTreeSet::new(),
             io: IoStat::default(),
             huge_pages_since: 0,
             limit_pages: 0,
@@ -248,7 +254,7 @@ impl Harness {
     /// passed) ready for the next run: the device is as a fresh one for the model, whose
     /// counters (io_stat, huge_pages_since, mem_used_max) simply go on from where they are.
     pub(super) fn reuse(&mut self) {
-        debug_assert!(self.pages.is_empty());
+        debug_assert!(self.pages.is_empty() && self.marked.is_empty());
         self.current = 0;
         self.limit_pages = 0;
         self.device.set_mem_limit(None);
@@ -510,6 +516,10 @@ impl Harness {
             if pieces[i].2 < PAGE_SIZE {
                 self.tally.partial_pages += 1;
             }
+            // A write that stores a page takes its freed mark (each mark counts once).
+            if page.is_some() && self.marked.remove(&index) {
+                self.io.notify_free += 1;
+            }
             self.set(index, page);
         }
         self.check_pages(r);
@@ -578,6 +588,33 @@ impl Harness {
         let ctx = &mut self.ctxs[self.current];
         let got = self.device.write_zeroes(ctx, r.offset, r.len_bytes);
         self.settle("write_zeroes", r, got, plan, first_must_fail);
+    }
+
+    /// [`Device::reclaim_freed`]: every marked page is freed and counted.
+    pub(super) fn reclaim_freed(&mut self) {
+        let before = self.device.stats().notice_freed_pages;
+        let taken = self.device.reclaim_freed();
+        assert_eq!(
+            taken,
+            self.marked.len() as u64,
+            "step {}: marks taken by reclaim_freed",
+            self.step
+        );
+        let mut freed = 0;
+        for index in std::mem::take(&mut self.marked) {
+            self.io.notify_free += 1;
+            if self.pages.remove(&index).is_some() {
+                freed += 1;
+            }
+            self.check_page(index);
+        }
+        assert_eq!(
+            self.device.stats().notice_freed_pages - before,
+            freed,
+            "step {}: pages whose data reclaim_freed freed",
+            self.step
+        );
+        self.tally.notice_freed_pages += freed;
     }
 
     pub(super) fn compact(&mut self) {
@@ -672,6 +709,22 @@ impl Harness {
             }
             DeviceOp::Recompress { huge_only } => self.recompress(huge_only),
             DeviceOp::Writeback { page, pages, fail } => self.writeback(page, pages, fail),
+            DeviceOp::FreeSlots { page, pages } => {
+                let first = u64::from(page) % DEVICE_PAGES;
+                let n = u64::from(pages % 17);
+                let freed = self
+                    .device
+                    .freed_pages()
+                    .expect("the harness's device has marks");
+                freed.mark(PageIndex(first), n);
+                self.marked
+                    .extend((first..(first + n).min(DEVICE_PAGES)).map(PageIndex));
+                // Marked pages keep their data until taken.
+                for i in first..(first + n).min(DEVICE_PAGES) {
+                    self.check_page(PageIndex(i));
+                }
+            }
+            DeviceOp::ReclaimFreed => self.reclaim_freed(),
         }
     }
 }

@@ -13,7 +13,9 @@
 //! with [`IoError::MemLimit`](crate::IoError::MemLimit) exactly when its size class has no free slot and a new zspage would
 //! pass the limit; a request is applied page by page and stops at the first page that fails;
 //! discard and write-zeroes free whole pages only, and write-zeroes stores its partial pages
-//! anew (an empty one becomes a same-filled zero page).
+//! anew (an empty one becomes a same-filled zero page); a page marked freed keeps its data until
+//! a write stores over it (which takes the mark) or a reclaim frees it, each mark counting once
+//! in `notify_free`.
 //!
 //! [`seeds`] are the files of `fuzz/corpus/device_ops/`, written with [`encode`].
 
@@ -161,6 +163,17 @@ pub enum DeviceOp {
         /// Make the backing file's writes fail.
         fail: bool,
     },
+    /// Marks `pages % 17` pages from `page % 64` as freed by the device's user
+    /// ([`FreedPages::mark`](crate::FreedPages::mark), as the daemon's probe does when swap frees
+    /// slots): they keep their data until a write stores over them or [`DeviceOp::ReclaimFreed`].
+    FreeSlots {
+        /// First page.
+        page: u8,
+        /// Pages.
+        pages: u8,
+    },
+    /// [`Device::reclaim_freed`]: every marked page is freed.
+    ReclaimFreed,
 }
 
 impl PageKind {
@@ -246,6 +259,8 @@ pub struct Tally {
     pub recompressed_pages: u64,
     /// Pages written back to the backing file.
     pub written_back_pages: u64,
+    /// Pages whose data a reclaim of marked pages freed.
+    pub notice_freed_pages: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -260,6 +275,7 @@ impl std::ops::AddAssign for Tally {
         self.compacted_pages += o.compacted_pages;
         self.recompressed_pages += o.recompressed_pages;
         self.written_back_pages += o.written_back_pages;
+        self.notice_freed_pages += o.notice_freed_pages;
     }
 }
 
@@ -281,6 +297,9 @@ fn run_on(h: &mut Harness, ops: &[DeviceOp]) -> Tally {
     }
     h.step = ops.len();
     h.check_all();
+    // Marks left are taken (as the daemon's next round would) before the run's last checks.
+    h.reclaim_freed();
+    h.check_stats();
     let tally = h.tally;
     // Freeing everything leaves nothing behind.
     h.device.set_mem_limit(None);
