@@ -247,3 +247,71 @@ pub fn set_thread_uid(uid: u32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `len` words of a file mapped shared, read and write, as atomics: a BPF array map created
+/// with `BPF_F_MMAPABLE` (the slot-free probe's marks, which the kernel sets while the daemon
+/// reads and clears them). Unmapped on drop.
+#[derive(Debug)]
+pub struct SharedWords {
+    at: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory accessed only through atomics; it is never
+// reallocated while a `SharedWords` lives, so any thread may use the words.
+unsafe impl Send for SharedWords {}
+// SAFETY: as above; `&SharedWords` only hands out `&[AtomicU64]`.
+unsafe impl Sync for SharedWords {}
+
+impl SharedWords {
+    /// Maps the first `len` 8-byte words of `fd` (`MAP_SHARED`, read and write).
+    pub fn map(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<SharedWords> {
+        let bytes = len
+            .checked_mul(8)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a new mapping at an address the kernel picks, of a descriptor borrowed for
+        // the call; no existing memory is touched. The result is checked.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let at = std::ptr::NonNull::new(at.cast()).ok_or_else(|| io::Error::other("mmap at 0"))?;
+        Ok(SharedWords { at, len })
+    }
+
+    /// The words.
+    pub fn words(&self) -> &[std::sync::atomic::AtomicU64] {
+        // SAFETY: `at` is a live mapping of `len` words, page-aligned (so aligned for
+        // AtomicU64), readable and writable, that stays mapped while `self` lives; every access
+        // to it, here and in the kernel, is atomic, so shared references to atomics are sound.
+        unsafe { std::slice::from_raw_parts(self.at.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `map` made, whole; no reference to it outlives `self`.
+        unsafe { libc::munmap(self.at.as_ptr().cast(), self.len * 8) };
+    }
+}
+
+/// Gives malloc's free memory back to the system (glibc's `malloc_trim`): after a large,
+/// passing use (loading the eBPF program parses the kernel's BTF, megabytes) and before
+/// `mlockall` would lock what is left.
+pub fn trim_malloc() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim takes an integer and touches only malloc's own free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

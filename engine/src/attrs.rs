@@ -51,6 +51,11 @@ pub struct DaemonInfo {
     pub rss_bytes: u64,
     /// The daemon's process id.
     pub pid: u32,
+    /// Whether the pages of swap's freed slots are marked as the kernel frees them (the
+    /// daemon's probe, zram's `swap_slot_free_notify`), rather than freed only when discarded.
+    pub slot_free_probe: bool,
+    /// Pages the probe marked freed.
+    pub slot_free_marked: u64,
 }
 
 /// Reads an attribute: its exact bytes.
@@ -298,6 +303,9 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
     line("daemon_rss", info.rss_bytes);
     line("daemon_pid", u64::from(info.pid));
     line("stored_pages", s.stored_pages);
+    line("slot_free_probe", u64::from(info.slot_free_probe));
+    line("slot_free_marked", info.slot_free_marked);
+    line("slot_free_freed", s.notice_freed_pages);
     line("huge_threshold", device.huge_threshold() as u64);
     if let Some(b) = device.backing() {
         let (failed_writes, failed_reads) = b.failures();

@@ -71,6 +71,16 @@ pub const COLUMNS: &[Column] = &[
         true,
     ),
     col(
+        "SLOT-FREE",
+        "how swap's freed slots are freed: probe (as the kernel frees them) or discard",
+        false,
+    ),
+    col(
+        "SLOT-FREED",
+        "pages freed as swap freed their slots (the probe)",
+        true,
+    ),
+    col(
         "STATE",
         "live, or dead when the daemon is gone (uzram --reset removes it)",
         false,
@@ -126,6 +136,10 @@ pub struct DeviceRow {
     pub evicted: u64,
     /// Pages the policy recompressed.
     pub recompressed: u64,
+    /// `probe` or `discard`: how swap's freed slots reach the device.
+    pub slot_free: String,
+    /// Pages freed by the probe.
+    pub slot_freed: u64,
     /// `[SWAP]`, a mount point, or empty.
     pub mountpoint: String,
 }
@@ -165,6 +179,8 @@ impl DeviceRow {
                 "written_back" => row.written_back = num(k, v)?,
                 "evicted" => row.evicted = num(k, v)?,
                 "recompressed" => row.recompressed = num(k, v)?,
+                "slot_free" => row.slot_free = v.to_string(),
+                "slot_freed" => row.slot_freed = num(k, v)?,
                 "mm_stat" => {
                     let fields: Vec<u64> = v
                         .split_whitespace()
@@ -223,6 +239,8 @@ impl DeviceRow {
             "WRITTEN-BACK" => self.written_back.to_string(),
             "EVICTED" => self.evicted.to_string(),
             "RECOMPRESSED" => self.recompressed.to_string(),
+            "SLOT-FREE" => self.slot_free.clone(),
+            "SLOT-FREED" => self.slot_freed.to_string(),
             "STATE" => if self.live { "live" } else { "dead" }.into(),
             _ => String::new(),
         }
@@ -311,6 +329,7 @@ mod tests {
         DeviceRow::parse(
             "name=/dev/ublkb0\npid=42\nalgorithm=lz4\ndisksize=4294967296\nstreams=2\nrss=50331648\n\
              bd_used=1048576\nevicted=96\nrecompressed=300\nwritten_back=256\n\
+             slot_free=probe\nslot_freed=4242\n\
              mm_stat=13000704  2621440  3457024        0  3457024      123        0        7        7\n",
         )
         .unwrap()
@@ -426,5 +445,22 @@ mod tests {
             },
         );
         assert_eq!(out, "/dev/ublkb0 1M 256 96 300\n");
+    }
+
+    #[test]
+    fn the_slot_free_columns_say_how_freed_slots_are_freed() {
+        let cols: Vec<Column> = ["NAME", "SLOT-FREE", "SLOT-FREED"]
+            .iter()
+            .map(|n| column(n).unwrap())
+            .collect();
+        let f = Format {
+            raw: true,
+            ..Format::default()
+        };
+        let out = render(&[row(), DeviceRow::dead("/dev/ublkb3".into())], &cols, f);
+        assert_eq!(
+            out,
+            "NAME SLOT-FREE SLOT-FREED\n/dev/ublkb0 probe 4242\n/dev/ublkb3 - -\n"
+        );
     }
 }

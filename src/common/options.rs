@@ -96,6 +96,22 @@ pub struct DeviceArgs {
     /// zram's mem_limit (0 = none)
     #[arg(long, value_name = "SIZE")]
     pub mem_limit: Option<String>,
+    /// How the device learns that swap freed a slot: "probe", an eBPF probe on the kernel's
+    /// swap-slot free path (what zram's swap_slot_free_notify gets), where the kernel allows it
+    /// and discards alone otherwise; or "discard", only what swap discards (swapon
+    /// --discard=pages: whole free clusters)
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = SlotFree::Probe)]
+    pub slot_free: SlotFree,
+}
+
+/// `--slot-free`: how a device learns of swap's freed slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlotFree {
+    /// The eBPF probe where the kernel allows it, else discards.
+    #[default]
+    Probe,
+    /// Discards only.
+    Discard,
 }
 
 impl DeviceArgs {
@@ -148,6 +164,9 @@ impl DeviceArgs {
         if let Some(l) = &self.mem_limit {
             opt("--mem-limit", l);
         }
+        if self.slot_free == SlotFree::Discard {
+            opt("--slot-free", "discard");
+        }
         if self.force {
             out.push("--force".into());
         }
@@ -198,6 +217,7 @@ mod tests {
             force: true,
             policy: Some("evict=on".into()),
             mem_limit: Some("1G".into()),
+            slot_free: SlotFree::Discard,
         };
         let argv = std::iter::once(OsString::from("x")).chain(args.to_args().unwrap());
         assert_eq!(Cmd::parse_from(argv).device, args);

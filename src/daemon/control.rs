@@ -33,10 +33,16 @@ pub(super) fn control_thread(
         .spawn(move || {
             // This thread serves no I/O.
             let _ = crate::sys::set_io_flusher(false);
-            let info = || DaemonInfo {
-                streams,
-                rss_bytes: super::watchdog::rss_bytes(),
-                pid: std::process::id(),
+            let info = || {
+                let slot_free = super::slotfree::status();
+                DaemonInfo {
+                    streams,
+                    rss_bytes: super::watchdog::rss_bytes(),
+                    pid: std::process::id(),
+                    slot_free_probe: slot_free
+                        .is_some_and(|s| matches!(s.mode, super::slotfree::Mode::Probe)),
+                    slot_free_marked: slot_free.map_or(0, |s| s.marked()),
+                }
             };
             control::serve(&listener, |request| {
                 match request {
@@ -59,7 +65,7 @@ pub(super) fn control_thread(
                             .backing()
                             .map_or(0, |b| b.files().iter().map(|f| f.used_bytes).sum());
                         Ok(format!(
-                            "name={}\npid={}\nalgorithm={}\ndisksize={}\nstreams={}\nrss={}\nbd_used={bd_used}\nevicted={}\nrecompressed={}\nwritten_back={}\nmm_stat={}",
+                            "name={}\npid={}\nalgorithm={}\ndisksize={}\nstreams={}\nrss={}\nbd_used={bd_used}\nevicted={}\nrecompressed={}\nwritten_back={}\nslot_free={}\nslot_freed={}\nmm_stat={}",
                             block_path(id),
                             i.pid,
                             device.algorithm().name(),
@@ -69,6 +75,8 @@ pub(super) fn control_thread(
                             p.evicted_pages,
                             p.recompressed_pages,
                             p.age_wb_pages + p.watermark_wb_pages + p.host_wb_pages + p.spilled_pages,
+                            if i.slot_free_probe { "probe" } else { "discard" },
+                            device.stats().notice_freed_pages,
                             device.mm_stat()
                         ))
                     }

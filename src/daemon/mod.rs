@@ -10,9 +10,10 @@
 //! Parts: [`io`] (one request: the op, the engine call, the errno map), `mailbox` (failed
 //! requests, counted on the I/O path and logged elsewhere), `threads` (memory and policy),
 //! `swapwatch`, `control` (the socket's answers), `watchdog` (the progress log), `pin` (locked
-//! memory, fault-free stacks), [`heap`] (the I/O path's fault-free heap), `log` (stderr and
-//! syslog) and `ublk`, the only module that talks to libublk (cargo feature `ublk`). Every libc
-//! call is in `crate::sys`.
+//! memory, fault-free stacks), [`heap`] (the I/O path's fault-free heap), [`slotfree`] (the
+//! eBPF probe that tells the device which swap slots the kernel freed, the only module that
+//! talks to aya), `log` (stderr and syslog) and `ublk`, the only module that talks to libublk
+//! (cargo feature `ublk`). Every libc call is in `crate::sys`.
 
 // Without the `ublk` feature nothing starts the daemon, but its parts still build and test.
 #![cfg_attr(not(feature = "ublk"), allow(dead_code))]
@@ -24,6 +25,7 @@ pub mod io;
 mod log;
 mod mailbox;
 pub mod pin;
+pub mod slotfree;
 mod swapwatch;
 mod threads;
 #[cfg(feature = "ublk")]
@@ -172,10 +174,19 @@ fn pin_memory() -> Result<(), ServeError> {
     })
 }
 
-/// Everything before the device is added: the device built, the process pinned, the memory,
-/// policy and watchdog threads started, the calling thread an I/O flusher. Returns the device
-/// and the stop signals, blocked (see [`crate::sys::BlockedSignals`]).
-fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), ServeError> {
+/// What [`start`] hands the rest of serving.
+struct Started {
+    device: Arc<Device>,
+    /// SIGTERM and SIGINT, blocked (see [`crate::sys::BlockedSignals`]).
+    signals: crate::sys::BlockedSignals,
+    /// The slot-free probe, loaded for the device to watch once it exists; or why not.
+    slot_free: Result<slotfree::Loaded, String>,
+}
+
+/// Everything before the device is added: the slot-free probe loaded, the device built, the
+/// process pinned, the memory, policy and watchdog threads started, the calling thread an I/O
+/// flusher.
+fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     if !crate::common::have_ublk_driver() {
         return Err(ServeError::NoDriver);
     }
@@ -185,8 +196,17 @@ fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), 
     if args.detached && args.log.is_none() {
         self::log::open_syslog();
     }
-    pin::tune_malloc();
     let (setup, disksize) = configure(args)?;
+    // Before malloc is tuned never to give memory back and everything is locked: relocating
+    // the program reads the kernel's BTF (megabytes), all freed once it is loaded.
+    let slot_free = match args.device.slot_free {
+        options::SlotFree::Discard => Err("turned off (--slot-free discard)".to_string()),
+        options::SlotFree::Probe => {
+            slotfree::load(disksize.div_ceil(uzram_engine::PAGE_SIZE as u64))
+        }
+    };
+    crate::sys::trim_malloc();
+    pin::tune_malloc();
     let device = Arc::new(setup.init(disksize)?);
     // A regular backing file: the I/O threads never write to it (its filesystem may wait for
     // swap); the policy thread evicts for them.
@@ -213,7 +233,20 @@ fn start(args: &ServeArgs) -> Result<(Arc<Device>, crate::sys::BlockedSignals), 
     threads::policy_thread(Arc::clone(&device))?;
     watchdog::progress_log(Arc::clone(&device));
     io_flusher()?;
-    Ok((device, signals))
+    Ok(Started {
+        device,
+        signals,
+        slot_free,
+    })
+}
+
+/// Starts freeing the pages of swap's freed slots on `block` as the probe reports them, or
+/// says why only discards will.
+fn watch_slot_frees(slot_free: Result<slotfree::Loaded, String>, block: &str, device: &Device) {
+    match slot_free.and_then(|probe| probe.watch(block, device)) {
+        Ok(()) => {}
+        Err(why) => slotfree::discard_only(why),
+    }
 }
 
 /// Queues a device gets unless told: at most this many, fewer on a machine with fewer CPUs.

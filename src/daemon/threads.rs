@@ -58,6 +58,8 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             let mut swap_outs = Pressure::swap_outs();
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
+                // Pages of swap's freed slots first: what they free may spare the refill.
+                device.reclaim_freed();
                 let t = Instant::now();
                 // The pool's reserve is kept whole while memory is short or swap is writing:
                 // swap writes then come in a storm, and each arena is slow to map.

@@ -193,7 +193,11 @@ fn stop(id: u32) {
 /// Creates the device, prints `/dev/ublkbN` once it serves I/O, and serves until the device is
 /// stopped (SIGTERM/SIGINT delete it).
 pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
-    let (device, signals) = super::start(args)?;
+    let super::Started {
+        device,
+        signals,
+        slot_free,
+    } = super::start(args)?;
     let queues = super::queues(args);
     let user_copy = kernel_has_user_copy();
     if !user_copy {
@@ -239,6 +243,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     super::swapwatch::swap_watch_thread(id, Arc::clone(&device));
     let disksize = device.disksize();
     let detached = args.detached;
+    let watched = Arc::clone(&device);
     let served = ctrl.run_target(
         move |dev: &mut UblkDev| {
             set_params(dev, disksize);
@@ -253,6 +258,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         },
         move |ctrl: &UblkCtrl| {
             super::disable_writeback_throttling(ctrl.dev_info().dev_id);
+            super::watch_slot_frees(slot_free, &ctrl.get_bdev_path(), &watched);
             // `uzram --find` may have gone: serving goes on without its answer.
             let _ = crate::common::output::outln(ctrl.get_bdev_path());
             log(&format!("{} serving", ctrl.get_bdev_path()));

@@ -96,6 +96,7 @@ impl DevicePlan {
             policy: self.policy.clone(),
             mem_limit: (self.mem_limit > 0).then(|| self.mem_limit.to_string()),
             force: false,
+            slot_free: crate::common::options::SlotFree::default(),
         }
     }
 

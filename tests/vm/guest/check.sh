@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap discard attrs recompress writeback tier setup badinput sigterm kill}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
@@ -16,6 +16,14 @@ trap 'echo "VM: interrupted"; exit 130' INT TERM
 vm_setup
 note "checks: $CHECKS (mode $UZRAM_VM_MODE, $(uname -r), $(nproc) cpus, MemTotal $(($(meminfo_kb MemTotal) / 1024)) MiB)"
 T0=$(uptime_s)
+# One MemAvailable for every swap workload, taken before any device exists: kernel zram and
+# uzram (whose daemon holds memory of its own) get the same workload.
+if [ "$UZRAM_VM_MODE" = guest ]; then
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    SWAP_AVAIL_MIB=$(($(meminfo_kb MemAvailable) / 1024))
+    note "MemAvailable before any device: $SWAP_AVAIL_MIB MiB"
+fi
 
 # UZRAM_VM_BREAK=hang (guest only): a writer blocked on a frozen ext4 sits in D state; the
 # kernel's hung-task detector must panic the guest, and run must fail within about 90 s.
@@ -44,6 +52,9 @@ if zram_begin; then
         [ "$UZRAM_VM_MODE" = guest ] && swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
         zram_setup lz4 $swapsize && check_swap /dev/zram0 zram-
     fi
+    if want churn; then
+        zram_setup lz4 1024M && check_churn /dev/zram0 zram-
+    fi
     if want discard; then
         zram_setup lz4 256M && check_discard /dev/zram0 zram-
     fi
@@ -62,6 +73,9 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         swapsize=1024M
         [ "$UZRAM_VM_MODE" = guest ] && swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
         uzram_setup lz4 $swapsize && check_swap "$UZRAM_DEV" ""
+    fi
+    if want churn; then
+        uzram_setup lz4 1024M && check_churn "$UZRAM_DEV" ""
     fi
     if want discard; then
         uzram_setup lz4 256M && check_discard "$UZRAM_DEV" ""

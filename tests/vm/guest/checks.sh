@@ -6,6 +6,7 @@
 #   check_ext4 DEV PREFIX     a filesystem of real files survives drop_caches, remount, fsck
 #   check_swap DEV PREFIX     swap under real pressure: every page comes back; swapoff frees memory
 #   check_discard DEV PREFIX  discarded ranges read zeros, neighbours stay, memory is given back
+#   check_churn DEV PREFIX    programs swap and exit in turn: the device holds what swap holds
 # Device sizes they need: fio 160 MiB, ext4 256 MiB, discard 64 MiB, swap: see check_swap.
 
 SEED=${UZRAM_VM_SEED:-20250520}
@@ -241,6 +242,54 @@ check_ext4() { # DEV PREFIX
 # ---- swap ----------------------------------------------------------------------------------------
 SWAP_DEV=
 HOLD_PID=
+# MemAvailable in MiB before any device existed (check.sh measures it once), so that kernel zram
+# and uzram get the same swap workload; a check measures its own when it is not set.
+SWAP_AVAIL_MIB=${SWAP_AVAIL_MIB:-}
+# kernel zram's mem_used_total (bytes) once the swap check's program has exited, to hold
+# uzram's to (issue 18: at most 2 MiB more).
+ZRAM_SWAP_EXIT=
+# UZRAM_VM_SLOT_FREE=discard: uzram's devices run with --slot-free discard, and the checks say
+# and measure that mode; otherwise the probe must be there (the guest's kernel has it).
+SLOT_FREE_WANT=${UZRAM_VM_SLOT_FREE:-probe}
+
+# uzram_slot_free DEV: "probe" or "discard", as the daemon says in uzram_stat
+uzram_slot_free() {
+    case $("$UZRAM_BIN" attr "$1" uzram_stat 2>/dev/null | awk '$1 == "slot_free_probe" { print $2 }') in
+    1) echo probe ;;
+    *) echo discard ;;
+    esac
+}
+uzram_stat_field() { "$UZRAM_BIN" attr "$1" uzram_stat | awk -v k="$2" '$1 == k { print $2 }'; }
+
+# settled_mem_used DEV: mem_used_total once it stops falling (swap's discards and uzram's
+# reclaim of freed slots land within seconds of a program's exit, not at once): sampled every
+# half second until three samples agree, at most 20 s. Prints "BYTES SECONDS".
+settled_mem_used() {
+    _t0=$(uptime_s) _prev=-1 _same=0 _u=0
+    for _ in $(seq 1 40); do
+        _u=$(dev_mem_used "$1")
+        if [ "$_u" = "$_prev" ]; then
+            _same=$((_same + 1))
+            [ $_same -ge 2 ] && break
+        else
+            _same=0
+        fi
+        _prev=$_u
+        sleep 0.5
+    done
+    echo "$_u $(elapsed "$_t0")"
+}
+
+# slot_free_check DEV NAME LOG: on uzram, fails (and returns 1) when the daemon's slot-free mode
+# is not the one wanted; prints the mode otherwise.
+slot_free_check() {
+    _mode=$(uzram_slot_free "$1")
+    if [ "$_mode" != "$SLOT_FREE_WANT" ]; then
+        fail_log "$2" "$3" "slot-free mode $_mode, wanted $SLOT_FREE_WANT: $(grep 'slot-free' "$UZRAM_LOG" | tail -n 1)"
+        return 1
+    fi
+    echo "$_mode"
+}
 
 # memcg_run LIMIT_MIB CMD...: CMD in a fresh memory cgroup (v2, else v1); 99 if there is none.
 memcg_run() {
@@ -289,7 +338,7 @@ check_swap() {
     cat /proc/swaps >>"$log"
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    avail=$(($(meminfo_kb MemAvailable) / 1024))
+    avail=${SWAP_AVAIL_MIB:-$(($(meminfo_kb MemAvailable) / 1024))}
     o0=$(vmstat_val pswpout) i0=$(vmstat_val pswpin)
     if [ "$UZRAM_VM_MODE" = host ]; then
         fill=512 how="512 MiB in a 256 MiB memory cgroup"
@@ -297,7 +346,8 @@ check_swap() {
         rc=$?
         [ $rc = 99 ] && { fail_log "$name" "$log" "no memory cgroup to run in"; return; }
     else
-        fill=$((avail * 2)) how="$((avail * 2)) MiB, 2x MemAvailable $avail MiB"
+        fill=$((avail * 2)) how="$((avail * 2)) MiB, 2x MemAvailable $avail MiB (before any device)"
+        [ -n "$SWAP_AVAIL_MIB" ] || how="$((avail * 2)) MiB, 2x MemAvailable $avail MiB"
         "$TOOL" swapfill $fill "$SEED" 2 >>"$log" 2>&1
         rc=$?
     fi
@@ -326,7 +376,23 @@ check_swap() {
             return
         fi ;;
     esac
-    used_exit=$(dev_mem_used "$dev")
+    # what the device still holds once the program's freed slots have been dealt with: kernel
+    # zram frees each as swap frees it; uzram as its probe reports it (or, discard only, whole
+    # free clusters as swap discards them)
+    line=$(settled_mem_used "$dev")
+    used_exit=${line% *} exit_how="settled in ${line#* }s"
+    case $dev in
+    /dev/zram*) ZRAM_SWAP_EXIT=$used_exit ;;
+    /dev/ublkb*)
+        mode=$(slot_free_check "$dev" "$name" "$log") || return
+        exit_how="$exit_how, slot-free $mode, $(uzram_stat_field "$dev" slot_free_freed) pages freed by the probe"
+        echo "after exit: mem_used $used_exit ($exit_how), kernel zram's ${ZRAM_SWAP_EXIT:-unmeasured}; uzram_stat: $("$UZRAM_BIN" attr "$dev" uzram_stat | grep slot_free | tr '\n' ' ')" >>"$log"
+        if [ "$mode" = probe ] && [ -n "$ZRAM_SWAP_EXIT" ] && [ "$used_exit" -gt $((ZRAM_SWAP_EXIT + 2097152)) ]; then
+            fail_log "$name" "$log" "after the program exited uzram holds mem_used $(mib "$used_exit") ($exit_how), kernel zram $(mib "$ZRAM_SWAP_EXIT"): more than 2 MiB above it"
+            return
+        fi
+        [ -n "$ZRAM_SWAP_EXIT" ] && exit_how="$exit_how; kernel zram's $(mib "$ZRAM_SWAP_EXIT")" ;;
+    esac
     # 2. swapoff while a process has pages out
     hold=$((avail / 2))
     [ "$UZRAM_VM_MODE" = host ] && hold=128
@@ -376,7 +442,96 @@ check_swap() {
         fail_log "$name" "$log" "memory not given back after swapoff: mem_used $(mib "$used_off") (peak $(mib "$peak")), orig $(mib "$orig_off")"
         return
     fi
-    pass "$name" "filled $how: all pages verified twice, pswpout +$dout pswpin +$din, failed writes $wfail (swap retried them), peak mem_used $(mib "$peak"); after exit $(mib "$used_exit"); swapoff with $((held / 1024)) MiB out then verified; after swapoff mem_used $(mib "$used_off"), $(elapsed "$t0")s"
+    pass "$name" "filled $how: all pages verified twice, pswpout +$dout pswpin +$din, failed writes $wfail (swap retried them), peak mem_used $(mib "$peak"); after exit $(mib "$used_exit") ($exit_how); swapoff with $((held / 1024)) MiB out then verified; after swapoff mem_used $(mib "$used_off"), $(elapsed "$t0")s"
+}
+
+# ---- churn ---------------------------------------------------------------------------------------
+# check_churn DEV PREFIX: programs that fill memory and are pushed out to swap (MADV_PAGEOUT),
+# one a round for CHURN_ROUNDS rounds; in the next round each frees every other page (the slots
+# freed sit in clusters still in use, which swap never discards), and in the one after it
+# verifies what it kept and exits. At each round's end (once the frees have landed) the device
+# must hold what swap says it holds: orig_data_size within 5 % of /proc/swaps' Used for the
+# device, less the live programs' zero-filled pages (the kernel keeps those in its zeromap and
+# never writes them). Kernel zram frees each slot as swap frees it; uzram must as well (its
+# probe): with discards alone the freed half of each program would stay.
+CHURN_ROUNDS=${CHURN_ROUNDS:-5}
+check_churn() {
+    local dev=$1 name=${2}churn log=$UZ_TMP/${2}churn.log t0 mib r pid old rc used zeros orig want
+    local pids="" rounds="" bad="" line mode=kernel avail
+    note "$name: programs swapping and exiting in turn"
+    t0=$(uptime_s)
+    : >"$log"
+    if ! { mkswap "$dev" && swapon --discard=pages -p 32767 "$dev"; } >>"$log" 2>&1; then
+        fail_log "$name" "$log" "mkswap or swapon failed"
+        return
+    fi
+    SWAP_DEV=$dev
+    case $dev in /dev/ublkb*) mode=$(slot_free_check "$dev" "$name" "$log") || { swapoff "$dev"; SWAP_DEV=; return; } ;; esac
+    avail=${SWAP_AVAIL_MIB:-$(($(meminfo_kb MemAvailable) / 1024))}
+    mib=$((avail / 5))
+    for r in $(seq 1 "$CHURN_ROUNDS"); do
+        "$TOOL" swaphold $mib $((SEED + 100 + r)) >"$log.$r" 2>&1 &
+        pids="$pids $!"
+        for _ in $(seq 1 300); do
+            grep -q held "$log.$r" && break
+            sleep 0.5
+        done
+        if ! grep -q held "$log.$r"; then
+            cat "$log.$r" >>"$log"
+            bad="$bad; round $r: the program never got its pages out"
+            break
+        fi
+        # the program of the round before frees every other page
+        if [ $r -gt 1 ]; then
+            kill -USR2 "$(echo $pids | awk '{ print $(NF - 1) }')"
+            for _ in $(seq 1 120); do
+                grep -q dropped "$log.$((r - 1))" && break
+                sleep 0.5
+            done
+            grep -q dropped "$log.$((r - 1))" || { bad="$bad; round $r: the program of round $((r - 1)) never freed its pages"; break; }
+        fi
+        # the program from two rounds ago verifies what it kept and exits
+        if [ $r -gt 2 ]; then
+            old=$(echo $pids | cut -d' ' -f1) pids=$(echo $pids | cut -d' ' -f2-)
+            kill -USR1 "$old"
+            wait "$old"
+            rc=$?
+            cat "$log.$((r - 2))" >>"$log"
+            [ $rc = 0 ] || { bad="$bad; round $r: the program of round $((r - 2)) found bad pages (exit $rc)"; break; }
+        fi
+        settled_mem_used "$dev" >/dev/null
+        used=$(awk -v d="$dev" '$1 == d { print $4 * 1024 }' /proc/swaps)
+        # the zero-filled pages of the programs alive: all of this round's, and those the one
+        # of the round before kept
+        zeros=$(($(sed -n 's/.*pages: zero \([0-9]*\) .*/\1/p' "$log.$r" | head -n 1) * 4096))
+        [ $r -gt 1 ] && zeros=$((zeros + $(sed -n 's/.*dropped.*(zero \([0-9]*\)).*/\1/p' "$log.$((r - 1))" | head -n 1) * 4096))
+        orig=$(dev_stat_field "$dev" 1)
+        want=$((used - zeros))
+        line="round $r: orig_data_size $(mib "$orig"), swap used $(mib "$used") less $(mib "$zeros") of zero pages = $(mib "$want")"
+        echo "$line" >>"$log"
+        note "$name: $line"
+        rounds="$rounds $(awk -v o="$orig" -v w="$want" 'BEGIN { printf "%+.1f%%", w ? (o - w) * 100 / w : 0 }')"
+        # discards alone cannot free a slot in a cluster still in use: that mode is measured,
+        # not held to the bound
+        if [ "$mode" != discard ] && { [ $((orig - want)) -gt $((want / 20)) ] || [ $((want - orig)) -gt $((want / 20)) ]; }; then
+            bad="$bad; $line: more than 5 % apart"
+        fi
+    done
+    # the programs left verify their pages and exit
+    for pid in $pids; do
+        kill -USR1 "$pid" 2>/dev/null
+        wait "$pid" || bad="$bad; a program found bad pages at the end"
+    done
+    cat "$log".[0-9]* >>"$log" 2>/dev/null
+    rm -f "$log".[0-9]*
+    swapoff "$dev" >>"$log" 2>&1 || bad="$bad; swapoff failed"
+    SWAP_DEV=
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "${bad#; }"
+        return
+    fi
+    [ "$mode" = discard ] && mode="discard only, measured, not held to the 5 % bound"
+    pass "$name" "$CHURN_ROUNDS rounds of $mib MiB programs, each freeing half its pages a round later and exiting the round after (slot-free $mode), all pages verified: orig_data_size against swap's used (less zero pages) at each round's end:$rounds; $(elapsed "$t0")s"
 }
 
 # ---- discard -------------------------------------------------------------------------------------

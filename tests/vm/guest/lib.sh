@@ -178,8 +178,11 @@ uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
     # UZRAM_VM_BREAK=reads: a device that flips a bit in some reads (the checks must fail)
     _break=
     [ "$UZRAM_VM_BREAK" = reads ] && _break=1
+    # UZRAM_VM_SLOT_FREE=discard: devices without the slot-free probe
+    _sf=probe
+    [ "${UZRAM_VM_SLOT_FREE:-probe}" = discard ] && _sf=discard
     UZRAM_DEV=$(UZRAM_TEST_BREAK_READS=$_break UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size "$2" --algorithm "$1" \
-        --log "$UZRAM_LOG" 2>/tmp/uzram-find.err)
+        --slot-free $_sf --log "$UZRAM_LOG" 2>/tmp/uzram-find.err)
     _rc=$?
     if [ $_rc != 0 ] || [ ! -b "$UZRAM_DEV" ]; then
         fail uzram-setup "uzram --find --size $2 --algorithm $1 exited $_rc, printed '$UZRAM_DEV': $(cat /tmp/uzram-find.err; tail -3 "$UZRAM_LOG" 2>/dev/null)"

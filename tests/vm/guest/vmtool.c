@@ -16,7 +16,11 @@
  *   vmtool swapfill MIB SEED [PASSES]  fill MIB of anonymous memory, then verify it
  *                                      PASSES times (forward, backward, ...); prints VmSwap
  *   vmtool swaphold MIB SEED           fill MIB, push it out with MADV_PAGEOUT, print "held",
- *                                      wait for SIGUSR1 (meanwhile: swapoff), then verify
+ *                                      wait for SIGUSR1 (meanwhile: swapoff), then verify;
+ *                                      SIGUSR2 meanwhile frees every other page (MADV_DONTNEED:
+ *                                      their swap slots are freed in clusters still in use), prints
+ *                                      "dropped" with the zero pages kept, and waits on; the verify
+ *                                      then expects zeros there
  *   vmtool write DEV OFF LEN SEED      O_DIRECT write of pages OFF/4096.. to a block device
  *   vmtool verify DEV OFF LEN SEED     O_DIRECT read and compare
  *   vmtool zeros DEV OFF LEN           O_DIRECT read, expect zeros
@@ -300,11 +304,12 @@ static int cmd_swapfill(uint64_t mib, uint64_t seed, int passes)
 
 static int cmd_swaphold(uint64_t mib, uint64_t seed)
 {
-	size_t len = mib << 20;
+	size_t len = mib << 20, pages = len / PAGE;
 	sigset_t set;
-	int sig;
+	int sig, dropped = 0;
 	sigemptyset(&set);
 	sigaddset(&set, SIGUSR1);
+	sigaddset(&set, SIGUSR2);
 	sigprocmask(SIG_BLOCK, &set, NULL);
 	unsigned char *m = fill(len, seed);
 	if (madvise(m, len, MADV_PAGEOUT))
@@ -312,9 +317,40 @@ static int cmd_swaphold(uint64_t mib, uint64_t seed)
 	printf("vmtool: held, after MADV_PAGEOUT VmRSS %ld kB VmSwap %ld kB\n", status_kb("VmRSS"),
 	       status_kb("VmSwap"));
 	fflush(stdout);
-	sigwait(&set, &sig);
+	while (sigwait(&set, &sig) == 0 && sig == SIGUSR2 && !dropped) {
+		/* odd pages go: a free of swap slots inside clusters whose other slots stay in use */
+		uint64_t zero = 0;
+		for (size_t i = 0; i < pages; i++) {
+			if (i & 1) {
+				if (madvise(m + i * PAGE, PAGE, MADV_DONTNEED))
+					perror("vmtool: madvise(MADV_DONTNEED)");
+			} else if (page_kind(page_key(seed, i)) == K_ZERO) {
+				zero++;
+			}
+		}
+		dropped = 1;
+		printf("vmtool: dropped %zu pages, kept %zu (zero %" PRIu64 "), VmRSS %ld kB VmSwap %ld kB\n",
+		       pages / 2, pages - pages / 2, zero, status_kb("VmRSS"), status_kb("VmSwap"));
+		fflush(stdout);
+	}
 	printf("vmtool: released, VmRSS %ld kB VmSwap %ld kB\n", status_kb("VmRSS"), status_kb("VmSwap"));
-	size_t bad = verify_pass(m, len, seed, 0);
+	size_t bad = 0;
+	if (dropped) {
+		static unsigned char want[PAGE] __attribute__((aligned(PAGE)));
+		static const unsigned char zeros[PAGE];
+		for (size_t i = 0; i < pages; i++) {
+			if (!(i & 1))
+				bad += check_page(m + i * PAGE, want, seed, i, "memory");
+			else if (memcmp(m + i * PAGE, zeros, PAGE)) {
+				bad++;
+				if (reports++ < 10)
+					fprintf(stderr, "vmtool: MISMATCH dropped page %zu is not zeros\n", i);
+			}
+		}
+		printf("vmtool: verify (kept pages, dropped ones zeros): %zu bad pages\n", bad);
+	} else {
+		bad = verify_pass(m, len, seed, 0);
+	}
 	munmap(m, len);
 	printf("vmtool: swaphold %s: %zu MiB, %zu bad pages\n", bad ? "FAILED" : "ok", len >> 20, bad);
 	return bad ? 1 : 0;
