@@ -305,13 +305,35 @@ impl Drop for SharedWords {
     }
 }
 
-/// Gives malloc's free memory back to the system (glibc's `malloc_trim`): after a large,
-/// passing use (loading the eBPF program parses the kernel's BTF, megabytes) and before
-/// `mlockall` would lock what is left.
-pub fn trim_malloc() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim takes an integer and touches only malloc's own free memory.
-    unsafe {
-        libc::malloc_trim(0);
+/// A pidfd for process `pid` (`pidfd_open`, Linux 5.3).
+pub fn pidfd_open(pid: u32) -> io::Result<std::os::fd::OwnedFd> {
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a system call with integer arguments only; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    owned_fd(fd)
+}
+
+/// A duplicate, in this process, of descriptor `target` of the process `pidfd` names
+/// (`pidfd_getfd`, Linux 5.6; the caller must be allowed to ptrace it).
+pub fn pidfd_getfd(
+    pidfd: std::os::fd::BorrowedFd<'_>,
+    target: i32,
+) -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: a system call with integer arguments only (a descriptor borrowed for the call);
+    // the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
+    owned_fd(fd)
+}
+
+/// The descriptor a system call returned (or its error).
+fn owned_fd(ret: libc::c_long) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let fd = libc::c_int::try_from(ret).map_err(|_| io::Error::other("bad descriptor"))?;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
     }
+    // SAFETY: the kernel just returned `fd`, a new descriptor this process owns and nothing
+    // else refers to.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }

@@ -196,17 +196,16 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     if args.detached && args.log.is_none() {
         self::log::open_syslog();
     }
+    pin::tune_malloc();
     let (setup, disksize) = configure(args)?;
-    // Before malloc is tuned never to give memory back and everything is locked: relocating
-    // the program reads the kernel's BTF (megabytes), all freed once it is loaded.
+    // Before memory is locked: the helper that loads it is a process of its own, and its
+    // answer is read on a thread that then ends.
     let slot_free = match args.device.slot_free {
         options::SlotFree::Discard => Err("turned off (--slot-free discard)".to_string()),
         options::SlotFree::Probe => {
             slotfree::load(disksize.div_ceil(uzram_engine::PAGE_SIZE as u64))
         }
     };
-    crate::sys::trim_malloc();
-    pin::tune_malloc();
     let device = Arc::new(setup.init(disksize)?);
     // A regular backing file: the I/O threads never write to it (its filesystem may wait for
     // swap); the policy thread evicts for them.

@@ -2,19 +2,23 @@
 //!
 //! The kernel calls zram's `swap_slot_free_notify` the moment swap frees a slot; a ublk disk is
 //! told nothing but the discards of whole free clusters (`swapon --discard=pages`). So the
-//! daemon loads a small eBPF program (`slotfree.bpf.c`, built by build.rs) on the function the
-//! kernel's free path calls right beside that hook (`clear_shadow_from_swap_cache`, Linux 5.9
-//! and later): for a free on this device's swap area it marks the freed pages in a BPF array
-//! the daemon maps (`sys::SharedWords`) and hands to the engine as [`FreedPages`]; the memory
-//! thread frees marked pages each round ([`uzram_engine::Device::reclaim_freed`]). See the
-//! engine's `freed` module for why a late mark never frees a page swap wrote again.
+//! daemon has a small eBPF program (`slotfree.bpf.c`, built by build.rs) attached to the
+//! function the kernel's free path calls right beside that hook (`clear_shadow_from_swap_cache`,
+//! Linux 5.9 and later): for a free on this device's swap area it marks the freed pages in a BPF
+//! array the daemon maps (`sys::SharedWords`) and hands to the engine as [`FreedPages`]; the
+//! memory thread frees marked pages each round ([`uzram_engine::Device::reclaim_freed`]). See
+//! the engine's `freed` module for why a late mark never frees a page swap wrote again.
 //!
-//! Where the probe cannot be had (no such function, no BTF, symbol addresses hidden, no eBPF,
-//! `--slot-free discard`), the device frees only what swap discards, and says so: in the log,
-//! the listing (`SLOT-FREE`) and `uzram_stat` (`slot_free_probe 0`).
+//! The program is loaded by a helper, `uzram-probe` (installed beside `uzram`; [`helper`], the
+//! only code that talks to aya): relocating it reads the kernel's BTF (megabytes) and aya's
+//! code is over half a megabyte, and the daemon locks all of its own code and memory. The
+//! helper loads and attaches the program and waits; the daemon takes the attachment's and the
+//! map's descriptors from it (`pidfd_getfd`), maps the map, and lets it exit. The attachment
+//! lives as long as the daemon holds its descriptor.
 //!
-//! The only module that talks to aya. It loads before the daemon pins its memory: reading the
-//! kernel's BTF to relocate the program takes megabytes, given back before `mlockall`.
+//! Where the probe cannot be had (no helper, no such function, no BTF, symbol addresses
+//! hidden, no eBPF, `--slot-free discard`), the device frees only what swap discards, and says
+//! so: in the log, the listing (`SLOT-FREE`) and `uzram_stat` (`slot_free_probe 0`).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -101,9 +105,10 @@ pub fn discard_only(why: String) {
 
 /// The probe, loaded and attached, marking nothing until [`Loaded::watch`] names the device.
 pub struct Loaded {
-    /// The program's attachment (aya's link, which holds the program, which holds its map):
-    /// dropped, the probe is gone. Everything else aya parsed is freed once it is loaded.
-    link: Box<dyn std::any::Any + Send + Sync>,
+    /// The program's attachment (a perf event with the program, which holds its map): closed,
+    /// the probe is gone.
+    link: std::os::fd::OwnedFd,
+    /// The map, mapped (the mapping holds the map too).
     words: Arc<SharedWords>,
     pages: u64,
 }
@@ -183,29 +188,120 @@ fn kallsyms(symbols: impl std::io::BufRead) -> Result<(u64, bool), String> {
     }
 }
 
-/// Loads and attaches the probe for a device of `pages` pages; why not, when it cannot.
-#[cfg(feature = "ublk")]
+/// The helper's name, beside the running binary.
+pub const HELPER: &str = "uzram-probe";
+
+/// How long the helper may take to load and attach the program.
+const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The words of the map for a device of `pages` pages: the header, the summary, the page bits.
+pub fn map_words(pages: u64) -> usize {
+    HEADER_WORDS + FreedPages::summary_words(pages) + FreedPages::page_words(pages)
+}
+
+/// Has the helper beside this binary load and attach the probe for a device of `pages` pages,
+/// and takes it over; why not, when it cannot.
 pub fn load(pages: u64) -> Result<Loaded, String> {
-    aya_probe::load(pages)
+    use std::io::BufRead;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    use std::process::{Command, Stdio};
+
+    let exe = std::env::current_exe().map_err(|e| format!("finding the {HELPER} helper: {e}"))?;
+    let helper = exe.with_file_name(HELPER);
+    let meta = std::fs::metadata(&helper).map_err(|e| format!("{}: {e}", helper.display()))?;
+    // Run as root, it must be as safe from others as the daemon itself.
+    if !meta.is_file()
+        || meta.mode() & 0o022 != 0
+        || (meta.uid() != 0 && meta.uid() != crate::sys::uid())
+    {
+        return Err(format!(
+            "{} is not a file only its owner (root) may change",
+            helper.display()
+        ));
+    }
+    let mut child = Command::new(&helper)
+        .arg(pages.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", helper.display()))?;
+    let stdout = child.stdout.take().ok_or("no pipe from the helper")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let answer = rx.recv_timeout(HELPER_TIMEOUT);
+    let taken = match answer.as_deref().map(str::trim_end) {
+        Ok(line) => take_over(child.id(), line, pages),
+        Err(_) => Err(format!("{HELPER} did not answer within {HELPER_TIMEOUT:?}")),
+    };
+    if taken.is_err() {
+        let _ = child.kill();
+    }
+    // Its stdin closed, the helper exits.
+    drop(child.stdin.take());
+    let _ = child.wait();
+    let (link, map) = taken?;
+    let words = map_words(pages);
+    let shared =
+        SharedWords::map(map.as_fd(), words).map_err(|e| format!("mapping the marks: {e}"))?;
+    Ok(Loaded {
+        link,
+        words: Arc::new(shared),
+        pages,
+    })
 }
 
-/// Without the `ublk` feature there is no daemon and nothing to load.
-#[cfg(not(feature = "ublk"))]
-pub fn load(_pages: u64) -> Result<Loaded, String> {
-    Err("built without the ublk feature".into())
+/// The attachment's and the map's descriptors, from the helper's answer `line` ("ok LINK MAP",
+/// its descriptor numbers, or "error WHY").
+fn take_over(
+    pid: u32,
+    line: &str,
+    _pages: u64,
+) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), String> {
+    use std::os::fd::AsFd;
+    let (link, map) = parse_answer(line)?;
+    let pidfd = crate::sys::pidfd_open(pid).map_err(|e| format!("pidfd_open: {e}"))?;
+    let take = |fd| {
+        crate::sys::pidfd_getfd(pidfd.as_fd(), fd)
+            .map_err(|e| format!("taking the helper's descriptor {fd}: {e}"))
+    };
+    Ok((take(link)?, take(map)?))
 }
 
+/// The helper's answer: its attachment's and map's descriptor numbers, or why it failed.
+fn parse_answer(line: &str) -> Result<(i32, i32), String> {
+    let mut words = line.split(' ');
+    match words.next() {
+        Some("ok") => {
+            let mut fd = || words.next().and_then(|w| w.parse::<i32>().ok());
+            match (fd(), fd()) {
+                (Some(link), Some(map)) => Ok((link, map)),
+                _ => Err(format!("{HELPER} answered {line:?}")),
+            }
+        }
+        Some("error") => Err(line["error".len()..].trim().to_string()),
+        _ => Err(format!("{HELPER} answered {line:?}")),
+    }
+}
+
+/// The helper's side (`uzram-probe PAGES`, cargo feature `ublk`): the only code that talks to
+/// aya, linked into the helper alone.
 #[cfg(feature = "ublk")]
-mod aya_probe {
-    use std::sync::Arc;
+pub mod helper {
+    use std::io::{Read, Write};
+    use std::os::fd::{AsFd, AsRawFd};
 
     use aya::maps::Map;
     use aya::programs::KProbe;
     use aya::EbpfLoader;
     use uzram_engine::FreedPages;
 
-    use super::{Loaded, HEADER_WORDS, PROBED};
-    use crate::sys::SharedWords;
+    use super::{map_words, HELPER, PROBED};
 
     /// The program build.rs compiled (aligned, as the ELF reader wants).
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/slotfree.bpf.o"));
@@ -213,7 +309,46 @@ mod aya_probe {
     /// The program's name in the object.
     const PROGRAM: &str = "uzram_slot_free";
 
-    pub(super) fn load(pages: u64) -> Result<Loaded, String> {
+    /// Loads and attaches the program for `pages` pages, says "ok LINK MAP" (the descriptors
+    /// the daemon takes) or "error WHY" on stdout, and holds them until stdin closes. The exit
+    /// status: 0 when the daemon was answered "ok", 1 otherwise.
+    pub fn run(args: &[String]) -> std::process::ExitCode {
+        let pages = match args {
+            [p] => p.parse::<u64>().ok().filter(|&p| p > 0),
+            _ => None,
+        };
+        let Some(pages) = pages else {
+            let _ = writeln!(
+                std::io::stdout(),
+                "error usage: {HELPER} PAGES (run by uzram serve, not by hand)"
+            );
+            return std::process::ExitCode::FAILURE;
+        };
+        match load(pages) {
+            Ok((ebpf, link, map)) => {
+                let said = writeln!(std::io::stdout(), "ok {link} {map}")
+                    .and_then(|()| std::io::stdout().flush());
+                // Held until the daemon has taken the descriptors and closed the pipe.
+                let mut rest = Vec::new();
+                let _ = std::io::stdin().read_to_end(&mut rest);
+                drop(ebpf);
+                if said.is_ok() {
+                    std::process::ExitCode::SUCCESS
+                } else {
+                    std::process::ExitCode::FAILURE
+                }
+            }
+            Err(why) => {
+                let why = why.replace('\n', " ");
+                let _ = writeln!(std::io::stdout(), "error {why}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// The loaded program (holding its attachment), and the descriptor numbers of the
+    /// attachment and of the map.
+    fn load(pages: u64) -> Result<(aya::Ebpf, i32, i32), String> {
         if OBJECT.is_empty() {
             return Err("built without an eBPF target for this architecture".into());
         }
@@ -223,46 +358,66 @@ mod aya_probe {
         if !probed {
             return Err(format!("this kernel has no {PROBED}"));
         }
-        let summary = FreedPages::summary_words(pages);
-        let words = HEADER_WORDS + summary + FreedPages::page_words(pages);
-        let entries = u32::try_from(words).map_err(|_| format!("{pages} pages is too many"))?;
-        let summary = summary as u64;
+        let entries =
+            u32::try_from(map_words(pages)).map_err(|_| format!("{pages} pages is too many"))?;
+        let summary = FreedPages::summary_words(pages) as u64;
         let mut ebpf = EbpfLoader::new()
             .override_global("swap_info_addr", &swap_info, true)
             .override_global("device_pages", &pages, true)
             .override_global("summary_words", &summary, true)
             .map_max_entries("marks", entries)
             .load(OBJECT)
-            .map_err(|e| format!("loading the eBPF program: {e}"))?;
+            .map_err(|e| format!("loading the eBPF program: {}", first_lines(&e.to_string())))?;
         let program: &mut KProbe = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| format!("the eBPF object has no program {PROGRAM}"))?
             .try_into()
             .map_err(|e| format!("{PROGRAM}: {e}"))?;
-        program
-            .load()
-            .map_err(|e| format!("the kernel refused the eBPF program: {e}"))?;
+        program.load().map_err(|e| {
+            format!(
+                "the kernel refused the eBPF program: {}",
+                first_lines(&e.to_string())
+            )
+        })?;
         let id = program
             .attach(PROBED, 0)
             .map_err(|e| format!("attaching to {PROBED}: {e}"))?;
-        // The link, taken from the program, keeps it attached once the rest of aya's state is
-        // dropped (with it the program's and map's descriptors: the link holds the program,
-        // the program and the mapping below hold the map).
         let link = program
             .take_link(id)
             .map_err(|e| format!("attaching to {PROBED}: {e}"))?;
-        let map = match ebpf.map("marks") {
-            Some(Map::Array(data)) => data,
+        // The attachment, for the daemon to take: a BPF link (Linux 5.15 and later attach a
+        // kprobe program by one). Left open here (aya has no accessor for its number: it is
+        // this process's one BPF link), closed when this process exits.
+        let link = aya::programs::links::FdLink::try_from(link)
+            .map_err(|e| format!("attaching to {PROBED} by a BPF link: {e}"))?;
+        std::mem::forget(link);
+        let link_fd = bpf_link_fd()?;
+        let map_fd = match ebpf.map("marks") {
+            Some(Map::Array(data)) => data.fd().as_fd().as_raw_fd(),
             _ => return Err("the eBPF object has no array map \"marks\"".into()),
         };
-        let shared = SharedWords::map(std::os::fd::AsFd::as_fd(map.fd()), words)
-            .map_err(|e| format!("mapping the marks: {e}"))?;
-        drop(ebpf);
-        Ok(Loaded {
-            link: Box::new(link),
-            words: Arc::new(shared),
-            pages,
-        })
+        Ok((ebpf, link_fd, map_fd))
+    }
+
+    /// This process's one BPF link descriptor.
+    fn bpf_link_fd() -> Result<i32, String> {
+        let fds = std::fs::read_dir("/proc/self/fd").map_err(|e| format!("/proc/self/fd: {e}"))?;
+        let links: Vec<i32> = fds
+            .filter_map(Result::ok)
+            .filter(|e| {
+                std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str() == "anon_inode:bpf_link")
+            })
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        match links[..] {
+            [fd] => Ok(fd),
+            _ => Err(format!("{} BPF links where one was made", links.len())),
+        }
+    }
+
+    /// The first lines of a long message (a verifier log).
+    fn first_lines(text: &str) -> String {
+        text.lines().take(4).collect::<Vec<_>>().join(" / ")
     }
 }
 
