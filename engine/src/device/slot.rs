@@ -5,15 +5,19 @@
 //! word (64 bits): the pool handle (stored page), the fill word (SAME), or 0 (empty)
 //!
 //! meta (64 bits):
-//!  63            32 31    29 28         16 15  11 10 9 8       2 1       0
-//! +----------------+--------+-------------+------+----+---------+-------+------+
-//! | access time, s | unused | size (13 b) | ---- |prio| flags   |WAITERS| LOCK |
-//! +----------------+--------+-------------+------+----+---------+-------+------+
+//!  63            32 31    29 28         16 15    11 10 9 8       2 1       0
+//! +----------------+--------+-------------+--------+----+---------+-------+------+
+//! | access time, s | gen hi | size (13 b) | gen lo |prio| flags   |WAITERS| LOCK |
+//! +----------------+--------+-------------+--------+----+---------+-------+------+
 //! ```
 //! `LOCK` is the per-slot lock; `WAITERS` says a thread is parked on it. The flags are
 //! [`SlotFlags`]; `prio` is which codec (0 = primary) compressed the page; `size` is the stored
 //! object's length (4096 for a huge page); the access time counts seconds since the device was
-//! created, wrapping after 136 years.
+//! created, wrapping after 136 years. `gen` (8 bits, low 5 and high 3) counts the slot's
+//! changes, wrapping: work that copies a page out, unlocks, and commits later under the lock
+//! ([`SlotGuard::generation`], writeback) tells a page rewritten meanwhile from the one it took,
+//! even when the new state is equal (a freed handle reused at once, the same size, the same
+//! second).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -27,6 +31,21 @@ const PRIO_MASK: u64 = 0b11 << PRIO_SHIFT;
 const SIZE_SHIFT: u32 = 16;
 const SIZE_MASK: u64 = 0x1fff << SIZE_SHIFT;
 const TIME_SHIFT: u32 = 32;
+const GEN_LO_SHIFT: u32 = 11;
+const GEN_LO_MASK: u64 = 0x1f << GEN_LO_SHIFT;
+const GEN_HI_SHIFT: u32 = 29;
+const GEN_HI_MASK: u64 = 0x7 << GEN_HI_SHIFT;
+
+/// The generation a meta word holds.
+fn generation(meta: u64) -> u8 {
+    (((meta & GEN_LO_MASK) >> GEN_LO_SHIFT) | ((meta & GEN_HI_MASK) >> (GEN_HI_SHIFT - 5))) as u8
+}
+
+/// `gen` packed into a meta word's generation bits.
+fn pack_generation(gen: u8) -> u64 {
+    let gen = u64::from(gen);
+    ((gen & 0x1f) << GEN_LO_SHIFT) | ((gen >> 5) << GEN_HI_SHIFT)
+}
 
 /// Spins before a locker parks.
 const SPINS: u32 = 64;
@@ -309,7 +328,13 @@ impl SlotGuard<'_> {
         )
     }
 
-    /// Replaces what the slot holds, keeping the lock; returns the old state.
+    /// The slot's generation: it changes with every [`SlotGuard::set`] (wrapping at 256).
+    pub fn generation(&self) -> u8 {
+        generation(self.slot.meta.load(Ordering::Relaxed))
+    }
+
+    /// Replaces what the slot holds, keeping the lock and moving the generation on; returns
+    /// the old state.
     pub fn set(&mut self, new: SlotState) -> SlotState {
         let old = self.get();
         self.slot.word.store(new.word, Ordering::Relaxed);
@@ -319,7 +344,8 @@ impl SlotGuard<'_> {
             .slot
             .meta
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
-                Some(packed | (m & (LOCK | WAITERS)))
+                let gen = pack_generation(generation(m).wrapping_add(1));
+                Some(packed | gen | (m & (LOCK | WAITERS)))
             });
         old
     }
@@ -335,6 +361,28 @@ impl Drop for SlotGuard<'_> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn every_set_moves_the_generation_and_leaves_the_state_alone() {
+        let slot = Slot::default();
+        let state = SlotState {
+            word: 7,
+            flags: SlotFlags::STORED | SlotFlags::HUGE,
+            prio: 1,
+            size: 4096,
+            atime: u32::MAX,
+        };
+        let mut g = slot.lock();
+        let first = g.generation();
+        for i in 1..=300u32 {
+            g.set(state);
+            assert_eq!(g.get(), state, "set {i}");
+            assert_eq!(g.generation(), first.wrapping_add(i as u8), "set {i}");
+        }
+        drop(g);
+        assert_eq!(slot.peek(), state);
+        assert!(slot.try_lock().is_some(), "the lock bits survive");
+    }
 
     #[test]
     fn state_round_trips_through_the_packed_words() {

@@ -76,9 +76,9 @@ const FILE_SHIFT: u32 = 56;
 pub(super) struct WbBuffers {
     plain: Box<[u8; PAGE_SIZE]>,
     out: AlignedBuf,
-    /// Page, its state when picked, its record's sector offset in the batch, and whether its
-    /// record was sealed (only sealed records are committed).
-    taken: Vec<(PageIndex, SlotState, u64, bool)>,
+    /// Page, its state and its slot's generation when picked, its record's sector offset in
+    /// the batch, and whether its record was sealed (only sealed records are committed).
+    taken: Vec<(PageIndex, SlotState, u8, u64, bool)>,
     /// Candidates, for callers that pick pages without allocating (eviction).
     pub(super) pages: Vec<PageIndex>,
     capacity: usize,
@@ -311,12 +311,12 @@ impl Device {
             let Some(g) = self.lock_for_writeback(index, wait) else {
                 continue;
             };
-            let s = g.get();
+            let (s, gen) = (g.get(), g.generation());
             drop(g);
             if !s.flags.contains(SlotFlags::STORED) || !keep(&s) {
                 continue;
             }
-            bufs.taken.push((index, s, sectors, false));
+            bufs.taken.push((index, s, gen, sectors, false));
             sectors += BackingStore::sectors_for(usize::from(s.size));
         }
         sectors
@@ -335,13 +335,14 @@ impl Device {
     ) {
         let out = &mut bufs.out[..len];
         out.fill(0);
-        for (index, s, off, sealed) in bufs.taken.iter_mut() {
-            let (index, s, off) = (*index, *s, *off);
+        for (index, s, gen, off, sealed) in bufs.taken.iter_mut() {
+            let (index, s, gen, off) = (*index, *s, *gen, *off);
             let Some(g) = self.lock_for_writeback(index, wait) else {
                 continue;
             };
             let n = usize::from(s.size);
             let ok = g.get() == s
+                && g.generation() == gen
                 && uzram_allocator::Handle::from_raw(s.word)
                     .is_some_and(|h| self.pool.read_into(h, &mut bufs.plain[..]).is_ok());
             drop(g);
@@ -366,14 +367,17 @@ impl Device {
     ) {
         // A written-back slot's atime is its writeback's time (see `Device::load`).
         let now = self.now();
-        for &(index, s, off, sealed) in &bufs.taken {
+        for &(index, s, gen, off, sealed) in &bufs.taken {
             let sector = extent.start + off;
             let g = if sealed {
                 self.lock_for_writeback(index, wait)
             } else {
                 None
             };
-            let Some(mut g) = g.filter(|g| g.get() == s) else {
+            // The state and the generation: a page freed and written again meanwhile may hold
+            // an equal state (its handle reused, the same size and second), never the same
+            // generation.
+            let Some(mut g) = g.filter(|g| g.get() == s && g.generation() == gen) else {
                 backing.release(
                     extent.file,
                     sector,

@@ -223,3 +223,44 @@ fn writeback_syntax_is_zrams() {
         assert!(bad.parse::<WritebackRequest>().is_err(), "{bad}");
     }
 }
+
+/// A page freed and written again while its old object is being written back may come back
+/// with a state equal to the one taken (its handle reused at once, the same size, the same
+/// second): the commit must still see it changed, by the slot's generation, and leave the new
+/// data in RAM.
+#[test]
+fn a_page_rewritten_with_an_equal_state_during_writeback_keeps_its_new_data() {
+    let dir = tempdir("wb-aba");
+    let (d, _) = setup(&dir);
+    let mut ctx = d.context().unwrap();
+    let (old, new) = (
+        crate::testing::pages::noise_page(1),
+        crate::testing::pages::noise_page(2),
+    );
+    d.write(&mut ctx, 0, &old).unwrap();
+    let backing = d.backing().unwrap();
+    let mut bufs = WbBuffers::new(4);
+    let keep = |_: &SlotState| true;
+    let sectors = d.pick(&mut bufs, &[PageIndex(0)], &keep, true);
+    let extent = backing.reserve(sectors).unwrap();
+    let len = ((sectors * SECTOR) as usize).next_multiple_of(ALIGN);
+    d.seal_taken(backing, &mut bufs, &extent, len, true);
+    backing.write_extent(&extent, &bufs.out[..len]).unwrap();
+    // Meanwhile swap frees the slot and writes it again: the freed handle is handed out anew.
+    let taken = d.slot_state(PageIndex(0)).unwrap();
+    d.discard(0, PAGE_SIZE as u64).unwrap();
+    d.write(&mut ctx, 0, &new).unwrap();
+    assert_eq!(
+        d.slot_state(PageIndex(0)).unwrap(),
+        taken,
+        "the test needs the rewritten page's state equal to the one taken"
+    );
+    let mut stats = BatchStats::default();
+    d.commit(backing, &bufs, &extent, true, &mut stats);
+    assert_eq!(stats.written, 0, "the rewritten page was committed");
+    let mut back = vec![0u8; PAGE_SIZE];
+    d.read(&mut ctx, 0, &mut back).unwrap();
+    assert!(back == new.to_vec(), "the page lost its new data");
+    d.check_invariants().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
