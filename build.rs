@@ -31,11 +31,15 @@ fn main() {
             return;
         }
     };
+    // The kernel runs the program in the machine's byte order.
+    let target = match std::env::var("CARGO_CFG_TARGET_ENDIAN").as_deref() {
+        Ok("big") => "bpfeb",
+        _ => "bpfel",
+    };
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
     let status = Command::new(&clang)
-        .args([
-            "-target", "bpf", "-O2", "-g", "-mcpu=v3", "-Wall", "-Werror",
-        ])
+        .args(["-target", target])
+        .args(["-O2", "-g", "-mcpu=v3", "-Wall", "-Werror"])
         .arg(format!("-D__TARGET_ARCH_{bpf_arch}"))
         .arg(format!("-I/usr/include/{multiarch}"))
         .args(["-c", SOURCE, "-o"])

@@ -248,9 +248,9 @@ pub fn set_thread_uid(uid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// `len` words of a file mapped shared, read and write, as atomics: a BPF array map created
-/// with `BPF_F_MMAPABLE` (the slot-free probe's marks, which the kernel sets while the daemon
-/// reads and clears them). Unmapped on drop.
+/// `len` words of a BPF array map mapped shared, read and write, as atomics: the slot-free
+/// probe's marks, which the kernel sets while the daemon reads and clears them. Unmapped on
+/// drop.
 #[derive(Debug)]
 pub struct SharedWords {
     at: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
@@ -264,8 +264,36 @@ unsafe impl Send for SharedWords {}
 unsafe impl Sync for SharedWords {}
 
 impl SharedWords {
-    /// Maps the first `len` 8-byte words of `fd` (`MAP_SHARED`, read and write).
-    pub fn map(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<SharedWords> {
+    /// Maps the first `len` 8-byte words of the BPF map `fd`, which must be what its
+    /// `/proc/self/fdinfo` says: an array (`map_type` 2) of 8-byte values, mappable
+    /// (`BPF_F_MMAPABLE`), of at least `len` entries. Anything else (a file that could be
+    /// truncated under the mapping, or written without atomics) is refused.
+    pub fn map_bpf_array(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<SharedWords> {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let num = |name: &str| {
+            let v = field(name)?;
+            match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                None => v.parse::<u64>().ok(),
+            }
+        };
+        const BPF_MAP_TYPE_ARRAY: u64 = 2;
+        const BPF_F_MMAPABLE: u64 = 1 << 10;
+        let ok = num("map_type") == Some(BPF_MAP_TYPE_ARRAY)
+            && num("value_size") == Some(8)
+            && num("map_flags").is_some_and(|f| f & BPF_F_MMAPABLE != 0)
+            && num("max_entries").is_some_and(|n| n >= len as u64);
+        if !ok {
+            return Err(io::Error::other(format!(
+                "not a mappable BPF array of {len} words: {}",
+                info.split_whitespace().collect::<Vec<_>>().join(" ")
+            )));
+        }
         let bytes = len
             .checked_mul(8)
             .filter(|&b| b > 0)
@@ -292,8 +320,10 @@ impl SharedWords {
     /// The words.
     pub fn words(&self) -> &[std::sync::atomic::AtomicU64] {
         // SAFETY: `at` is a live mapping of `len` words, page-aligned (so aligned for
-        // AtomicU64), readable and writable, that stays mapped while `self` lives; every access
-        // to it, here and in the kernel, is atomic, so shared references to atomics are sound.
+        // AtomicU64), readable and writable, that stays mapped while `self` lives; it is a BPF
+        // array (`map_bpf_array` checked), whose size never changes, and whose words the
+        // kernel's programs touch only with atomic operations (slotfree.bpf.c), so shared
+        // references to atomics over it are sound.
         unsafe { std::slice::from_raw_parts(self.at.as_ptr(), self.len) }
     }
 }
@@ -336,4 +366,36 @@ fn owned_fd(ret: libc::c_long) -> io::Result<std::os::fd::OwnedFd> {
     // SAFETY: the kernel just returned `fd`, a new descriptor this process owns and nothing
     // else refers to.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Waits until `fd` has something to read (or its writer closed it), at most `timeout`;
+/// whether it has.
+pub fn wait_readable(
+    fd: std::os::fd::BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    loop {
+        // SAFETY: one valid pollfd, on the stack for the call, of a descriptor borrowed for it.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n >= 0 {
+            return Ok(n > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The kernel's page size.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf takes an integer and has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).unwrap_or(0)
 }

@@ -75,17 +75,21 @@ static __always_inline void count(__u32 which, __u64 n)
 }
 
 // void clear_shadow_from_swap_cache(int type, unsigned long begin, unsigned long end):
-// called by swap_range_free(), under the swap area's lock, for the slots [begin, end] it has
-// just freed, right beside the loop that calls swap_slot_free_notify(). The slots cannot be
-// handed out again before that lock is dropped, so these marks are made before any write can
-// reuse them.
+// called by swap_range_free(), for the slots [begin, end] it has just freed, right beside the
+// loop that calls swap_slot_free_notify(). In Linux 6.12 (read for this, mm/swapfile.c) every
+// caller holds the swap area's lock (si->lock), which every path that hands a slot out again
+// takes too: these marks are made before any write can reuse the slots. A kernel that frees
+// or allocates without that lock must give the same ordering some other way before this
+// function is trusted there. Swap offsets are kernel pages: the daemon uses the probe only
+// where those are 4 KiB, the device's pages.
 SEC("kprobe/clear_shadow_from_swap_cache")
 int BPF_KPROBE(uzram_slot_free, int type, unsigned long begin, unsigned long end)
 {
 	__u64 *target = word(H_TARGET);
 	if (!target || !*target || !swap_info_addr)
 		return 0;
-	if (type < 0 || type >= 64)
+	// MAX_SWAPFILES is below 32 (1 << MAX_SWAPFILES_SHIFT, less the special entry types).
+	if (type < 0 || type >= 32)
 		return 0;
 
 	struct swap_info_struct *si = 0;
@@ -99,7 +103,11 @@ int BPF_KPROBE(uzram_slot_free, int type, unsigned long begin, unsigned long end
 		return 0;
 
 	count(H_CALLS, 1);
-	if (end < begin || end >= device_pages || (end >> 6) - (begin >> 6) >= MAX_RANGE_WORDS) {
+	if (end < begin) {
+		count(H_DROPPED, 1);
+		return 0;
+	}
+	if (end >= device_pages || (end >> 6) - (begin >> 6) >= MAX_RANGE_WORDS) {
 		count(H_DROPPED, end - begin + 1);
 		return 0;
 	}

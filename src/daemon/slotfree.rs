@@ -191,6 +191,11 @@ fn kallsyms(symbols: impl std::io::BufRead) -> Result<(u64, bool), String> {
 /// The helper's name, beside the running binary.
 pub const HELPER: &str = "uzram-probe";
 
+/// What the daemon and its helper must agree on (the map's layout, the answer's form): the
+/// daemon passes it, the helper answers with its own, and a mismatch (a helper left from
+/// another version of uzram) is refused rather than trusted with the daemon's pages.
+pub const PROTOCOL: &str = "uzram-probe/1";
+
 /// How long the helper may take to load and attach the program.
 const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -202,43 +207,45 @@ pub fn map_words(pages: u64) -> usize {
 /// Has the helper beside this binary load and attach the probe for a device of `pages` pages,
 /// and takes it over; why not, when it cannot.
 pub fn load(pages: u64) -> Result<Loaded, String> {
-    use std::io::BufRead;
     use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;
     use std::process::{Command, Stdio};
 
+    // Swap offsets are the kernel's pages; the probe marks them as the device's 4 KiB pages.
+    let page = crate::sys::page_size();
+    if page != uzram_engine::PAGE_SIZE as u64 {
+        return Err(format!(
+            "the kernel's pages are {page} bytes, not the device's {}",
+            uzram_engine::PAGE_SIZE
+        ));
+    }
     let exe = std::env::current_exe().map_err(|e| format!("finding the {HELPER} helper: {e}"))?;
     let helper = exe.with_file_name(HELPER);
+    // Run as root, it must be as safe from others as the daemon itself, and so must the
+    // directory that holds it.
+    let mine = |m: &std::fs::Metadata| {
+        m.mode() & 0o022 == 0 && (m.uid() == 0 || m.uid() == crate::sys::uid())
+    };
     let meta = std::fs::metadata(&helper).map_err(|e| format!("{}: {e}", helper.display()))?;
-    // Run as root, it must be as safe from others as the daemon itself.
-    if !meta.is_file()
-        || meta.mode() & 0o022 != 0
-        || (meta.uid() != 0 && meta.uid() != crate::sys::uid())
-    {
+    let dir = helper.parent().map(std::fs::metadata);
+    if !meta.is_file() || !mine(&meta) || !matches!(dir, Some(Ok(ref d)) if mine(d)) {
         return Err(format!(
-            "{} is not a file only its owner (root) may change",
+            "{} is not a file that only root may change, in a directory only root may change",
             helper.display()
         ));
     }
     let mut child = Command::new(&helper)
         .arg(pages.to_string())
+        .arg(PROTOCOL)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("{}: {e}", helper.display()))?;
-    let stdout = child.stdout.take().ok_or("no pipe from the helper")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let answer = rx.recv_timeout(HELPER_TIMEOUT);
-    let taken = match answer.as_deref().map(str::trim_end) {
-        Ok(line) => take_over(child.id(), line, pages),
-        Err(_) => Err(format!("{HELPER} did not answer within {HELPER_TIMEOUT:?}")),
-    };
+    let mut stdout = child.stdout.take().ok_or("no pipe from the helper")?;
+    // Read on this thread, with a deadline (a thread of its own would leave its 2 MiB stack
+    // cached by the C library, which mlockall would then lock whole).
+    let taken = read_answer(&mut stdout).and_then(|line| take_over(child.id(), &line));
     if taken.is_err() {
         let _ = child.kill();
     }
@@ -247,8 +254,8 @@ pub fn load(pages: u64) -> Result<Loaded, String> {
     let _ = child.wait();
     let (link, map) = taken?;
     let words = map_words(pages);
-    let shared =
-        SharedWords::map(map.as_fd(), words).map_err(|e| format!("mapping the marks: {e}"))?;
+    let shared = SharedWords::map_bpf_array(map.as_fd(), words)
+        .map_err(|e| format!("mapping the marks: {e}"))?;
     Ok(Loaded {
         link,
         words: Arc::new(shared),
@@ -256,13 +263,35 @@ pub fn load(pages: u64) -> Result<Loaded, String> {
     })
 }
 
+/// The helper's one line of answer, read within [`HELPER_TIMEOUT`].
+fn read_answer(from: &mut std::process::ChildStdout) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let deadline = std::time::Instant::now() + HELPER_TIMEOUT;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 512];
+    while !answer.contains(&b'\n') {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match crate::sys::wait_readable(from.as_fd(), left) {
+            Ok(true) => {}
+            Ok(false) => return Err(format!("{HELPER} did not answer within {HELPER_TIMEOUT:?}")),
+            Err(e) => return Err(format!("waiting for {HELPER}: {e}")),
+        }
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) if answer.len() < 64 << 10 => answer.extend_from_slice(&buf[..n]),
+            Ok(_) => return Err(format!("{HELPER} answered too much")),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("reading {HELPER}'s answer: {e}")),
+        }
+    }
+    let line = String::from_utf8_lossy(&answer);
+    Ok(line.lines().next().unwrap_or_default().to_string())
+}
+
 /// The attachment's and the map's descriptors, from the helper's answer `line` ("ok LINK MAP",
 /// its descriptor numbers, or "error WHY").
-fn take_over(
-    pid: u32,
-    line: &str,
-    _pages: u64,
-) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), String> {
+fn take_over(pid: u32, line: &str) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), String> {
     use std::os::fd::AsFd;
     let (link, map) = parse_answer(line)?;
     let pidfd = crate::sys::pidfd_open(pid).map_err(|e| format!("pidfd_open: {e}"))?;
@@ -273,14 +302,21 @@ fn take_over(
     Ok((take(link)?, take(map)?))
 }
 
-/// The helper's answer: its attachment's and map's descriptor numbers, or why it failed.
+/// The helper's answer ("ok PROTOCOL LINK MAP"): its attachment's and map's descriptor
+/// numbers, or why it failed.
 fn parse_answer(line: &str) -> Result<(i32, i32), String> {
     let mut words = line.split(' ');
     match words.next() {
         Some("ok") => {
+            let theirs = words.next().unwrap_or_default();
+            if theirs != PROTOCOL {
+                return Err(format!(
+                    "{HELPER} speaks {theirs:?}, not {PROTOCOL:?}: it is from another uzram"
+                ));
+            }
             let mut fd = || words.next().and_then(|w| w.parse::<i32>().ok());
-            match (fd(), fd()) {
-                (Some(link), Some(map)) => Ok((link, map)),
+            match (fd(), fd(), words.next()) {
+                (Some(link), Some(map), None) => Ok((link, map)),
                 _ => Err(format!("{HELPER} answered {line:?}")),
             }
         }
@@ -301,7 +337,7 @@ pub mod helper {
     use aya::EbpfLoader;
     use uzram_engine::FreedPages;
 
-    use super::{map_words, HELPER, PROBED};
+    use super::{map_words, HELPER, PROBED, PROTOCOL};
 
     /// The program build.rs compiled (aligned, as the ELF reader wants).
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/slotfree.bpf.o"));
@@ -314,19 +350,26 @@ pub mod helper {
     /// status: 0 when the daemon was answered "ok", 1 otherwise.
     pub fn run(args: &[String]) -> std::process::ExitCode {
         let pages = match args {
-            [p] => p.parse::<u64>().ok().filter(|&p| p > 0),
+            [p, protocol] if protocol == PROTOCOL => p.parse::<u64>().ok().filter(|&p| p > 0),
+            [_, protocol] => {
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "error {HELPER} speaks {PROTOCOL}, not {protocol}: it is from another uzram"
+                );
+                return std::process::ExitCode::FAILURE;
+            }
             _ => None,
         };
         let Some(pages) = pages else {
             let _ = writeln!(
                 std::io::stdout(),
-                "error usage: {HELPER} PAGES (run by uzram serve, not by hand)"
+                "error usage: {HELPER} PAGES {PROTOCOL} (run by uzram serve, not by hand)"
             );
             return std::process::ExitCode::FAILURE;
         };
         match load(pages) {
             Ok((ebpf, link, map)) => {
-                let said = writeln!(std::io::stdout(), "ok {link} {map}")
+                let said = writeln!(std::io::stdout(), "ok {PROTOCOL} {link} {map}")
                     .and_then(|()| std::io::stdout().flush());
                 // Held until the daemon has taken the descriptors and closed the pipe.
                 let mut rest = Vec::new();
@@ -448,5 +491,31 @@ mod tests {
         assert!(kallsyms("".as_bytes())
             .unwrap_err()
             .contains("no swap_info"));
+    }
+
+    #[test]
+    fn the_helpers_answer_is_read_strictly() {
+        use super::parse_answer;
+        assert_eq!(parse_answer("ok uzram-probe/1 5 7"), Ok((5, 7)));
+        assert!(parse_answer("ok uzram-probe/0 5 7")
+            .unwrap_err()
+            .contains("another uzram"));
+        assert_eq!(
+            parse_answer("error this kernel has no clear_shadow_from_swap_cache"),
+            Err("this kernel has no clear_shadow_from_swap_cache".into())
+        );
+        for bad in [
+            "",
+            "hello",
+            "ok uzram-probe/1",
+            "ok uzram-probe/1 5",
+            "ok uzram-probe/1 x 7",
+            "ok uzram-probe/1 5 7 9",
+        ] {
+            assert!(
+                parse_answer(bad).unwrap_err().contains("answered"),
+                "{bad:?}"
+            );
+        }
     }
 }

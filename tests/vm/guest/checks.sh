@@ -261,34 +261,35 @@ uzram_slot_free() {
 }
 uzram_stat_field() { "$UZRAM_BIN" attr "$1" uzram_stat | awk -v k="$2" '$1 == k { print $2 }'; }
 
-# settled_mem_used DEV: mem_used_total once it stops falling (swap's discards and uzram's
-# reclaim of freed slots land within seconds of a program's exit, not at once): sampled every
-# half second until three samples agree, at most 20 s. Prints "BYTES SECONDS".
+# settled_mem_used DEV: mem_used_total once it and orig_data_size stop falling (swap's
+# discards and uzram's reclaim of freed slots, at least once a second, land within seconds of
+# a program's exit, not at once): sampled every half second until four samples (1.5 s) agree,
+# at most 30 s. Prints "BYTES SECONDS".
 settled_mem_used() {
     _t0=$(uptime_s) _prev=-1 _same=0 _u=0
-    for _ in $(seq 1 40); do
-        _u=$(dev_mem_used "$1")
-        if [ "$_u" = "$_prev" ]; then
+    for _ in $(seq 1 60); do
+        _s=$(dev_mm_stat "$1" | awk '{ print $1, $3 }')
+        _u=${_s#* }
+        if [ "$_s" = "$_prev" ]; then
             _same=$((_same + 1))
-            [ $_same -ge 2 ] && break
+            [ $_same -ge 3 ] && break
         else
             _same=0
         fi
-        _prev=$_u
+        _prev=$_s
         sleep 0.5
     done
     echo "$_u $(elapsed "$_t0")"
 }
 
-# slot_free_check DEV NAME LOG: on uzram, fails (and returns 1) when the daemon's slot-free mode
-# is not the one wanted; prints the mode otherwise.
-slot_free_check() {
-    _mode=$(uzram_slot_free "$1")
-    if [ "$_mode" != "$SLOT_FREE_WANT" ]; then
-        fail_log "$2" "$3" "slot-free mode $_mode, wanted $SLOT_FREE_WANT: $(grep 'slot-free' "$UZRAM_LOG" | tail -n 1)"
-        return 1
-    fi
-    echo "$_mode"
+# slot_free_ok DEV NAME LOG: on uzram, whether the daemon's slot-free mode (set in MODE) is the
+# one wanted; fails NAME when not. Run it in the check's own shell (not in $(...)), so that the
+# failure counts.
+slot_free_ok() {
+    MODE=$(uzram_slot_free "$1")
+    [ "$MODE" = "$SLOT_FREE_WANT" ] && return 0
+    fail_log "$2" "$3" "slot-free mode $MODE, wanted $SLOT_FREE_WANT: $(grep 'slot-free' "$UZRAM_LOG" | tail -n 1)"
+    return 1
 }
 
 # memcg_run LIMIT_MIB CMD...: CMD in a fresh memory cgroup (v2, else v1); 99 if there is none.
@@ -384,7 +385,8 @@ check_swap() {
     case $dev in
     /dev/zram*) ZRAM_SWAP_EXIT=$used_exit ;;
     /dev/ublkb*)
-        mode=$(slot_free_check "$dev" "$name" "$log") || return
+        slot_free_ok "$dev" "$name" "$log" || return
+        mode=$MODE
         exit_how="$exit_how, slot-free $mode, $(uzram_stat_field "$dev" slot_free_freed) pages freed by the probe"
         echo "after exit: mem_used $used_exit ($exit_how), kernel zram's ${ZRAM_SWAP_EXIT:-unmeasured}; uzram_stat: $("$UZRAM_BIN" attr "$dev" uzram_stat | grep slot_free | tr '\n' ' ')" >>"$log"
         if [ "$mode" = probe ] && [ -n "$ZRAM_SWAP_EXIT" ] && [ "$used_exit" -gt $((ZRAM_SWAP_EXIT + 2097152)) ]; then
@@ -466,7 +468,15 @@ check_churn() {
         return
     fi
     SWAP_DEV=$dev
-    case $dev in /dev/ublkb*) mode=$(slot_free_check "$dev" "$name" "$log") || { swapoff "$dev"; SWAP_DEV=; return; } ;; esac
+    case $dev in
+    /dev/ublkb*)
+        if ! slot_free_ok "$dev" "$name" "$log"; then
+            swapoff "$dev"
+            SWAP_DEV=
+            return
+        fi
+        mode=$MODE ;;
+    esac
     avail=${SWAP_AVAIL_MIB:-$(($(meminfo_kb MemAvailable) / 1024))}
     mib=$((avail / 5))
     for r in $(seq 1 "$CHURN_ROUNDS"); do
