@@ -11,7 +11,6 @@
 
 #include <linux/types.h>
 #include <linux/bpf.h>
-#include <asm/ptrace.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
@@ -74,7 +73,10 @@ static __always_inline void count(__u32 which, __u64 n)
 		__sync_fetch_and_add(c, n);
 }
 
-// void clear_shadow_from_swap_cache(int type, unsigned long begin, unsigned long end):
+// fentry on void clear_shadow_from_swap_cache(int type, unsigned long begin, unsigned long
+// end): an fentry program is checked against the function's BTF when it is loaded, so a kernel
+// whose function takes fewer arguments refuses it (and the daemon falls back to discards)
+// rather than have it read registers that are not these.
 // called by swap_range_free(), for the slots [begin, end] it has just freed, right beside the
 // loop that calls swap_slot_free_notify(). In Linux 6.12 (read for this, mm/swapfile.c) every
 // caller holds the swap area's lock (si->lock), which every path that hands a slot out again
@@ -82,8 +84,8 @@ static __always_inline void count(__u32 which, __u64 n)
 // or allocates without that lock must give the same ordering some other way before this
 // function is trusted there. Swap offsets are kernel pages: the daemon uses the probe only
 // where those are 4 KiB, the device's pages.
-SEC("kprobe/clear_shadow_from_swap_cache")
-int BPF_KPROBE(uzram_slot_free, int type, unsigned long begin, unsigned long end)
+SEC("fentry/clear_shadow_from_swap_cache")
+int BPF_PROG(uzram_slot_free, int type, unsigned long begin, unsigned long end)
 {
 	__u64 *target = word(H_TARGET);
 	if (!target || !*target || !swap_info_addr)

@@ -3,11 +3,12 @@
 //! The kernel calls zram's `swap_slot_free_notify` the moment swap frees a slot; a ublk disk is
 //! told nothing but the discards of whole free clusters (`swapon --discard=pages`). So the
 //! daemon has a small eBPF program (`slotfree.bpf.c`, built by build.rs) attached to the
-//! function the kernel's free path calls right beside that hook (`clear_shadow_from_swap_cache`,
-//! Linux 5.9 and later): for a free on this device's swap area it marks the freed pages in a BPF
-//! array the daemon maps (`sys::SharedWords`) and hands to the engine as [`FreedPages`]; the
-//! memory thread frees marked pages each round ([`uzram_engine::Device::reclaim_freed`]). See
-//! the engine's `freed` module for why a late mark never frees a page swap wrote again.
+//! function the kernel's free path calls right beside that hook (`clear_shadow_from_swap_cache`;
+//! used on the kernels in [`VERIFIED_KERNELS`]): for a free on this device's swap area it marks
+//! the freed pages in a BPF array the daemon maps (`sys::SharedWords`) and hands to the engine
+//! as [`FreedPages`]; the memory thread frees marked pages each round
+//! ([`uzram_engine::Device::reclaim_freed`]). See the engine's `freed` module for why a late
+//! mark never frees a page swap wrote again.
 //!
 //! The program is loaded by a helper, `uzram-probe` (installed beside `uzram`; [`helper`], the
 //! only code that talks to aya): relocating it reads the kernel's BTF (megabytes) and aya's
@@ -196,6 +197,31 @@ pub const HELPER: &str = "uzram-probe";
 /// another version of uzram) is refused rather than trusted with the daemon's pages.
 pub const PROTOCOL: &str = "uzram-probe/1";
 
+/// The kernels whose free path was read for the probe's one ordering rule (a freed slot is
+/// marked before it can be handed out again; see slotfree.bpf.c), oldest and newest as (major,
+/// minor). Elsewhere the probe is not trusted with the daemon's pages: discards only.
+pub const VERIFIED_KERNELS: ((u32, u32), (u32, u32)) = ((6, 0), (6, 12));
+
+/// Whether the kernel `release` (`uname -r`) is one the probe was verified on, or why not.
+pub fn kernel_verified(release: &str) -> Result<(), String> {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    let version = match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor),
+        _ => return Err(format!("cannot read the kernel release {release:?}")),
+    };
+    let ((a, b), (c, d)) = VERIFIED_KERNELS;
+    if ((a, b)..=(c, d)).contains(&version) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the probe's ordering on the kernel's swap free path was verified on Linux {a}.{b} \
+             to {c}.{d}, and this kernel is {release}"
+        ))
+    }
+}
+
 /// How long the helper may take to load and attach the program.
 const HELPER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -211,6 +237,9 @@ pub fn load(pages: u64) -> Result<Loaded, String> {
     use std::os::unix::fs::MetadataExt;
     use std::process::{Command, Stdio};
 
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_err(|e| format!("/proc/sys/kernel/osrelease: {e}"))?;
+    kernel_verified(release.trim())?;
     // Swap offsets are the kernel's pages; the probe marks them as the device's 4 KiB pages.
     let page = crate::sys::page_size();
     if page != uzram_engine::PAGE_SIZE as u64 {
@@ -333,8 +362,9 @@ pub mod helper {
     use std::os::fd::{AsFd, AsRawFd};
 
     use aya::maps::Map;
-    use aya::programs::KProbe;
-    use aya::EbpfLoader;
+    use aya::programs::links::FdLink;
+    use aya::programs::FEntry;
+    use aya::{Btf, EbpfLoader};
     use uzram_engine::FreedPages;
 
     use super::{map_words, HELPER, PROBED, PROTOCOL};
@@ -411,28 +441,30 @@ pub mod helper {
             .map_max_entries("marks", entries)
             .load(OBJECT)
             .map_err(|e| format!("loading the eBPF program: {}", first_lines(&e.to_string())))?;
-        let program: &mut KProbe = ebpf
+        let btf = Btf::from_sys_fs().map_err(|e| format!("the kernel's BTF: {e}"))?;
+        let program: &mut FEntry = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| format!("the eBPF object has no program {PROGRAM}"))?
             .try_into()
             .map_err(|e| format!("{PROGRAM}: {e}"))?;
-        program.load().map_err(|e| {
+        // Checked against the function's BTF: a kernel whose PROBED takes other arguments
+        // refuses the program.
+        program.load(PROBED, &btf).map_err(|e| {
             format!(
-                "the kernel refused the eBPF program: {}",
+                "the kernel refused the eBPF program on {PROBED}: {}",
                 first_lines(&e.to_string())
             )
         })?;
         let id = program
-            .attach(PROBED, 0)
+            .attach()
             .map_err(|e| format!("attaching to {PROBED}: {e}"))?;
-        let link = program
+        // The attachment, for the daemon to take: a BPF link. Left open here (aya has no
+        // accessor for its number: it is this process's one BPF link), closed when this
+        // process exits.
+        let link: FdLink = program
             .take_link(id)
-            .map_err(|e| format!("attaching to {PROBED}: {e}"))?;
-        // The attachment, for the daemon to take: a BPF link (Linux 5.15 and later attach a
-        // kprobe program by one). Left open here (aya has no accessor for its number: it is
-        // this process's one BPF link), closed when this process exits.
-        let link = aya::programs::links::FdLink::try_from(link)
-            .map_err(|e| format!("attaching to {PROBED} by a BPF link: {e}"))?;
+            .map_err(|e| format!("attaching to {PROBED}: {e}"))?
+            .into();
         std::mem::forget(link);
         let link_fd = bpf_link_fd()?;
         let map_fd = match ebpf.map("marks") {
@@ -491,6 +523,26 @@ mod tests {
         assert!(kallsyms("".as_bytes())
             .unwrap_err()
             .contains("no swap_info"));
+    }
+
+    #[test]
+    fn only_kernels_whose_free_path_was_read_get_the_probe() {
+        use super::kernel_verified;
+        for ok in ["6.12.118+deb12-amd64", "6.0.0", "6.1.0-28-amd64", "6.12"] {
+            assert_eq!(kernel_verified(ok), Ok(()), "{ok}");
+        }
+        for no in ["5.15.0-91-generic", "6.13.2-arch1-1", "7.0.1", "6.19.0-rc1"] {
+            assert!(
+                kernel_verified(no)
+                    .unwrap_err()
+                    .contains("verified on Linux"),
+                "{no}"
+            );
+        }
+        assert!(kernel_verified("").unwrap_err().contains("cannot read"));
+        assert!(kernel_verified("weird")
+            .unwrap_err()
+            .contains("cannot read"));
     }
 
     #[test]

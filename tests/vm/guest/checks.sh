@@ -717,8 +717,11 @@ check_sigterm() {
     id=${UZRAM_DEV#/dev/ublkb}
     pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$UZRAM_DEV" 2>"$log")
     kill -TERM "$pid"
+    # the process too: it ends by closing the slot-free probe's link, and the kernel waits for
+    # an RCU-tasks grace period to take the program off the function (a fraction of a second)
     for i in $(seq 1 100); do
-        [ -e /sys/class/ublk-char/ublkc$id ] || [ -e /run/uzram/ublkb$id.sock ] || break
+        [ -e /sys/class/ublk-char/ublkc$id ] || [ -e /run/uzram/ublkb$id.sock ] ||
+            kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
     if [ -e /sys/class/ublk-char/ublkc$id ] || [ -e /run/uzram/ublkb$id.sock ] || kill -0 "$pid" 2>/dev/null; then
