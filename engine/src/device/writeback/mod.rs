@@ -293,8 +293,9 @@ impl Device {
         }
     }
 
-    /// Takes into `bufs.taken` those of `pages` that are stored and that `keep` accepts, with
-    /// their records' sector offsets in the batch; returns the batch's sectors.
+    /// Takes into `bufs.taken` those of `pages` that are stored, not marked freed, and that
+    /// `keep` accepts, with their records' sector offsets in the batch; returns the batch's
+    /// sectors.
     fn pick(
         &self,
         bufs: &mut WbBuffers,
@@ -314,6 +315,11 @@ impl Device {
             let (s, gen) = (g.get(), g.generation());
             drop(g);
             if !s.flags.contains(SlotFlags::STORED) || !keep(&s) {
+                continue;
+            }
+            // A page its user freed (marked, not yet reclaimed) is not worth a write to the
+            // backing store: it is freed within the memory thread's next round.
+            if self.freed_pages().is_some_and(|f| f.is_marked(index)) {
                 continue;
             }
             bufs.taken.push((index, s, gen, sectors, false));

@@ -275,7 +275,8 @@ fn writeback() -> Vec<DeviceOp> {
 
 /// Swap freeing slots (marked, as the daemon's probe does) and reusing them: marked pages read
 /// as before, a write over a marked page keeps its data through the reclaim, the others are
-/// freed; marks over written-back and recompressed pages, and under the memory limit.
+/// freed; writeback passes marked pages by; marks over written-back and recompressed pages, and
+/// under the memory limit.
 fn freed_slots() -> Vec<DeviceOp> {
     use DeviceOp::*;
     use PageKind::*;
@@ -288,6 +289,7 @@ fn freed_slots() -> Vec<DeviceOp> {
         part(8 * 8 + 1, 2, Sparse, 4),
         ReclaimFreed,
         read(0, 160),
+        FreeSlots { page: 12, pages: 2 },
         Writeback {
             page: 10,
             pages: 6,

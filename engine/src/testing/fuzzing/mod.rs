@@ -165,7 +165,8 @@ pub enum DeviceOp {
     },
     /// Marks `pages % 17` pages from `page % 64` as freed by the device's user
     /// ([`FreedPages::mark`](crate::FreedPages::mark), as the daemon's probe does when swap frees
-    /// slots): they keep their data until a write stores over them or [`DeviceOp::ReclaimFreed`].
+    /// slots): they keep their data until a write stores over them or [`DeviceOp::ReclaimFreed`],
+    /// and writeback passes them by.
     FreeSlots {
         /// First page.
         page: u8,
