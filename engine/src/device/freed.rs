@@ -13,7 +13,7 @@
 //! can be handed out again).
 //!
 //! Until it is taken, a marked page stays what it was: reads return its old bytes (swap never
-//! reads a slot it freed), and recompression and writeback see it as any other page.
+//! reads a slot it freed) and recompression sees it as any other page; writeback passes it by.
 //!
 //! The bitmap's words, as the marker writes them: `summary` words (bit `w`: word `w` of the page
 //! bits may have bits set), then the page bits (bit `p % 64` of word `p / 64`: page `p`).
