@@ -318,8 +318,8 @@ fn read_answer(from: &mut std::process::ChildStdout) -> Result<String, String> {
     Ok(line.lines().next().unwrap_or_default().to_string())
 }
 
-/// The attachment's and the map's descriptors, from the helper's answer `line` ("ok LINK MAP",
-/// its descriptor numbers, or "error WHY").
+/// The attachment's and the map's descriptors, from the helper's answer `line` ("ok PROTOCOL
+/// LINK MAP", its descriptor numbers, or "error WHY").
 fn take_over(pid: u32, line: &str) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), String> {
     use std::os::fd::AsFd;
     let (link, map) = parse_answer(line)?;
@@ -354,8 +354,8 @@ fn parse_answer(line: &str) -> Result<(i32, i32), String> {
     }
 }
 
-/// The helper's side (`uzram-probe PAGES`, cargo feature `ublk`): the only code that talks to
-/// aya, linked into the helper alone.
+/// The helper's side (`uzram-probe PAGES PROTOCOL`, cargo feature `ublk`): the only code that
+/// talks to aya, linked into the helper alone.
 #[cfg(feature = "ublk")]
 pub mod helper {
     use std::io::{Read, Write};
@@ -375,8 +375,9 @@ pub mod helper {
     /// The program's name in the object.
     const PROGRAM: &str = "uzram_slot_free";
 
-    /// Loads and attaches the program for `pages` pages, says "ok LINK MAP" (the descriptors
-    /// the daemon takes) or "error WHY" on stdout, and holds them until stdin closes. The exit
+    /// Loads and attaches the program for `pages` pages, says "ok PROTOCOL LINK MAP" (the
+    /// descriptors the daemon takes) or "error WHY" on stdout, and holds them until stdin
+    /// closes. The exit
     /// status: 0 when the daemon was answered "ok", 1 otherwise.
     pub fn run(args: &[String]) -> std::process::ExitCode {
         let pages = match args {
