@@ -330,7 +330,7 @@ impl SharedWords {
 
 impl Drop for SharedWords {
     fn drop(&mut self) {
-        // SAFETY: the mapping `map` made, whole; no reference to it outlives `self`.
+        // SAFETY: the mapping `map_bpf_array` made, whole; no reference to it outlives `self`.
         unsafe { libc::munmap(self.at.as_ptr().cast(), self.len * 8) };
     }
 }

@@ -60,6 +60,7 @@ pub(super) fn control_thread(
                     Request::Reset => reset(id, stop),
                     Request::Info => {
                         let i = info();
+                        let s = device.stats();
                         let p = device.policy_stats();
                         let bd_used: u64 = device
                             .backing()
@@ -76,8 +77,8 @@ pub(super) fn control_thread(
                             p.recompressed_pages,
                             p.age_wb_pages + p.watermark_wb_pages + p.host_wb_pages + p.spilled_pages,
                             if i.slot_free_probe { "probe" } else { "discard" },
-                            device.stats().notice_freed_pages,
-                            device.mm_stat()
+                            s.notice_freed_pages,
+                            s.mm
                         ))
                     }
                 }

@@ -29,16 +29,13 @@ use uzram_engine::FreedPages;
 use crate::sys::SharedWords;
 
 /// The words ahead of the marks in the map (`HEADER_WORDS` in slotfree.bpf.c): the device's
-/// dev_t to watch, then the program's counters.
+/// dev_t to watch, then the program's counters (`H_*` there: frees seen, pages newly marked,
+/// pages of frees it could not mark).
 const HEADER_WORDS: usize = 8;
 /// Header word: the kernel's dev_t of the device whose swap area is watched (0: none).
 const H_TARGET: usize = 0;
-/// Header word: frees of the device's slots the program saw.
-const H_CALLS: usize = 1;
-/// Header word: pages it marked that were not marked already.
+/// Header word: pages the program marked that were not marked already.
 const H_PAGES: usize = 2;
-/// Header word: pages of frees it could not mark (a range longer than it takes).
-const H_DROPPED: usize = 3;
 
 /// The kernel function the program attaches to: called by `swap_range_free()` with the swap
 /// area's type and the first and last slot freed, beside `swap_slot_free_notify()`.
@@ -65,23 +62,9 @@ pub struct Status {
 impl Status {
     /// Pages the probe marked freed (0 without the probe).
     pub fn marked(&self) -> u64 {
-        self.header(H_PAGES)
-    }
-
-    /// Frees of the device's slots the probe saw.
-    pub fn calls(&self) -> u64 {
-        self.header(H_CALLS)
-    }
-
-    /// Pages of frees the probe could not mark.
-    pub fn dropped(&self) -> u64 {
-        self.header(H_DROPPED)
-    }
-
-    fn header(&self, word: usize) -> u64 {
         self.words
             .as_ref()
-            .map_or(0, |w| w.words()[word].load(Ordering::Relaxed))
+            .map_or(0, |w| w.words()[H_PAGES].load(Ordering::Relaxed))
     }
 }
 
@@ -106,8 +89,8 @@ pub fn discard_only(why: String) {
 
 /// The probe, loaded and attached, marking nothing until [`Loaded::watch`] names the device.
 pub struct Loaded {
-    /// The program's attachment (a perf event with the program, which holds its map): closed,
-    /// the probe is gone.
+    /// The program's attachment (a BPF link, which holds the program, which holds its map):
+    /// closed, the probe is gone.
     link: std::os::fd::OwnedFd,
     /// The map, mapped (the mapping holds the map too).
     words: Arc<SharedWords>,

@@ -41,15 +41,14 @@ impl FreeMarks for Box<[AtomicU64]> {
 /// Which of a device's pages its user freed, marked by someone else: see the module docs.
 pub struct FreedPages {
     marks: Box<dyn FreeMarks>,
-    summary_words: usize,
-    page_words: usize,
+    /// The pages of the device the marks are for (their words follow from it).
+    pages: u64,
 }
 
 impl std::fmt::Debug for FreedPages {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FreedPages")
-            .field("summary_words", &self.summary_words)
-            .field("page_words", &self.page_words)
+            .field("pages", &self.pages)
             .finish_non_exhaustive()
     }
 }
@@ -65,38 +64,39 @@ impl FreedPages {
         (Self::page_words(pages) as u64).div_ceil(64) as usize
     }
 
+    /// The words marks for a device of `pages` pages take: summary, then page bits.
+    fn words_for(pages: u64) -> usize {
+        Self::summary_words(pages) + Self::page_words(pages)
+    }
+
     /// Marks in `marks` for a device of `pages` pages; refused if `marks` has too few words.
     pub fn new(marks: Box<dyn FreeMarks>, pages: u64) -> Result<FreedPages, Error> {
-        let (summary_words, page_words) = (Self::summary_words(pages), Self::page_words(pages));
         let have = marks.words().len();
-        if have < summary_words + page_words {
+        if have < Self::words_for(pages) {
             return Err(Error::FreeMarksTooShort {
                 pages,
                 words: have,
-                needed: summary_words + page_words,
+                needed: Self::words_for(pages),
             });
         }
-        Ok(FreedPages {
-            marks,
-            summary_words,
-            page_words,
-        })
+        Ok(FreedPages { marks, pages })
     }
 
     /// Marks for a device of `pages` pages in memory of their own (for embedders that learn
     /// of freed pages themselves, and for tests).
     pub fn in_memory(pages: u64) -> FreedPages {
-        let words = Self::summary_words(pages) + Self::page_words(pages);
-        let marks: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        let marks: Box<[AtomicU64]> = (0..Self::words_for(pages))
+            .map(|_| AtomicU64::new(0))
+            .collect();
         FreedPages::new(Box::new(marks), pages).expect("sized for the device")
     }
 
     fn summary(&self) -> &[AtomicU64] {
-        &self.marks.words()[..self.summary_words]
+        &self.marks.words()[..Self::summary_words(self.pages)]
     }
 
     fn bits(&self) -> &[AtomicU64] {
-        &self.marks.words()[self.summary_words..self.summary_words + self.page_words]
+        &self.marks.words()[Self::summary_words(self.pages)..Self::words_for(self.pages)]
     }
 
     /// Marks `count` pages from `first` as freed, as the kernel's probe does: the page bits,
@@ -159,12 +159,11 @@ impl Device {
     /// Gives the device the marks of pages its user frees (see [`FreedPages`]); once: a second
     /// call is refused with [`Error::Busy`].
     pub fn set_freed_pages(&self, freed: FreedPages) -> Result<(), Error> {
-        if freed.page_words < FreedPages::page_words(self.pages()) {
+        if freed.pages < self.pages() {
             return Err(Error::FreeMarksTooShort {
                 pages: self.pages(),
-                words: freed.summary_words + freed.page_words,
-                needed: FreedPages::summary_words(self.pages())
-                    + FreedPages::page_words(self.pages()),
+                words: FreedPages::words_for(freed.pages),
+                needed: FreedPages::words_for(self.pages()),
             });
         }
         self.freed.set(freed).map_err(|_| Error::Busy {
@@ -189,21 +188,21 @@ impl Device {
             if index.0 >= self.pages() {
                 return;
             }
-            let Some(slot) = self.slot(index) else {
-                // Never written: nothing to free, and no write can be racing a mark's
-                // removal here (a write takes it under the lock, below).
-                if freed.take(index) {
-                    self.counters.bump(gauge_shard(index), Field::NotifyFree);
-                    taken += 1;
+            let took = match self.slot(index) {
+                // Never written: nothing to free (a write that comes meanwhile takes the mark
+                // itself, under the slot's lock).
+                None => freed.take(index),
+                Some(slot) => {
+                    let mut g = slot.lock();
+                    let took = freed.take(index);
+                    if took && !g.get().is_empty() {
+                        self.replace(index, &mut g, SlotState::default());
+                        self.counters.bump(gauge_shard(index), Field::NoticeFreed);
+                    }
+                    took
                 }
-                return;
             };
-            let mut g = slot.lock();
-            if freed.take(index) {
-                if !g.get().is_empty() {
-                    self.replace(index, &mut g, SlotState::default());
-                    self.counters.bump(gauge_shard(index), Field::NoticeFreed);
-                }
+            if took {
                 self.counters.bump(gauge_shard(index), Field::NotifyFree);
                 taken += 1;
             }
