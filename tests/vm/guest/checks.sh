@@ -252,14 +252,15 @@ ZRAM_SWAP_EXIT=
 # and measure that mode; otherwise the probe must be there (the guest's kernel has it).
 SLOT_FREE_WANT=${UZRAM_VM_SLOT_FREE:-probe}
 
+# uzram_stat_field DEV KEY: one of uzram_stat's figures
+uzram_stat_field() { "$UZRAM_BIN" attr "$1" uzram_stat 2>/dev/null | awk -v k="$2" '$1 == k { print $2 }'; }
 # uzram_slot_free DEV: "probe" or "discard", as the daemon says in uzram_stat
 uzram_slot_free() {
-    case $("$UZRAM_BIN" attr "$1" uzram_stat 2>/dev/null | awk '$1 == "slot_free_probe" { print $2 }') in
+    case $(uzram_stat_field "$1" slot_free_probe) in
     1) echo probe ;;
     *) echo discard ;;
     esac
 }
-uzram_stat_field() { "$UZRAM_BIN" attr "$1" uzram_stat | awk -v k="$2" '$1 == k { print $2 }'; }
 
 # settled_mem_used DEV: mem_used_total once it and orig_data_size stop falling (swap's
 # discards and uzram's reclaim of freed slots, at least once a second, land within seconds of
