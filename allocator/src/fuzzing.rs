@@ -6,7 +6,7 @@ use arbitrary::{Arbitrary, Unstructured};
 
 use std::time::Duration;
 
-use crate::{Error, Growth, Handle, Pool, PoolConfig, ARENA_PAGES, MAX_OBJECT, PAGE_SIZE};
+use crate::{Error, Growth, Handle, Pool, PoolConfig, Region, ARENA_PAGES, MAX_OBJECT, PAGE_SIZE};
 
 /// One pool operation. Indexes pick a live object modulo the number of live objects.
 #[derive(Debug, Clone, Arbitrary)]
@@ -49,6 +49,9 @@ pub enum PoolOp {
     },
     /// What the maintenance thread does in reserve mode: [`Pool::maintain`].
     Maintain,
+    /// For a pool in a [`Region`]: the process dies (the pool is leaked, never dropped) and a
+    /// successor adopts the region ([`Pool::adopt`]). Every object must read back as before.
+    Restart,
 }
 
 /// Arenas the reserve-mode runs keep mapped.
@@ -61,11 +64,17 @@ pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Arenas a shared run's region holds.
+const REGION_ARENAS: u32 = 64;
+
 /// Runs `ops` on a fresh pool and checks every result against the model. Panics on a mismatch.
 /// With `reserve`, the pool runs in [`Growth::Reserve`] mode with no waiting: stores fail with
-/// [`Error::ReserveExhausted`] until a [`PoolOp::Maintain`] refills it.
-pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool) {
-    let config = PoolConfig {
+/// [`Error::ReserveExhausted`] until a [`PoolOp::Maintain`] refills it. With `shared`, its
+/// arenas and tables are in a [`Region`], and [`PoolOp::Restart`] has a successor adopt it.
+pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool, shared: bool) {
+    let region = shared
+        .then(|| Region::create("uzram-pool-ops", REGION_ARENAS, 1 << 20).expect("memfd region"));
+    let mut config = PoolConfig {
         max_pages_per_zspage,
         auto_compact: true,
         reserve_arenas: if reserve { RESERVE } else { 1 },
@@ -79,9 +88,11 @@ pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool) {
         } else {
             Growth::OnDemand
         },
+        region,
         ..PoolConfig::default()
     };
-    let pool = Pool::new(config).expect("valid config");
+    let mut pool = Pool::new(config.clone()).expect("valid config");
+    let mut limit = None;
     let mut model: Vec<(Handle, Vec<u8>)> = Vec::new();
     for (n, op) in ops.iter().enumerate() {
         match *op {
@@ -118,7 +129,12 @@ pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool) {
                 check_all(&pool, &model);
             }
             PoolOp::SetLimit { pages } => {
-                pool.set_limit(pages.map(|p| u64::from(p) * PAGE_SIZE as u64));
+                limit = pages.map(|p| u64::from(p) * PAGE_SIZE as u64);
+                pool.set_limit(limit);
+            }
+            PoolOp::Restart if shared => {
+                pool = restart(pool, &mut config, limit);
+                check_all(&pool, &model);
             }
             PoolOp::Maintain => maintain(&pool, reserve),
             PoolOp::Bogus { raw } => {
@@ -174,6 +190,20 @@ fn store(pool: &Pool, model: &mut Vec<(Handle, Vec<u8>)>, size: u16, seed: u8, r
                 "limit refused a store that fits"
             );
         }
+        Err(Error::RegionFull { .. }) if pool_in_region(pool) => {
+            assert_eq!(
+                before.objects,
+                pool.stats().objects,
+                "failed store left an object"
+            );
+        }
+        Err(Error::OutOfMemory { errno, .. }) if errno == libc::ENOSPC && pool_in_region(pool) => {
+            assert_eq!(
+                before.objects,
+                pool.stats().objects,
+                "failed store left an object"
+            );
+        }
         Err(Error::ReserveExhausted { .. }) if reserve => {
             let after = pool.stats();
             assert_eq!(before.objects, after.objects, "failed store left an object");
@@ -207,6 +237,37 @@ fn maintain(pool: &Pool, reserve: bool) {
     }
 }
 
+fn pool_in_region(pool: &Pool) -> bool {
+    pool.region().is_some()
+}
+
+/// The predecessor leaves `pool` ([`Pool::leave`]: its process memory goes, the region keeps
+/// every byte, as when a process is killed), and a successor adopts its region through a
+/// duplicate of its descriptor.
+fn restart(pool: Pool, config: &mut PoolConfig, limit: Option<u64>) -> Pool {
+    let fd = pool
+        .region()
+        .expect("a shared pool")
+        .fd()
+        .try_clone_to_owned()
+        .expect("dup");
+    let before = pool.stats();
+    pool.leave();
+    config.region = Some(Region::adopt(fd).expect("the predecessor's region"));
+    let pool = Pool::adopt(config.clone()).expect("adoption");
+    pool.set_limit(limit);
+    let after = pool.stats();
+    assert_eq!(
+        (after.objects, after.object_bytes),
+        (before.objects, before.object_bytes)
+    );
+    assert!(
+        after.pages_used <= before.pages_used,
+        "adoption grew the pool"
+    );
+    pool
+}
+
 fn class_index(pool: &Pool, size: usize) -> usize {
     pool.classes()
         .iter()
@@ -227,20 +288,26 @@ fn check_all(pool: &Pool, model: &[(Handle, Vec<u8>)]) {
     );
 }
 
-/// The cargo-fuzz entry: decodes a chain size and a list of operations from `data` and runs them.
-pub fn pool_ops(data: &[u8]) {
+/// What a fuzz input asks for: a chain size, reserve mode, a pool in a region, the operations.
+pub type Decoded = (usize, bool, bool, Vec<PoolOp>);
+
+/// Decodes a fuzz input as [`pool_ops`] does; `None` when it is too short to say.
+pub fn decode(data: &[u8]) -> Option<Decoded> {
     let mut u = Unstructured::new(data);
-    let Ok(chain) = u.int_in_range(1..=crate::MAX_PAGES_PER_ZSPAGE) else {
-        return;
-    };
-    let Ok(reserve) = u.arbitrary::<bool>() else {
-        return;
-    };
-    let Ok(ops) = u
+    let chain = u.int_in_range(1..=crate::MAX_PAGES_PER_ZSPAGE).ok()?;
+    let reserve = u.arbitrary::<bool>().ok()?;
+    let shared = u.arbitrary::<bool>().ok()?;
+    let ops = u
         .arbitrary_iter::<PoolOp>()
         .and_then(|it| it.take(4096).collect::<Result<Vec<_>, _>>())
-    else {
-        return;
-    };
-    run_ops(&ops, chain, reserve);
+        .ok()?;
+    Some((chain, reserve, shared, ops))
+}
+
+/// The cargo-fuzz entry: decodes a chain size, the modes and a list of operations from `data`
+/// and runs them.
+pub fn pool_ops(data: &[u8]) {
+    if let Some((chain, reserve, shared, ops)) = decode(data) {
+        run_ops(&ops, chain, reserve, shared);
+    }
 }

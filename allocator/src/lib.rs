@@ -42,7 +42,7 @@ mod pool;
 mod table;
 
 pub use class::{ClassSpec, CLASS_STEP, MAX_OBJECT, MIN_OBJECT};
-pub use mem::{ARENA_PAGES, PAGE_SIZE};
+pub use mem::{Chunk, Region, ARENA_PAGES, CHUNK_WORDS, PAGE_SIZE, REGION_VERSION};
 pub use pool::{
     ClassStats, CompactStats, Growth, Handle, Maintenance, Pool, PoolConfig, PoolStats,
     FULLNESS_GROUPS, MAX_PAGES_PER_ZSPAGE,
@@ -106,6 +106,29 @@ pub enum Error {
         len: usize,
         /// The object's size.
         size: usize,
+    },
+    /// A region a predecessor left was not adopted: the reason names the value that was wrong.
+    /// Nothing was written to it.
+    #[error("pool memory region refused: {reason}")]
+    RegionRefused {
+        /// What was wrong, with the value found.
+        reason: String,
+    },
+    /// A region has no room left for more of what it holds.
+    #[error("pool memory region is full: all {count} {what} are in use")]
+    RegionFull {
+        /// What ran out.
+        what: &'static str,
+        /// How many the region holds.
+        count: u64,
+    },
+    /// A system call on a region failed.
+    #[error("pool memory region: {what} failed: {}", std::io::Error::from_raw_os_error(*errno))]
+    RegionIo {
+        /// The call.
+        what: &'static str,
+        /// Its errno.
+        errno: i32,
     },
     /// A configuration value out of range.
     #[error("invalid pool configuration: {what} = {value}")]

@@ -37,6 +37,11 @@ impl<T: Default> Table<T> {
         self.rows - 1
     }
 
+    /// Rows in use.
+    pub(crate) fn len(&self) -> usize {
+        self.rows
+    }
+
     /// Row `i`.
     pub(crate) fn row(&self, i: usize) -> Option<&[T]> {
         if i >= self.rows {

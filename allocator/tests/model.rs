@@ -19,6 +19,7 @@ fn op() -> impl Strategy<Value = PoolOp> {
         1 => proptest::option::of(any::<u8>()).prop_map(|pages| PoolOp::SetLimit { pages }),
         1 => any::<u64>().prop_map(|raw| PoolOp::Bogus { raw }),
         1 => Just(PoolOp::Maintain),
+        1 => Just(PoolOp::Restart),
     ]
 }
 
@@ -30,8 +31,9 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..600),
         chain in 1usize..=16,
         reserve in any::<bool>(),
+        shared in any::<bool>(),
     ) {
-        run_ops(&ops, chain, reserve);
+        run_ops(&ops, chain, reserve, shared);
     }
 }
 
@@ -174,6 +176,52 @@ fn fuzz_corpus_replays() {
         n += 1;
     }
     assert!(n > 0, "no corpus files in {}", dir.display());
+}
+
+/// Inputs in `dir` that restart a pool in a region after storing objects.
+fn restarting_seeds(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("corpus dir") {
+        let path = entry.unwrap().path();
+        let Some((_, _, true, ops)) =
+            uzram_allocator::fuzzing::decode(&std::fs::read(&path).unwrap())
+        else {
+            continue;
+        };
+        let stores = ops.iter().position(|o| matches!(o, PoolOp::Restart));
+        let stored = stores.map_or(0, |at| {
+            ops[..at]
+                .iter()
+                .filter(|o| matches!(o, PoolOp::Store { .. }))
+                .count()
+        });
+        if stored >= 8 {
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn fuzz_corpus_restarts_a_pool_in_a_region() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/pool_ops");
+    // UZRAM_PICK_SEEDS=DIR lists such inputs of a fuzzing run's corpus, to add here.
+    if let Ok(pick) = std::env::var("UZRAM_PICK_SEEDS") {
+        for p in restarting_seeds(std::path::Path::new(&pick)) {
+            println!(
+                "seed: {} ({} bytes)",
+                p.display(),
+                std::fs::metadata(&p).unwrap().len()
+            );
+        }
+    }
+    let found = restarting_seeds(&dir);
+    assert!(
+        !found.is_empty(),
+        "no seed in {} restarts a pool in a region after 8 stores",
+        dir.display()
+    );
 }
 
 /// Reserve mode: writers on several threads never map memory themselves; a maintenance thread

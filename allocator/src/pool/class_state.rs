@@ -5,11 +5,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::persist::{loc_pack, loc_unpack, Kind, SharedWords, Words};
 use super::{ClassStats, Handle, ReserveSignal};
 use crate::class::ClassSpec;
-use crate::mem::{ArenaSet, MapError, PageRun, Placement, ARENA_PAGES, PAGE_SIZE};
+use crate::mem::{ArenaSet, MapError, PageRun, Placement, Region, ARENA_PAGES, PAGE_SIZE};
 use crate::table::Table;
 use crate::Error;
+
+/// Orders the words a successor reads (see `persist`): the store before it lands before the
+/// store after it, for the compiler and the CPU alike.
+fn persist_order() {
+    std::sync::atomic::fence(Ordering::Release);
+}
 
 /// Partial groups `< 10 %` .. `< 100 %`, then full.
 pub const FULLNESS_GROUPS: usize = 11;
@@ -29,11 +36,11 @@ const FREE_END: u16 = 0xffff;
 // local index + 1 (0 = end).
 const ENTRY_LIVE: u64 = 1 << 63;
 
-fn entry_pack(zspage: u32, slot: usize, size: usize) -> u64 {
+pub(super) fn entry_pack(zspage: u32, slot: usize, size: usize) -> u64 {
     ENTRY_LIVE | ((size as u64) << 43) | ((slot as u64) << 32) | u64::from(zspage)
 }
 
-fn entry_unpack(e: u64) -> Option<(u32, usize, usize)> {
+pub(super) fn entry_unpack(e: u64) -> Option<(u32, usize, usize)> {
     (e & ENTRY_LIVE != 0).then_some({
         (
             e as u32,
@@ -62,7 +69,9 @@ pub(super) struct ClassState {
     /// `objs_per_zspage` words per zspage id.
     pub(super) backptr: Table<u32>,
     pub(super) groups: [Vec<u32>; FULLNESS_GROUPS],
-    pub(super) handles: Table<u64>,
+    pub(super) handles: Words,
+    /// In a region: each zspage id's location, for a successor (see `persist`).
+    pub(super) locations: Option<SharedWords>,
     pub(super) free_handle: u64,
     pub(super) obj_used: usize,
     pub(super) object_bytes: usize,
@@ -81,7 +90,14 @@ pub(super) struct Shared<'a> {
 }
 
 impl ClassState {
-    pub(super) fn new(index: usize, spec: ClassSpec) -> ClassState {
+    pub(super) fn new(index: usize, spec: ClassSpec, region: Option<&Region>) -> ClassState {
+        let (handles, locations) = match region {
+            None => (Words::Local(Table::new(1, 32)), None),
+            Some(r) => (
+                Words::Shared(SharedWords::new(r.clone(), Kind::Handles, index)),
+                Some(SharedWords::new(r.clone(), Kind::Zspages, index)),
+            ),
+        };
         ClassState {
             spec,
             index,
@@ -91,12 +107,120 @@ impl ClassState {
             free_zspage_ids: Vec::new(),
             backptr: Table::new(spec.objs_per_zspage, 2),
             groups: Default::default(),
-            handles: Table::new(1, 32),
+            handles,
+            locations,
             free_handle: 0,
             obj_used: 0,
             object_bytes: 0,
             live_zspages: 0,
         }
+    }
+
+    /// A class's state rebuilt from what a predecessor left in `region` (see `persist`): its
+    /// handle table and zspage locations. The zspages' arenas are in `arenas` already. Objects
+    /// must be `min_size..=spec.size` bytes. Returns why, naming the value, on any doubt; the
+    /// runs taken from `arenas` by then stay marked there (the caller drops the whole set).
+    pub(super) fn adopt(
+        index: usize,
+        spec: ClassSpec,
+        region: &Region,
+        handles: SharedWords,
+        locations: SharedWords,
+        min_size: usize,
+        arenas: &mut ArenaSet,
+    ) -> Result<ClassState, String> {
+        let mut c = ClassState::new(index, spec, Some(region));
+        let objs = spec.objs_per_zspage;
+        // Every slot "not taken" until a handle claims it; the free lists are made after.
+        const UNCLAIMED: u32 = FREE_TAG | FREE_END as u32;
+        for zid in 0..locations.len() {
+            c.zspages.push_row();
+            c.backptr.push_row();
+            c.backptr
+                .row_mut(zid)
+                .expect("row just pushed")
+                .fill(UNCLAIMED);
+            let w = locations[zid];
+            match loc_unpack(w) {
+                Some((arena, first)) => {
+                    let run = arenas
+                        .adopt_run(arena, first, spec.pages_per_zspage)
+                        .map_err(|e| format!("zspage {zid}: {e}"))?;
+                    c.zspages[zid] = Some(Zspage {
+                        run,
+                        inuse: 0,
+                        free_head: FREE_END,
+                        group_pos: 0,
+                    });
+                }
+                None if w == 0 => {}
+                None => return Err(format!("zspage {zid}: location word {w:#x}")),
+            }
+        }
+        let mut free_locals = Vec::new();
+        for local in 0..handles.len() {
+            let e = handles[local];
+            let Some((zid, slot, size)) = entry_unpack(e) else {
+                free_locals.push(local as u32);
+                continue;
+            };
+            let live = c.zspages.get(zid as usize).is_some_and(|z| z.is_some());
+            if !live || slot >= objs || !(min_size..=spec.size).contains(&size) {
+                return Err(format!(
+                    "handle {local}: entry {e:#x} (zspage {zid}, slot {slot}, {size} bytes) does not fit the class's {} zspages of {objs} slots of {min_size}..={} bytes",
+                    locations.len(),
+                    spec.size
+                ));
+            }
+            let w = &mut c.backptr.row_mut(zid as usize).expect("row of a zspage id")[slot];
+            if *w != UNCLAIMED {
+                return Err(format!(
+                    "handles {} and {local} both name slot {slot} of zspage {zid}",
+                    *w
+                ));
+            }
+            *w = local as u32;
+            c.zspages[zid as usize].as_mut().expect("live").inuse += 1;
+            c.obj_used += 1;
+            c.object_bytes += size;
+        }
+        c.handles = Words::Shared(handles);
+        c.locations = Some(locations);
+        for &local in free_locals.iter().rev() {
+            c.handles[local as usize] = c.free_handle;
+            c.free_handle = u64::from(local) + 1;
+        }
+        for zid in 0..c.zspages.len() {
+            let Some(z) = c.zspages[zid].as_mut() else {
+                c.free_zspage_ids.push(zid as u32);
+                continue;
+            };
+            if z.inuse == 0 {
+                // A zspage left empty (its last object freed, or a predecessor's allocation
+                // that never got its handle): its pages go back to the arena.
+                let z = c.zspages[zid].take().expect("live");
+                if let Some(locs) = &mut c.locations {
+                    locs[zid] = 0;
+                }
+                arenas.free_run(z.run);
+                c.free_zspage_ids.push(zid as u32);
+                continue;
+            }
+            let row = c.backptr.row_mut(zid).expect("row of a zspage id");
+            let mut head = FREE_END;
+            for slot in (0..objs).rev() {
+                if row[slot] == UNCLAIMED {
+                    row[slot] = FREE_TAG | u32::from(head);
+                    head = slot as u16;
+                }
+            }
+            c.zspages[zid].as_mut().expect("live").free_head = head;
+            c.live_zspages += 1;
+            c.group_insert(zid as u32);
+        }
+        // Lowest ids are reused first, as a fresh class would.
+        c.free_zspage_ids.reverse();
+        Ok(c)
     }
 
     pub(super) fn group_of(&self, inuse: usize) -> usize {
@@ -186,6 +310,12 @@ impl ClassState {
         let zid = match self.free_zspage_ids.pop() {
             Some(id) => id,
             None => {
+                if let Some(locs) = &mut self.locations {
+                    if let Err(e) = locs.push() {
+                        shared.pages_used.fetch_sub(pages, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
                 let id = self.zspages.push_row();
                 let row = self.backptr.push_row();
                 debug_assert_eq!(id, row);
@@ -236,6 +366,9 @@ impl ClassState {
                     u32::from(FREE_END)
                 };
         }
+        if let Some(locs) = &mut self.locations {
+            locs[zid as usize] = loc_pack(&run);
+        }
         self.zspages[zid as usize] = Some(Zspage {
             run,
             inuse: 0,
@@ -256,6 +389,11 @@ impl ClassState {
         self.live_zspages -= 1;
         let pages = z.run.pages() as u64;
         shared.pages_used.fetch_sub(pages, Ordering::Relaxed);
+        if let Some(locs) = &mut self.locations {
+            // Cleared before the pages go back: a successor never adopts pages given away.
+            locs[zid as usize] = 0;
+            persist_order();
+        }
         shared.arenas.lock().free_run(z.run);
         pages
     }
@@ -288,18 +426,28 @@ impl ClassState {
     }
 
     pub(super) fn alloc(&mut self, size: usize, shared: &Shared<'_>) -> Result<Handle, Error> {
-        let zid = match self.fullest_partial(None) {
-            Some(z) => z,
-            None => self.new_zspage(shared)?,
-        };
+        // The handle first: a region's table may be full, and then nothing has changed.
         let local = match self.free_handle.checked_sub(1) {
             Some(l) => {
                 self.free_handle = self.handles[l as usize];
                 l as u32
             }
-            None => self.handles.push_row() as u32,
+            None => self.handles.push()? as u32,
+        };
+        let zid = match self.fullest_partial(None) {
+            Some(z) => z,
+            None => match self.new_zspage(shared) {
+                Ok(z) => z,
+                Err(e) => {
+                    self.handles[local as usize] = self.free_handle;
+                    self.free_handle = u64::from(local) + 1;
+                    return Err(e);
+                }
+            },
         };
         let slot = self.take_slot(zid, local);
+        // After the zspage's location (`new_zspage` wrote it before this).
+        persist_order();
         self.handles[local as usize] = entry_pack(zid, slot, size);
         self.obj_used += 1;
         self.object_bytes += size;
@@ -374,6 +522,8 @@ impl ClassState {
                 let (_, _, size) = entry_unpack(self.handles[local as usize]).expect("live");
                 let dst_slot = self.take_slot(dst, local);
                 self.copy_object(src, src_slot, dst, dst_slot, size);
+                // The copy lands before the word that points at it.
+                persist_order();
                 self.handles[local as usize] = entry_pack(dst, dst_slot, size);
                 moves += 1;
                 if self.put_slot(src, src_slot) {
@@ -425,10 +575,13 @@ impl ClassState {
         shared: &Shared<'_>,
     ) -> Option<usize> {
         let mut moved = 0;
-        for z in self.zspages.iter_mut().flatten() {
+        for zid in 0..self.zspages.len() {
             if moved >= max_moves {
                 break;
             }
+            let Some(z) = self.zspages[zid].as_mut() else {
+                continue;
+            };
             if z.run.arena() != victim {
                 continue;
             }
@@ -437,6 +590,12 @@ impl ClassState {
                 .alloc_run(z.run.pages(), Placement::AwayFrom(victim))
                 .ok()?;
             dst.bytes_mut().copy_from_slice(z.run.bytes());
+            if let Some(locs) = &mut self.locations {
+                // The copy lands, then the location moves, then the old pages go back.
+                persist_order();
+                locs[zid] = loc_pack(&dst);
+                persist_order();
+            }
             arenas.free_run(std::mem::replace(&mut z.run, dst));
             moved += 1;
         }
@@ -449,6 +608,7 @@ impl ClassState {
             + self.backptr.bytes()
             + self.groups.iter().map(|g| g.capacity() * 4).sum::<usize>()
             + self.handles.bytes()
+            + self.locations.as_ref().map_or(0, SharedWords::bytes)
     }
 
     pub(super) fn stats(&self) -> ClassStats {

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::class::{ClassSpec, ClassTable, MAX_OBJECT};
-use crate::mem::{ArenaSet, Prefault, ARENA_PAGES, PAGE_SIZE};
+use crate::mem::{ArenaSet, Prefault, Region, Source, ARENA_PAGES, PAGE_SIZE};
 use crate::Error;
 
 mod class_state;
+mod persist;
 mod reserve;
 
 pub use self::class_state::FULLNESS_GROUPS;
@@ -82,6 +83,9 @@ pub struct PoolConfig {
     pub reserve_min_arenas: usize,
     /// How the pool gets memory from the OS.
     pub growth: Growth,
+    /// Arenas in this memfd region instead of anonymous memory, so that a successor process can
+    /// adopt the pool (see [`Region`]); `None` for anonymous arenas.
+    pub region: Option<Region>,
 }
 
 /// How a [`Pool`] gets memory from the OS and gives it back.
@@ -114,6 +118,7 @@ impl Default for PoolConfig {
             reserve_arenas: 1,
             reserve_min_arenas: 1,
             growth: Growth::OnDemand,
+            region: None,
         }
     }
 }
@@ -212,11 +217,135 @@ pub struct Pool {
     demand: Mutex<Demand>,
     /// Reserve mode: the host's memory is short ([`Pool::set_memory_short`]).
     memory_short: AtomicBool,
+    /// The memfd the pool lives in, when it does (see [`Region`]).
+    region: Option<Region>,
 }
 
 impl Pool {
     /// A pool with the given configuration.
     pub fn new(config: PoolConfig) -> Result<Pool, Error> {
+        let (pool, premapped, prefault) = Pool::build(&config)?;
+        pool.premap(premapped, prefault)?;
+        Ok(pool)
+    }
+
+    fn premap(&self, premapped: usize, prefault: Prefault) -> Result<(), Error> {
+        self.arenas
+            .lock()
+            .premap(premapped, prefault)
+            .map_err(|errno| Error::OutOfMemory {
+                bytes: (premapped * ARENA_PAGES * PAGE_SIZE) as u64,
+                errno,
+            })
+    }
+
+    /// The pool a predecessor process left in `config.region` (see [`Region`]), rebuilt from the
+    /// handle tables and zspage locations it kept there: every object it held is readable
+    /// through the same [`Handle`], at the same bytes. `config` is the predecessor's (the
+    /// zspage length must be the same). Refused with [`Error::RegionRefused`], naming the value,
+    /// when anything it left does not add up; a refusal writes nothing to the region.
+    /// Arena places the adopted pool does not use are emptied.
+    pub fn adopt(config: PoolConfig) -> Result<Pool, Error> {
+        let Some(region) = config.region.clone() else {
+            return Err(Error::InvalidConfig {
+                what: "region",
+                value: 0,
+            });
+        };
+        let (pool, premapped, prefault) = Pool::build(&config)?;
+        let refused = |reason: String| Error::RegionRefused { reason };
+        let classes = pool.classes.len();
+        // Each class's two tables, their chunks in place order.
+        let mut tables: Vec<[Vec<(usize, crate::mem::Chunk)>; 2]> =
+            (0..classes).map(|_| [Vec::new(), Vec::new()]).collect();
+        for (tag, chunk) in region.adopt_chunks() {
+            let Some((kind, class, seq)) = persist::untag(tag).filter(|t| t.1 < classes) else {
+                return Err(refused(format!(
+                    "metadata chunk {} has tag {tag:#x}, not one of this pool's {classes} classes",
+                    chunk.index()
+                )));
+            };
+            tables[class][kind as usize].push((seq, chunk));
+        }
+        {
+            let mut arenas = pool.arenas.lock();
+            let mut wanted = std::collections::BTreeSet::new();
+            let mut sorted: Vec<[Vec<crate::mem::Chunk>; 2]> = Vec::with_capacity(classes);
+            for (class, kinds) in tables.into_iter().enumerate() {
+                let mut out: [Vec<crate::mem::Chunk>; 2] = [Vec::new(), Vec::new()];
+                for (k, mut chunks) in kinds.into_iter().enumerate() {
+                    chunks.sort_by_key(|(seq, _)| *seq);
+                    for (i, (seq, _)) in chunks.iter().enumerate() {
+                        if *seq != i {
+                            return Err(refused(format!(
+                                "class {class}: table {k} has chunk {seq} where chunk {i} belongs"
+                            )));
+                        }
+                    }
+                    out[k] = chunks.into_iter().map(|(_, c)| c).collect();
+                }
+                for chunk in &out[persist::Kind::Zspages as usize] {
+                    wanted.extend(
+                        chunk
+                            .iter()
+                            .filter_map(|&w| persist::loc_unpack(w))
+                            .map(|l| l.0),
+                    );
+                }
+                sorted.push(out);
+            }
+            for &arena in &wanted {
+                let mapping = region.map_existing(arena)?;
+                arenas.insert(mapping);
+            }
+            let mut pages_used = 0;
+            let mut new_classes = Vec::with_capacity(classes);
+            for (class, [handles, locations]) in sorted.into_iter().enumerate() {
+                let spec = pool.table.classes()[class];
+                let min_size = match class {
+                    0 => 1,
+                    _ => pool.table.classes()[class - 1].size + 1,
+                };
+                let state = ClassState::adopt(
+                    class,
+                    spec,
+                    &region,
+                    persist::SharedWords::adopted(
+                        region.clone(),
+                        persist::Kind::Handles,
+                        class,
+                        handles,
+                    ),
+                    persist::SharedWords::adopted(
+                        region.clone(),
+                        persist::Kind::Zspages,
+                        class,
+                        locations,
+                    ),
+                    min_size,
+                    &mut arenas,
+                )
+                .map_err(|e| refused(format!("class {class} (size {}): {e}", spec.size)))?;
+                pages_used += (state.live_zspages * spec.pages_per_zspage) as u64;
+                new_classes.push(state);
+            }
+            drop(arenas);
+            for (slot, state) in pool.classes.iter().zip(new_classes) {
+                *slot.lock() = state;
+            }
+            pool.pages_used.store(pages_used, Ordering::Relaxed);
+            pool.max_pages_used.store(pages_used, Ordering::Relaxed);
+        }
+        pool.check_invariants().map_err(refused)?;
+        // From here the pool is adopted: what it does not hold leaves the region.
+        pool.arenas.lock().own_adopted();
+        region.punch_unclaimed();
+        pool.premap(premapped, prefault)?;
+        Ok(pool)
+    }
+
+    /// A pool with no memory yet, the reserve to map and how.
+    fn build(config: &PoolConfig) -> Result<(Pool, usize, Prefault), Error> {
         if !(1..=MAX_PAGES_PER_ZSPAGE).contains(&config.max_pages_per_zspage) {
             return Err(Error::InvalidConfig {
                 what: "max_pages_per_zspage",
@@ -228,7 +357,7 @@ impl Pool {
             .classes()
             .iter()
             .enumerate()
-            .map(|(i, &spec)| Mutex::new(ClassState::new(i, spec)))
+            .map(|(i, &spec)| Mutex::new(ClassState::new(i, spec, config.region.as_ref())))
             .collect();
         let on_demand = config.growth == Growth::OnDemand;
         let reserve_arenas = if on_demand {
@@ -245,7 +374,15 @@ impl Pool {
         let pool = Pool {
             table,
             classes,
-            arenas: Mutex::new(ArenaSet::new(reserve_arenas, on_demand)),
+            arenas: Mutex::new(ArenaSet::with_source(
+                reserve_arenas,
+                on_demand,
+                config
+                    .region
+                    .clone()
+                    .map(Source::region)
+                    .unwrap_or_default(),
+            )),
             pages_used: AtomicU64::new(0),
             max_pages_used: AtomicU64::new(0),
             limit_pages: AtomicU64::new(0),
@@ -259,6 +396,7 @@ impl Pool {
             signal: ReserveSignal::with_target(premapped),
             demand: Mutex::new(Demand::default()),
             memory_short: AtomicBool::new(false),
+            region: config.region.clone(),
         };
         pool.set_limit(config.limit_bytes);
         let prefault = if on_demand {
@@ -266,14 +404,7 @@ impl Pool {
         } else {
             Prefault::Touch
         };
-        pool.arenas
-            .lock()
-            .premap(premapped, prefault)
-            .map_err(|errno| Error::OutOfMemory {
-                bytes: (premapped * ARENA_PAGES * PAGE_SIZE) as u64,
-                errno,
-            })?;
-        Ok(pool)
+        Ok((pool, premapped, prefault))
     }
 
     fn shared(&self) -> Shared<'_> {
@@ -557,6 +688,20 @@ impl Pool {
             metadata_bytes: (metadata + arena_meta) as u64,
             limit_pages: self.limit_pages.load(Ordering::Relaxed),
         }
+    }
+
+    /// Lets go of a pool in a region without giving its memory back: its arenas are unmapped
+    /// from this process but stay in the region, whole, with the tables, for a successor's
+    /// [`Pool::adopt`] (a handover; a process that dies leaves the same). A pool not in a
+    /// region is dropped.
+    pub fn leave(self) {
+        self.arenas.lock().keep_in_region();
+        drop(self);
+    }
+
+    /// The region the pool lives in, if it is in one.
+    pub fn region(&self) -> Option<&Region> {
+        self.region.as_ref()
     }
 
     /// Pages held by zspages (cheap: one atomic load).

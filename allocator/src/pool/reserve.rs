@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::{Growth, Maintenance, Pool};
-use crate::mem::{Mapping, Prefault, ARENA_PAGES, PAGE_SIZE};
+use crate::mem::{Prefault, ARENA_PAGES, PAGE_SIZE};
 use crate::Error;
 
 /// The handshake between allocations and the maintenance thread in [`Growth::Reserve`] mode.
@@ -261,12 +261,12 @@ impl Pool {
         done.reserve_target = target;
         while self.arenas.lock().empty_arenas() < target {
             before_each();
-            let mapping =
-                Mapping::new_counted(Prefault::Touch, &self.signal.touched).map_err(|errno| {
-                    Error::OutOfMemory {
-                        bytes: (ARENA_PAGES * PAGE_SIZE) as u64,
-                        errno,
-                    }
+            let source = self.arenas.lock().source().clone();
+            let mapping = source
+                .map(Prefault::Touch, &self.signal.touched)
+                .map_err(|errno| Error::OutOfMemory {
+                    bytes: (ARENA_PAGES * PAGE_SIZE) as u64,
+                    errno,
                 })?;
             self.arenas.lock().insert(mapping);
             done.arenas_mapped += 1;

@@ -30,6 +30,10 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod region;
+
+pub use region::{Chunk, Region, CHUNK_WORDS, REGION_VERSION};
+
 /// Bytes in a page. uzram serves 4 KiB pages only.
 pub const PAGE_SIZE: usize = 4096;
 /// Pages in one arena (one `mmap`): 2 MiB.
@@ -51,10 +55,39 @@ pub enum Prefault {
     Touch,
 }
 
-/// One anonymous private mapping of `ARENA_BYTES`: an arena's memory, mapped but not yet in an
-/// [`ArenaSet`] (see [`ArenaSet::insert`]).
+/// One mapping of `ARENA_BYTES`: an arena's memory, mapped but not yet in an [`ArenaSet`] (see
+/// [`ArenaSet::insert`]). Anonymous and private, or a place of a [`Region`] (shared).
 pub struct Mapping {
     ptr: NonNull<u8>,
+    /// The region and the arena's place in it, for a shared mapping.
+    place: Option<(Region, u32)>,
+    /// Whether dropping the mapping punches its pages out of the region: not for an arena a
+    /// predecessor left until the adoption succeeded (a refused one destroys nothing).
+    punch: bool,
+}
+
+/// Where a pool's arenas come from: anonymous memory, or a [`Region`] a successor can adopt.
+#[derive(Debug, Clone, Default)]
+pub struct Source(Option<Region>);
+
+impl Source {
+    /// Arenas in `region`.
+    pub fn region(region: Region) -> Source {
+        Source(Some(region))
+    }
+
+    /// The region, if the arenas live in one.
+    pub fn as_region(&self) -> Option<&Region> {
+        self.0.as_ref()
+    }
+
+    /// A new empty arena: see [`Mapping::new_counted`].
+    pub fn map(&self, prefault: Prefault, touched: &AtomicU64) -> Result<Mapping, i32> {
+        match &self.0 {
+            None => Mapping::new_counted(prefault, touched),
+            Some(r) => r.map_new(prefault, touched),
+        }
+    }
 }
 
 impl Mapping {
@@ -88,19 +121,83 @@ impl Mapping {
                 .unwrap_or(libc::ENOMEM));
         }
         let mapping = NonNull::new(ptr.cast::<u8>())
-            .map(|ptr| Mapping { ptr })
+            .map(|ptr| Mapping {
+                ptr,
+                place: None,
+                punch: false,
+            })
             .ok_or(libc::ENOMEM)?;
         if prefault == Prefault::Touch {
-            for page in 0..ARENA_PAGES {
-                // SAFETY: the offset is inside the fresh mapping of ARENA_BYTES, which nothing else
-                // references yet; a volatile write so the fault is not optimised away.
-                unsafe { mapping.ptr.as_ptr().add(page * PAGE_SIZE).write_volatile(0) };
-                if (page + 1) % TOUCH_STRIDE == 0 {
-                    touched.fetch_add(TOUCH_STRIDE as u64, Ordering::Relaxed);
-                }
-            }
+            mapping.touch(touched);
         }
         Ok(mapping)
+    }
+
+    /// A fresh shared mapping of a region's arena place (its pages read as zeros).
+    fn from_region(
+        ptr: NonNull<u8>,
+        prefault: Prefault,
+        touched: &AtomicU64,
+        region: Region,
+        place: u32,
+    ) -> Mapping {
+        let mapping = Mapping {
+            ptr,
+            place: Some((region, place)),
+            punch: true,
+        };
+        // A shared mapping is made resident by writing it either way: `MAP_POPULATE` was not
+        // asked of the `mmap`.
+        let _ = prefault;
+        mapping.touch(touched);
+        mapping
+    }
+
+    /// A shared mapping of an arena a predecessor left: each page is read in, never written.
+    fn from_existing(ptr: NonNull<u8>, region: Region, place: u32) -> Mapping {
+        for page in 0..ARENA_PAGES {
+            // SAFETY: the offset is inside the fresh mapping of ARENA_BYTES; a volatile read so
+            // the fault is not optimised away.
+            unsafe { ptr.as_ptr().add(page * PAGE_SIZE).read_volatile() };
+        }
+        Mapping {
+            ptr,
+            place: Some((region, place)),
+            punch: false,
+        }
+    }
+
+    /// Writes one byte of each page, adding to `touched` every [`TOUCH_STRIDE`] pages. Only for
+    /// a mapping whose bytes are all zeros (fresh).
+    fn touch(&self, touched: &AtomicU64) {
+        for page in 0..ARENA_PAGES {
+            // SAFETY: the offset is inside the fresh mapping of ARENA_BYTES, which nothing else
+            // references yet; a volatile write (of the zero already there) so the fault is not
+            // optimised away.
+            unsafe { self.ptr.as_ptr().add(page * PAGE_SIZE).write_volatile(0) };
+            if (page + 1) % TOUCH_STRIDE == 0 {
+                touched.fetch_add(TOUCH_STRIDE as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The arena's place in its region, for a shared mapping.
+    pub fn place(&self) -> Option<u32> {
+        self.place.as_ref().map(|(_, p)| *p)
+    }
+
+    /// The whole arena (tests only: in a set, arenas are reached through `PageRun`s).
+    #[cfg(test)]
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is ARENA_BYTES long and owned by this value; tests use it alone.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), ARENA_BYTES) }
+    }
+
+    /// The whole arena, mutable (tests only).
+    #[cfg(test)]
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), ARENA_BYTES) }
     }
 }
 
@@ -110,6 +207,11 @@ impl Drop for Mapping {
         // Invariant 2 of the module guarantees no PageRun points into it any more.
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), ARENA_BYTES);
+        }
+        if let Some((region, place)) = self.place.take() {
+            // The pool gave the arena back: its bytes leave the file, as an anonymous arena's
+            // leave the process (unless it is a predecessor's arena not yet adopted).
+            region.release(place, self.punch);
         }
     }
 }
@@ -258,22 +360,37 @@ pub struct ArenaSet {
     /// Whether [`ArenaSet::alloc_run`] may map and [`ArenaSet::free_run`] may unmap. Off in reserve
     /// mode, where only [`ArenaSet::insert`] and [`ArenaSet::take_empty`] change the mappings.
     on_demand: bool,
+    /// Where new arenas come from. In a region an arena's id is its place in the file.
+    source: Source,
 }
 
 impl ArenaSet {
     /// A set that keeps up to `reserve` empty arenas mapped. With `on_demand` false the set never
     /// maps or unmaps by itself: growth fails with [`MapError::NoRoom`] when no arena has room, and
     /// empty arenas stay until [`ArenaSet::take_empty`] takes them.
+    #[cfg(test)]
     pub fn new(reserve: usize, on_demand: bool) -> ArenaSet {
+        ArenaSet::with_source(reserve, on_demand, Source::default())
+    }
+
+    /// [`ArenaSet::new`], its arenas from `source`.
+    pub fn with_source(reserve: usize, on_demand: bool, source: Source) -> ArenaSet {
         ArenaSet {
             reserve,
             on_demand,
+            source,
             ..ArenaSet::default()
         }
     }
 
+    /// Where the set's arenas come from (to map one outside the set's lock).
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
     /// Adds an empty arena mapped outside the set's lock.
     pub fn insert(&mut self, mapping: Mapping) -> u32 {
+        let place = mapping.place();
         let arena = Arena {
             mapping,
             used: [0; BITMAP_WORDS],
@@ -281,6 +398,16 @@ impl ArenaSet {
         };
         self.mapped += 1;
         self.empty += 1;
+        if let Some(id) = place {
+            // A region's place is claimed once, so it is free here too.
+            let id_us = id as usize;
+            if self.arenas.len() <= id_us {
+                self.arenas.resize_with(id_us + 1, || None);
+            }
+            debug_assert!(self.arenas[id_us].is_none());
+            self.arenas[id_us] = Some(arena);
+            return id;
+        }
         match self.free_ids.pop() {
             Some(id) => {
                 self.arenas[id as usize] = Some(arena);
@@ -291,6 +418,19 @@ impl ArenaSet {
                 (self.arenas.len() - 1) as u32
             }
         }
+    }
+
+    /// Takes arena `id` out of the set (its bitmap is empty): its id is free again.
+    fn retire(&mut self, id: usize) -> Option<Arena> {
+        let arena = self.arenas[id].take()?;
+        if self.source.as_region().is_none() {
+            // A region's arena frees its place when its mapping drops.
+            self.free_ids.push(id as u32);
+        }
+        self.mapped -= 1;
+        self.empty -= 1;
+        self.released += 1;
+        Some(arena)
     }
 
     /// Arenas with no page in use.
@@ -309,20 +449,16 @@ impl ArenaSet {
             .rev()
             .find(|&id| self.arenas[id].as_ref().is_some_and(|a| a.used_pages == 0))?;
         // Invariant 2: the arena's bitmap is empty, no PageRun points into it.
-        let arena = self.arenas[id].take().expect("found above");
-        self.free_ids.push(id as u32);
-        self.mapped -= 1;
-        self.empty -= 1;
-        self.released += 1;
-        Some(arena.mapping)
+        self.retire(id).map(|a| a.mapping)
     }
 
-    /// Maps empty arenas until `count` are mapped, so that later growth takes memory already
+    /// Maps empty arenas until `count` are empty, so that later growth takes memory already
     /// held instead of asking the kernel on the I/O path (where, under memory pressure, a swap
     /// device's daemon must not wait for reclaim). Returns the errno of a failed `mmap`.
     pub fn premap(&mut self, count: usize, prefault: Prefault) -> Result<(), i32> {
-        while self.mapped < count {
-            self.insert(Mapping::new(prefault)?);
+        while self.empty < count {
+            let mapping = self.source.map(prefault, &AtomicU64::new(0))?;
+            self.insert(mapping);
         }
         Ok(())
     }
@@ -390,7 +526,10 @@ impl ArenaSet {
         let (id, first) = match found {
             Some(f) => f,
             None if may_map => {
-                let mapping = Mapping::new(Prefault::Populate).map_err(MapError::Map)?;
+                let mapping = self
+                    .source
+                    .map(Prefault::Populate, &AtomicU64::new(0))
+                    .map_err(MapError::Map)?;
                 (self.insert(mapping) as usize, 0)
             }
             None => return Err(MapError::NoRoom),
@@ -414,6 +553,57 @@ impl ArenaSet {
         })
     }
 
+    /// The pool is left for a successor: dropping the set unmaps its arenas but leaves their
+    /// pages in the region.
+    pub fn keep_in_region(&mut self) {
+        for a in self.arenas.iter_mut().flatten() {
+            a.mapping.punch = false;
+        }
+    }
+
+    /// Adoption succeeded: the arenas a predecessor left are this set's own, their pages
+    /// punched out of the region when they are given back.
+    pub fn own_adopted(&mut self) {
+        for a in self.arenas.iter_mut().flatten() {
+            a.mapping.punch = true;
+        }
+    }
+
+    /// Adoption: the run of `n` pages at `first` of arena `id` (mapped by [`Region::map_existing`]
+    /// and inserted), which a predecessor's pool held. Refuses a run outside the arena or over
+    /// pages already taken, so two zspages never share a page (invariant 1).
+    pub fn adopt_run(&mut self, id: u32, first: usize, n: usize) -> Result<PageRun, String> {
+        let Some(Some(arena)) = self.arenas.get_mut(id as usize) else {
+            return Err(format!("arena {id} is not mapped"));
+        };
+        if n == 0 || first + n > ARENA_PAGES {
+            return Err(format!(
+                "pages {first}..{} are outside arena {id}",
+                first + n
+            ));
+        }
+        if (first..first + n).any(|p| !arena.is_free(p)) {
+            return Err(format!(
+                "pages {first}..{} of arena {id} are held twice",
+                first + n
+            ));
+        }
+        if arena.used_pages == 0 {
+            self.empty -= 1;
+        }
+        arena.set_range(first, n, true);
+        arena.used_pages += n;
+        self.used_pages += n;
+        // SAFETY: `first + n <= ARENA_PAGES` was checked, so the offset stays inside the mapping.
+        let ptr = unsafe { arena.mapping.ptr.add(first * PAGE_SIZE) };
+        Ok(PageRun {
+            ptr,
+            arena: id,
+            first_page: first as u16,
+            pages: n as u16,
+        })
+    }
+
     /// Returns a run's pages; unmaps its arena if that leaves it empty and the reserve is full.
     /// Returns the number of pages unmapped (0 or ARENA_PAGES).
     pub fn free_run(&mut self, run: PageRun) -> usize {
@@ -429,11 +619,7 @@ impl ArenaSet {
             self.empty += 1;
             if self.on_demand && self.empty > self.reserve {
                 // Invariant 2: the bitmap is empty, no PageRun points into this arena.
-                self.arenas[id] = None;
-                self.free_ids.push(id as u32);
-                self.mapped -= 1;
-                self.empty -= 1;
-                self.released += 1;
+                self.retire(id);
                 return ARENA_PAGES;
             }
         }
