@@ -28,6 +28,13 @@
 //! See the `mem` module: memory goes back to the OS one whole arena at a time (`munmap`), never by
 //! `MADV_DONTNEED`, which fails on memory locked by the daemon's `mlockall`.
 //!
+//! # Surviving the process
+//! A pool made with [`PoolConfig::region`] keeps its arenas, handle tables and zspage locations in
+//! a memfd ([`Region`]). Another process given that memfd adopts the pool with [`Pool::adopt`]:
+//! every handle names the same bytes, whether the first process died at any instruction or
+//! handed the pool over with [`Pool::leave`]. Anything that does not add up is refused, and a
+//! refusal writes nothing.
+//!
 //! All `unsafe` code is in the `mem` module.
 
 #![warn(missing_docs)]

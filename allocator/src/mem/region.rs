@@ -325,7 +325,7 @@ impl Region {
         unsafe { self.inner.meta.add(first + index as usize * CHUNK_WORDS) }
     }
 
-    /// A zeroed chunk of the metadata area, tagged `tag` (at most [`CHUNK_TAG_MAX`]) for a
+    /// A zeroed chunk of the metadata area, tagged `tag` (below `1 << 63`) for a
     /// successor. The tag is written after the zeros, with a release fence between: a successor
     /// that sees the tag sees the zeros.
     pub fn claim_chunk(&self, tag: u64) -> Result<Chunk, Error> {
