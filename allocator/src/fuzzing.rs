@@ -6,7 +6,9 @@ use arbitrary::{Arbitrary, Unstructured};
 
 use std::time::Duration;
 
-use crate::{Error, Growth, Handle, Pool, PoolConfig, Region, ARENA_PAGES, MAX_OBJECT, PAGE_SIZE};
+use crate::{
+    Error, Growth, Handle, Pool, PoolConfig, Region, RegionSize, ARENA_PAGES, MAX_OBJECT, PAGE_SIZE,
+};
 
 /// One pool operation. Indexes pick a live object modulo the number of live objects.
 #[derive(Debug, Clone, Arbitrary)]
@@ -49,8 +51,9 @@ pub enum PoolOp {
     },
     /// What the maintenance thread does in reserve mode: [`Pool::maintain`].
     Maintain,
-    /// For a pool in a [`Region`]: the process dies (the pool is leaked, never dropped) and a
-    /// successor adopts the region ([`Pool::adopt`]). Every object must read back as before.
+    /// For a pool in a [`Region`]: the pool is handed over ([`Pool::leave`]: the region keeps
+    /// every byte, as when its process dies) and a successor adopts the region
+    /// ([`Pool::adopt`]). Every object must read back as before.
     Restart,
 }
 
@@ -72,8 +75,17 @@ const REGION_ARENAS: u32 = 64;
 /// [`Error::ReserveExhausted`] until a [`PoolOp::Maintain`] refills it. With `shared`, its
 /// arenas and tables are in a [`Region`], and [`PoolOp::Restart`] has a successor adopt it.
 pub fn run_ops(ops: &[PoolOp], max_pages_per_zspage: usize, reserve: bool, shared: bool) {
-    let region = shared
-        .then(|| Region::create("uzram-pool-ops", REGION_ARENAS, 1 << 20).expect("memfd region"));
+    let region = shared.then(|| {
+        Region::create(
+            "uzram-pool-ops",
+            RegionSize {
+                arenas: REGION_ARENAS,
+                meta_bytes: 1 << 20,
+                table_bytes: 0,
+            },
+        )
+        .expect("memfd region")
+    });
     let mut config = PoolConfig {
         max_pages_per_zspage,
         auto_compact: true,

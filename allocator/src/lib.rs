@@ -49,7 +49,10 @@ mod pool;
 mod table;
 
 pub use class::{ClassSpec, CLASS_STEP, MAX_OBJECT, MIN_OBJECT};
-pub use mem::{Chunk, Region, ARENA_PAGES, CHUNK_WORDS, PAGE_SIZE, REGION_VERSION};
+pub use mem::{
+    AtomicChunk, Chunk, Region, RegionSize, ARENA_PAGES, CHUNK_TAG_MAX, CHUNK_WORDS, PAGE_SIZE,
+    REGION_VERSION, USER_CHUNK_TAG,
+};
 pub use pool::{
     ClassStats, CompactStats, Growth, Handle, Maintenance, Pool, PoolConfig, PoolStats,
     FULLNESS_GROUPS, MAX_PAGES_PER_ZSPAGE,

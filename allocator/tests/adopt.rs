@@ -7,10 +7,18 @@ use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use uzram_allocator::fuzzing::pattern;
-use uzram_allocator::{Error, Growth, Handle, Pool, PoolConfig, Region, CHUNK_WORDS};
+use uzram_allocator::{Error, Growth, Handle, Pool, PoolConfig, Region, RegionSize, CHUNK_WORDS};
 
 fn region(arenas: u32) -> Region {
-    Region::create("uzram-adopt-test", arenas, 4 << 20).unwrap()
+    Region::create(
+        "uzram-adopt-test",
+        RegionSize {
+            arenas,
+            meta_bytes: 4 << 20,
+            table_bytes: 0,
+        },
+    )
+    .unwrap()
 }
 
 fn config(region: &Region) -> PoolConfig {
@@ -159,7 +167,7 @@ fn a_reserve_mode_pool_is_adopted_with_its_reserve() {
 /// region (what a stray write in the dead process or a bit flip would do).
 fn poke_handles(fd: &OwnedFd, class_tag: u64, i: usize, f: impl FnOnce(u64) -> u64) {
     let view = Region::adopt(fd.try_clone().unwrap()).unwrap();
-    let mut chunks = view.adopt_chunks();
+    let mut chunks = view.take_adopted_chunks(|_| true);
     let (_, chunk) = chunks
         .iter_mut()
         .filter(|(t, _)| *t == class_tag)
@@ -187,7 +195,7 @@ fn a_corrupted_table_is_refused_and_nothing_is_destroyed() {
     let handles_of_class_0 = 0u64;
     let first = {
         let view = Region::adopt(fd.try_clone().unwrap()).unwrap();
-        let chunks = view.adopt_chunks();
+        let chunks = view.take_adopted_chunks(|_| true);
         let (_, c) = chunks
             .iter()
             .find(|(t, _)| *t == handles_of_class_0)
@@ -204,7 +212,8 @@ fn a_corrupted_table_is_refused_and_nothing_is_destroyed() {
     );
     assert_eq!(r.resident_bytes().unwrap(), held, "a refusal freed memory");
     drop(r);
-    // Put the word back (handle 1 was the second object stored): the region adopts, whole.
+    // Free the word instead (handle 1 was the second object stored): the region adopts, with
+    // every other object whole.
     poke_handles(&fd, handles_of_class_0, 1, |_| 0);
     let r = Region::adopt(fd.try_clone().unwrap()).unwrap();
     let pool = Pool::adopt(config(&r)).unwrap();
@@ -216,6 +225,86 @@ fn a_corrupted_table_is_refused_and_nothing_is_destroyed() {
 
 fn live_handle(local: u32) -> Handle {
     Handle::from_raw(u64::from(local) + 1).unwrap()
+}
+
+/// A crash inside an allocation, between the zspage's location and the handle that names its
+/// first object, leaves a zspage with no object: adoption gives its pages back, and the arena
+/// it shares with another class's zspage stays.
+#[test]
+fn a_zspage_left_without_objects_is_freed_and_its_arena_kept() {
+    let r = region(16);
+    // No reserve: an arena that looks empty for a moment is given back at once.
+    let cfg = PoolConfig {
+        reserve_arenas: 0,
+        ..config(&r)
+    };
+    let pool = Pool::new(cfg.clone()).unwrap();
+    let small = pattern(1, 20);
+    let big = pattern(2, 3000);
+    let _hs = pool.store(&small).unwrap();
+    let hb = pool.store(&big).unwrap();
+    drop(r);
+    let fd = die(pool);
+    // Class 0's first handle was never written, as far as the region can tell.
+    poke_handles(&fd, 0, 0, |_| 0);
+    let r = Region::adopt(fd).unwrap();
+    let pool = Pool::adopt(PoolConfig {
+        region: Some(r.clone()),
+        ..cfg
+    })
+    .unwrap();
+    check(&pool, &[(hb, big)]);
+    assert_eq!(
+        pool.class_stats()[0].obj_allocated,
+        0,
+        "the empty zspage was freed"
+    );
+}
+
+#[test]
+fn a_dropped_pool_cannot_be_adopted() {
+    let r = region(4);
+    let pool = Pool::new(config(&r)).unwrap();
+    pool.store(&pattern(3, 500)).unwrap();
+    let fd = r.fd().try_clone_to_owned().unwrap();
+    drop(pool);
+    drop(r);
+    let err = Region::adopt(fd).unwrap_err().to_string();
+    assert!(err.contains("closed"), "{err}");
+}
+
+/// A refused adoption leaves the region as it was: adopting it again (after the cause is gone)
+/// finds every object.
+#[test]
+fn a_refusal_in_a_later_class_leaves_the_earlier_ones_whole() {
+    let r = region(16);
+    let pool = Pool::new(config(&r)).unwrap();
+    let live: Vec<_> = (0..300u32)
+        .map(|i| {
+            let d = pattern(i as u8, 1 + (i as usize * 13) % 4000);
+            (pool.store(&d).unwrap(), d)
+        })
+        .collect();
+    drop(r);
+    let fd = die(pool);
+    // The last class's first handle entry gets a stray bit.
+    let last = (0..120u64)
+        .rev()
+        .find(|&c| {
+            let view = Region::adopt(fd.try_clone().unwrap()).unwrap();
+            let found = view.take_adopted_chunks(|t| t == c << 32).len();
+            found > 0
+        })
+        .unwrap();
+    poke_handles(&fd, last << 32, 0, |w| w | 1 << 60);
+    let r = Region::adopt(fd.try_clone().unwrap()).unwrap();
+    let err = Pool::adopt(config(&r)).unwrap_err().to_string();
+    assert!(err.contains(&format!("class {last}")), "{err}");
+    drop(r);
+    poke_handles(&fd, last << 32, 0, |w| w & !(1 << 60));
+    let r = Region::adopt(fd).unwrap();
+    let pool = Pool::adopt(config(&r)).unwrap();
+    check(&pool, &live);
 }
 
 #[test]

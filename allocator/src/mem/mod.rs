@@ -32,7 +32,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 mod region;
 
-pub use region::{Chunk, Region, CHUNK_WORDS, REGION_VERSION};
+pub use region::{
+    AtomicChunk, Chunk, Region, RegionSize, CHUNK_TAG_MAX, CHUNK_WORDS, REGION_VERSION,
+    USER_CHUNK_TAG,
+};
 
 /// Bytes in a page. uzram serves 4 KiB pages only.
 pub const PAGE_SIZE: usize = 4096;

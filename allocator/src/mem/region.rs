@@ -3,8 +3,9 @@
 //! # Layout
 //! ```text
 //! offset 0              header page: fixed fields, then their checksum (FNV-1a 64)
-//! offset PAGE_SIZE      metadata area: `meta_bytes`, for what the pool keeps there
-//! offset arena_offset   arena 0, arena 1, ... (ARENA_BYTES each, `max_arenas` of them)
+//! offset PAGE_SIZE      metadata area: `meta_bytes` of chunk descriptors and chunks
+//! offset table_offset   table area: `table_bytes` of words its user lays out (the slot table)
+//! offset arena_offset   arena 0, arena 1, ... (ARENA_BYTES each, `arenas` of them)
 //! ```
 //! The memfd is sized once and sealed (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`), so no holder
 //! of its descriptor can cut a page from under a mapping (which would make the next access a
@@ -22,6 +23,7 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -39,13 +41,80 @@ const H_MAGIC: usize = 0;
 const H_VERSION: usize = 1;
 const H_PAGE: usize = 2;
 const H_ARENA: usize = 3;
-const H_MAX_ARENAS: usize = 4;
+const H_ARENAS: usize = 4;
 const H_META_BYTES: usize = 5;
-const H_ARENA_OFFSET: usize = 6;
-const H_TOTAL: usize = 7;
+const H_TABLE_OFFSET: usize = 6;
+const H_TABLE_BYTES: usize = 7;
+const H_ARENA_OFFSET: usize = 8;
+const H_TOTAL: usize = 9;
 /// Words covered by the checksum.
-const H_FIXED: usize = 8;
+const H_FIXED: usize = 10;
 const H_CHECKSUM: usize = H_FIXED;
+/// Not checksummed, written after creation: [`STATE_CLOSED`] once the owner gave the pool up.
+const H_STATE: usize = 16;
+const STATE_CLOSED: u64 = u64::from_le_bytes(*b"closed!!");
+
+/// What a region holds: asked of [`Region::create`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionSize {
+    /// Arena places (2 MiB each): the most the pool can map at once.
+    pub arenas: u32,
+    /// Bytes of the metadata area (chunks and their descriptors), rounded up to pages.
+    pub meta_bytes: usize,
+    /// Bytes of the table area, rounded up to pages.
+    pub table_bytes: usize,
+}
+
+/// Where everything is in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    arenas: u32,
+    meta_bytes: usize,
+    table_offset: usize,
+    table_bytes: usize,
+    arena_offset: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn of(size: RegionSize) -> Option<Layout> {
+        let page = |b: usize| b.checked_next_multiple_of(PAGE_SIZE);
+        let meta_bytes = page(size.meta_bytes)?;
+        let table_bytes = page(size.table_bytes)?;
+        let table_offset = PAGE_SIZE.checked_add(meta_bytes)?;
+        let arena_offset = table_offset
+            .checked_add(table_bytes)?
+            .checked_next_multiple_of(ARENA_BYTES)?;
+        let total = (size.arenas as usize)
+            .checked_mul(ARENA_BYTES)?
+            .checked_add(arena_offset)?;
+        // Offsets must fit the file API's off_t.
+        libc::off_t::try_from(total).ok()?;
+        Some(Layout {
+            arenas: size.arenas,
+            meta_bytes,
+            table_offset,
+            table_bytes,
+            arena_offset,
+            total,
+        })
+    }
+
+    fn words(&self) -> [u64; H_FIXED] {
+        let mut w = [0u64; H_FIXED];
+        w[H_MAGIC] = MAGIC;
+        w[H_VERSION] = REGION_VERSION;
+        w[H_PAGE] = PAGE_SIZE as u64;
+        w[H_ARENA] = ARENA_BYTES as u64;
+        w[H_ARENAS] = u64::from(self.arenas);
+        w[H_META_BYTES] = self.meta_bytes as u64;
+        w[H_TABLE_OFFSET] = self.table_offset as u64;
+        w[H_TABLE_BYTES] = self.table_bytes as u64;
+        w[H_ARENA_OFFSET] = self.arena_offset as u64;
+        w[H_TOTAL] = self.total as u64;
+        w
+    }
+}
 
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
@@ -85,35 +154,42 @@ struct Inner {
     fd: OwnedFd,
     /// The header page, mapped shared and read-write.
     header: NonNull<u64>,
-    meta_bytes: usize,
-    arena_offset: usize,
-    max_arenas: u32,
+    layout: Layout,
     /// Bit set = the arena's place in the file is mapped by this process.
     slots: Mutex<Vec<u64>>,
     /// The metadata area, mapped shared (dangling when it is empty).
     meta: NonNull<u64>,
+    /// The table area, mapped shared (dangling when it is empty).
+    table: NonNull<AtomicU64>,
     /// Chunks the metadata area holds.
     chunks: u32,
     /// The next chunk never handed out in this process, and those below it that are free.
     chunk_state: Mutex<(u32, Vec<u32>)>,
+    /// Chunks a predecessor tagged, not yet taken (tag, index).
+    adopted: Mutex<Vec<(u64, u32)>>,
 }
 
-// SAFETY: `header` points into a shared mapping owned by `Inner` for its whole life; it is only
-// read after construction (the fixed words never change once written), and `slots` is behind a
-// mutex. Nothing else in `Inner` is tied to a thread.
+// SAFETY: the pointers are into shared mappings owned by `Inner` for its whole life. Through
+// `&Inner` the header's fixed words are only read, its state word is written by its owner alone,
+// each chunk descriptor by the one thread that took its chunk (atomically), the table area is only
+// reached as atomics, and each chunk's words by the one `Chunk` that owns them; the rest is
+// behind mutexes. Nothing in `Inner` is tied to a thread.
 unsafe impl Send for Inner {}
-// SAFETY: as for Send: shared access only reads the header.
+// SAFETY: as for Send.
 unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // SAFETY: `header` came from a successful mmap of one page, `meta` (when the area is not
-        // empty) from one of `meta_bytes`; each is unmapped once, here. Every `Chunk` holds a
-        // `Region`, so none outlives the mapping.
+        // SAFETY: `header` came from a successful mmap of one page, `meta` and `table` (when
+        // their areas are not empty) from mmaps of their areas; each is unmapped once, here.
+        // Every `Chunk` and every borrow of the table holds the `Region`, so none outlives them.
         unsafe {
             libc::munmap(self.header.as_ptr().cast(), PAGE_SIZE);
-            if self.meta_bytes > 0 {
-                libc::munmap(self.meta.as_ptr().cast(), self.meta_bytes);
+            if self.layout.meta_bytes > 0 {
+                libc::munmap(self.meta.as_ptr().cast(), self.layout.meta_bytes);
+            }
+            if self.layout.table_bytes > 0 {
+                libc::munmap(self.table.as_ptr().cast(), self.layout.table_bytes);
             }
         }
     }
@@ -126,10 +202,19 @@ const CHUNK_BYTES: usize = CHUNK_WORDS * 8;
 const CHUNK_LIVE: u64 = 1 << 63;
 /// The most a tag may carry.
 pub const CHUNK_TAG_MAX: u64 = CHUNK_LIVE - 1;
+/// Chunk tags from this one up are the region's user's (the engine's); the pool's are below.
+pub const USER_CHUNK_TAG: u64 = 1 << 62;
 
 /// Chunks in a metadata area of `bytes`: a descriptor word each, then the chunks.
 fn chunks_in(bytes: usize) -> u32 {
     u32::try_from(bytes / (CHUNK_BYTES + 8)).unwrap_or(u32::MAX)
+}
+
+/// Chunks of an area of `bytes` that fit beside their descriptors (rounded up to a chunk).
+fn usable_chunks_in(bytes: usize) -> u32 {
+    let n = chunks_in(bytes) as usize;
+    let first = n.div_ceil(CHUNK_WORDS) * CHUNK_WORDS;
+    ((bytes / 8).saturating_sub(first) / CHUNK_WORDS).min(n) as u32
 }
 
 /// [`CHUNK_WORDS`] words of a region's metadata area, owned like a `Box<[u64]>`: handed out
@@ -152,6 +237,33 @@ impl Chunk {
     /// The chunk's number in its area.
     pub fn index(&self) -> u32 {
         self.index
+    }
+}
+
+impl Chunk {
+    /// The chunk as atomics, for words several threads share (a journal).
+    pub fn into_atomic(self) -> AtomicChunk {
+        AtomicChunk(self)
+    }
+}
+
+/// A [`Chunk`] whose words are only ever reached as atomics, so threads may share it.
+#[derive(Debug)]
+pub struct AtomicChunk(Chunk);
+
+impl AtomicChunk {
+    /// The chunk's number in its area.
+    pub fn index(&self) -> u32 {
+        self.0.index
+    }
+
+    /// The words.
+    pub fn words(&self) -> &[AtomicU64] {
+        // SAFETY: the chunk's CHUNK_WORDS aligned words are inside the live metadata mapping and
+        // owned by this value alone; AtomicU64 has u64's size and alignment, and through this
+        // type they are only ever reached as atomics (the `Chunk` inside is never handed back),
+        // so sharing `&self` between threads races nothing.
+        unsafe { std::slice::from_raw_parts(self.0.ptr.as_ptr().cast::<AtomicU64>(), CHUNK_WORDS) }
     }
 }
 
@@ -181,8 +293,7 @@ impl std::fmt::Debug for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Region")
             .field("fd", &self.inner.fd.as_raw_fd())
-            .field("max_arenas", &self.inner.max_arenas)
-            .field("meta_bytes", &self.inner.meta_bytes)
+            .field("layout", &self.inner.layout)
             .finish()
     }
 }
@@ -218,24 +329,19 @@ fn map_shared(fd: BorrowedFd<'_>, offset: usize, len: usize) -> Result<NonNull<u
 }
 
 impl Region {
-    /// A new, empty region for up to `max_arenas` arenas and `meta_bytes` of metadata (rounded
-    /// up to pages). `name` shows in `/proc/PID/maps` and `/proc/PID/fd` (`memfd:NAME`).
-    pub fn create(name: &str, max_arenas: u32, meta_bytes: usize) -> Result<Region, Error> {
-        if max_arenas == 0 {
+    /// A new, empty region of `size`. `name` shows in `/proc/PID/maps` and `/proc/PID/fd`
+    /// (`memfd:NAME`).
+    pub fn create(name: &str, size: RegionSize) -> Result<Region, Error> {
+        if size.arenas == 0 {
             return Err(Error::InvalidConfig {
-                what: "max_arenas",
+                what: "arenas",
                 value: 0,
             });
         }
-        let meta_bytes = meta_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let arena_offset = (PAGE_SIZE + meta_bytes).div_ceil(ARENA_BYTES) * ARENA_BYTES;
-        let total = (max_arenas as usize)
-            .checked_mul(ARENA_BYTES)
-            .and_then(|a| a.checked_add(arena_offset))
-            .ok_or(Error::InvalidConfig {
-                what: "max_arenas",
-                value: u64::from(max_arenas),
-            })?;
+        let layout = Layout::of(size).ok_or(Error::InvalidConfig {
+            what: "region size",
+            value: u64::from(size.arenas),
+        })?;
         let cname = CString::new(name).map_err(|_| refused(format!("name {name:?} has a NUL")))?;
         // SAFETY: a valid C string and flags; the result is checked before use.
         let raw = unsafe {
@@ -246,7 +352,8 @@ impl Region {
         }
         // SAFETY: `raw` is a fresh descriptor this function owns from here on.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let len = libc::off_t::try_from(total).map_err(|_| io("ftruncate", libc::EOVERFLOW))?;
+        // `Layout::of` checked that the total fits an off_t.
+        let len = layout.total as libc::off_t;
         // SAFETY: plain calls on a descriptor we own; results checked.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
             return Err(io("ftruncate", errno()));
@@ -256,15 +363,7 @@ impl Region {
             return Err(io("F_ADD_SEALS", errno()));
         }
         let header = map_shared(fd.as_fd(), 0, PAGE_SIZE).map_err(|e| io("mmap", e))?;
-        let mut words = [0u64; H_FIXED];
-        words[H_MAGIC] = MAGIC;
-        words[H_VERSION] = REGION_VERSION;
-        words[H_PAGE] = PAGE_SIZE as u64;
-        words[H_ARENA] = ARENA_BYTES as u64;
-        words[H_MAX_ARENAS] = u64::from(max_arenas);
-        words[H_META_BYTES] = meta_bytes as u64;
-        words[H_ARENA_OFFSET] = arena_offset as u64;
-        words[H_TOTAL] = total as u64;
+        let words = layout.words();
         let sum = checksum(&words);
         let header = header.cast::<u64>();
         for (i, w) in words.iter().chain([&sum]).enumerate() {
@@ -272,40 +371,63 @@ impl Region {
             // in it; nothing else maps it yet.
             unsafe { header.as_ptr().add(i).write(*w) };
         }
-        Region::from_parts(fd, header, meta_bytes, arena_offset, max_arenas)
+        Region::from_parts(fd, header, layout, Vec::new())
     }
 
+    /// The region over `fd` laid out as `layout`, its areas mapped; unmaps `header` on failure.
     fn from_parts(
         fd: OwnedFd,
         header: NonNull<u64>,
-        meta_bytes: usize,
-        arena_offset: usize,
-        max_arenas: u32,
+        layout: Layout,
+        adopted: Vec<(u64, u32)>,
     ) -> Result<Region, Error> {
-        let meta = if meta_bytes == 0 {
+        let unmap_header = || {
+            // SAFETY: the header mapping made by the caller, unmapped once on a failure path.
+            unsafe { libc::munmap(header.as_ptr().cast(), PAGE_SIZE) };
+        };
+        let meta = if layout.meta_bytes == 0 {
             NonNull::dangling()
         } else {
-            match map_shared(fd.as_fd(), PAGE_SIZE, meta_bytes) {
+            match map_shared(fd.as_fd(), PAGE_SIZE, layout.meta_bytes) {
                 Ok(p) => p.cast::<u64>(),
                 Err(e) => {
-                    // SAFETY: the header mapping made by the caller, unmapped once on this
-                    // failure path.
-                    unsafe { libc::munmap(header.as_ptr().cast(), PAGE_SIZE) };
+                    unmap_header();
                     return Err(io("mmap", e));
                 }
             }
         };
+        let table = if layout.table_bytes == 0 {
+            NonNull::dangling()
+        } else {
+            match map_shared(fd.as_fd(), layout.table_offset, layout.table_bytes) {
+                Ok(p) => p.cast::<AtomicU64>(),
+                Err(e) => {
+                    unmap_header();
+                    if layout.meta_bytes > 0 {
+                        // SAFETY: the metadata mapping made above, unmapped once here.
+                        unsafe { libc::munmap(meta.as_ptr().cast(), layout.meta_bytes) };
+                    }
+                    return Err(io("mmap", e));
+                }
+            }
+        };
+        let chunks = chunks_in(layout.meta_bytes);
+        let top = adopted.iter().map(|&(_, i)| i + 1).max().unwrap_or(0);
+        let free = (0..top)
+            .rev()
+            .filter(|i| !adopted.iter().any(|&(_, a)| a == *i))
+            .collect();
         Ok(Region {
             inner: Arc::new(Inner {
                 fd,
                 header,
-                meta_bytes,
-                arena_offset,
-                max_arenas,
-                slots: Mutex::new(vec![0; (max_arenas as usize).div_ceil(64)]),
+                layout,
+                slots: Mutex::new(vec![0; (layout.arenas as usize).div_ceil(64)]),
                 meta,
-                chunks: chunks_in(meta_bytes),
-                chunk_state: Mutex::new((0, Vec::new())),
+                table,
+                chunks,
+                chunk_state: Mutex::new((top, free)),
+                adopted: Mutex::new(adopted),
             }),
         })
     }
@@ -352,30 +474,50 @@ impl Region {
             _region: self.clone(),
         };
         chunk.fill(0);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        // SAFETY: the descriptor of a chunk this process owns alone (handed out once, above).
-        unsafe { self.descriptor(index).write_volatile(CHUNK_LIVE | tag) };
+        // SAFETY: the descriptor of a chunk this thread owns alone (handed out once, above), an
+        // aligned word inside the metadata mapping; it is only ever written as an atomic.
+        let descriptor = unsafe { AtomicU64::from_ptr(self.descriptor(index)) };
+        // Release: the zeros land before the tag that makes a successor read them.
+        descriptor.store(CHUNK_LIVE | tag, std::sync::atomic::Ordering::Release);
         Ok(chunk)
     }
 
     /// Chunks that fit beside their descriptors.
     fn usable_chunks(&self) -> u32 {
-        let n = self.inner.chunks as usize;
-        let words = self.inner.meta_bytes / 8;
-        let first = n.div_ceil(CHUNK_WORDS) * CHUNK_WORDS;
-        (words.saturating_sub(first) / CHUNK_WORDS).min(n) as u32
+        usable_chunks_in(self.inner.layout.meta_bytes)
     }
 
-    /// Every chunk a predecessor tagged, with its tag, in chunk order; the untagged ones become
-    /// free. Call once, before any [`Region::claim_chunk`].
-    pub fn adopt_chunks(&self) -> Vec<(u64, Chunk)> {
-        let usable = self.usable_chunks();
-        let mut st = self.inner.chunk_state.lock();
-        debug_assert_eq!(st.0, 0, "chunks adopted after some were claimed");
-        let mut found = Vec::new();
-        let mut top = 0;
-        // The descriptors are read with `pread`, not through the mapping: a read fault on a
-        // hole of a memfd allocates a page, and most of the area is holes.
+    /// The chunks a predecessor tagged that `want` picks by their tag, in chunk order; each is
+    /// handed out once, the others stay for another call. A fresh region has none.
+    pub fn take_adopted_chunks(&self, mut want: impl FnMut(u64) -> bool) -> Vec<(u64, Chunk)> {
+        let mut adopted = self.inner.adopted.lock();
+        let mut taken = Vec::new();
+        adopted.retain(|&(tag, index)| {
+            if !want(tag) {
+                return true;
+            }
+            taken.push((
+                tag,
+                Chunk {
+                    ptr: self.chunk_ptr(index),
+                    index,
+                    _region: self.clone(),
+                },
+            ));
+            false
+        });
+        // The tags were read before the chunks' words: the acquire pairs with the release
+        // between a chunk's zeros and its tag.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        taken
+    }
+
+    /// The tagged chunks' (tag, index), read from the descriptors with `pread`, not through a
+    /// mapping: a read fault on a hole of a memfd allocates a page, and most of the area is
+    /// holes. A read that fails or stops short is an error: a chunk missed would be a table
+    /// cut short.
+    fn scan_descriptors(fd: BorrowedFd<'_>, layout: &Layout) -> Result<Vec<(u64, u32)>, Error> {
+        let usable = usable_chunks_in(layout.meta_bytes);
         let mut descriptors = vec![0u64; usable as usize];
         let raw: &mut [u8] = bytemuck_words(&mut descriptors);
         let mut done = 0;
@@ -384,39 +526,29 @@ impl Region {
             // SAFETY: reads into the rest of a buffer we own, of the length given.
             let n = unsafe {
                 libc::pread(
-                    self.inner.fd.as_raw_fd(),
+                    fd.as_raw_fd(),
                     raw[done..].as_mut_ptr().cast(),
                     raw.len() - done,
                     off,
                 )
             };
-            if n <= 0 {
-                // A read error leaves the rest as zeros: those chunks are not adopted, and the
-                // pool's check refuses the tables they would have completed.
-                break;
+            if n < 0 {
+                let e = errno();
+                if e == libc::EINTR {
+                    continue;
+                }
+                return Err(io("pread of the chunk descriptors", e));
+            }
+            if n == 0 {
+                return Err(io("pread of the chunk descriptors", libc::ENODATA));
             }
             done += n as usize;
         }
-        for (index, &d) in (0..usable).zip(descriptors.iter()) {
-            if d & CHUNK_LIVE != 0 {
-                found.push((
-                    d & CHUNK_TAG_MAX,
-                    Chunk {
-                        ptr: self.chunk_ptr(index),
-                        index,
-                        _region: self.clone(),
-                    },
-                ));
-                top = index + 1;
-            }
-        }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        st.0 = top;
-        st.1 = (0..top)
-            .rev()
-            .filter(|&i| found.binary_search_by_key(&i, |(_, c)| c.index).is_err())
-            .collect();
-        found
+        Ok((0..usable)
+            .zip(descriptors)
+            .filter(|(_, d)| d & CHUNK_LIVE != 0)
+            .map(|(i, d)| (d & CHUNK_TAG_MAX, i))
+            .collect())
     }
 
     /// Takes over a region a predecessor made, after checking everything its header says against
@@ -457,25 +589,37 @@ impl Region {
             // SAFETY: the header mapping is one page, aligned, and holds H_FIXED + 1 words.
             *w = unsafe { header.as_ptr().add(i).read_volatile() };
         }
-        let unmap = || {
-            // SAFETY: the header mapping made above, unmapped once on this refusal path.
-            unsafe { libc::munmap(header.as_ptr().cast(), PAGE_SIZE) };
+        // SAFETY: word H_STATE is inside the one-page header mapping, aligned.
+        let state = unsafe { header.as_ptr().add(H_STATE).read_volatile() };
+        let checked = Self::check_header(&words, size).and_then(|l| {
+            if state == STATE_CLOSED {
+                Err(refused(
+                    "its owner closed it (the pool was dropped, not left): nothing to adopt".into(),
+                ))
+            } else {
+                Ok(l)
+            }
+        });
+        let layout = match checked {
+            Ok(l) => l,
+            Err(e) => {
+                // SAFETY: the header mapping made above, unmapped once on this refusal path.
+                unsafe { libc::munmap(header.as_ptr().cast(), PAGE_SIZE) };
+                return Err(e);
+            }
         };
-        if let Err(e) = Self::check_header(&words, size) {
-            unmap();
-            return Err(e);
-        }
-        let max_arenas = words[H_MAX_ARENAS] as u32;
-        Region::from_parts(
-            fd,
-            header,
-            words[H_META_BYTES] as usize,
-            words[H_ARENA_OFFSET] as usize,
-            max_arenas,
-        )
+        let adopted = match Self::scan_descriptors(fd.as_fd(), &layout) {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: the header mapping made above, unmapped once on this failure path.
+                unsafe { libc::munmap(header.as_ptr().cast(), PAGE_SIZE) };
+                return Err(e);
+            }
+        };
+        Region::from_parts(fd, header, layout, adopted)
     }
 
-    fn check_header(words: &[u64; H_FIXED + 1], file_size: u64) -> Result<(), Error> {
+    fn check_header(words: &[u64; H_FIXED + 1], file_size: u64) -> Result<Layout, Error> {
         let expect = |what: &str, at: usize, want: u64| {
             if words[at] == want {
                 Ok(())
@@ -497,32 +641,108 @@ impl Region {
         }
         expect("the page size", H_PAGE, PAGE_SIZE as u64)?;
         expect("the arena size", H_ARENA, ARENA_BYTES as u64)?;
-        let (max, meta, off, total) = (
-            words[H_MAX_ARENAS],
-            words[H_META_BYTES],
-            words[H_ARENA_OFFSET],
-            words[H_TOTAL],
-        );
-        let layout_ok = max > 0
-            && max <= u64::from(u32::MAX)
-            && meta % PAGE_SIZE as u64 == 0
-            && off % ARENA_BYTES as u64 == 0
-            && off >= PAGE_SIZE as u64 + meta
-            && max
-                .checked_mul(ARENA_BYTES as u64)
-                .and_then(|a| a.checked_add(off))
-                == Some(total);
-        if !layout_ok {
+        // The layout must be the one these sizes give: recompute it, compare every word.
+        let size = |at: usize| usize::try_from(words[at]).ok();
+        let recomputed = match (
+            u32::try_from(words[H_ARENAS]).ok(),
+            size(H_META_BYTES),
+            size(H_TABLE_BYTES),
+        ) {
+            (Some(arenas), Some(meta_bytes), Some(table_bytes)) if arenas > 0 => {
+                Layout::of(RegionSize {
+                    arenas,
+                    meta_bytes,
+                    table_bytes,
+                })
+            }
+            _ => None,
+        };
+        let layout = match recomputed {
+            Some(l) if l.words()[..] == words[..H_FIXED] => l,
+            _ => {
+                return Err(refused(format!(
+                    "its layout does not add up: {} arenas at offset {}, {} bytes of metadata, {} bytes of table at {}, {} bytes in all",
+                    words[H_ARENAS],
+                    words[H_ARENA_OFFSET],
+                    words[H_META_BYTES],
+                    words[H_TABLE_BYTES],
+                    words[H_TABLE_OFFSET],
+                    words[H_TOTAL]
+                )))
+            }
+        };
+        if layout.total as u64 != file_size {
             return Err(refused(format!(
-                "its layout does not add up: {max} arenas at offset {off}, {meta} bytes of metadata, {total} bytes in all"
+                "the header says {} bytes, the file has {file_size}",
+                layout.total
             )));
         }
-        if total != file_size {
-            return Err(refused(format!(
-                "the header says {total} bytes, the file has {file_size}"
-            )));
+        Ok(layout)
+    }
+
+    /// The table area's words: its user's layout, kept for a successor. A page of it costs
+    /// memory once written (and a read fault on an unwritten page allocates one too: see
+    /// [`Region::table_pages_with_data`] to find the written ones without touching them).
+    pub fn table(&self) -> &[AtomicU64] {
+        let len = self.inner.layout.table_bytes / 8;
+        if len == 0 {
+            return &[];
         }
-        Ok(())
+        // SAFETY: `table` maps `table_bytes` of the file, 8-byte aligned, for as long as `Inner`
+        // lives, and the borrow of `self` keeps it alive. Every access is atomic, so shared
+        // access, from this process or another, is no data race.
+        unsafe { std::slice::from_raw_parts(self.inner.table.as_ptr(), len) }
+    }
+
+    /// The table area's pages (indexes from its start) that hold memory, found with
+    /// `SEEK_DATA` / `SEEK_HOLE` (nothing is read or faulted in).
+    pub fn table_pages_with_data(&self) -> Result<Vec<usize>, Error> {
+        let l = &self.inner.layout;
+        let (start, end) = (l.table_offset, l.table_offset + l.table_bytes);
+        let fd = self.inner.fd.as_raw_fd();
+        let mut pages = Vec::new();
+        let mut off = start;
+        while off < end {
+            // SAFETY: plain lseek calls on a descriptor we own; results checked.
+            let data = unsafe { libc::lseek(fd, off as libc::off_t, libc::SEEK_DATA) };
+            if data < 0 {
+                let e = errno();
+                if e == libc::ENXIO {
+                    break;
+                }
+                return Err(io("lseek(SEEK_DATA)", e));
+            }
+            let data = data as usize;
+            if data >= end {
+                break;
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
+            if hole < 0 {
+                return Err(io("lseek(SEEK_HOLE)", errno()));
+            }
+            let hole = (hole as usize).min(end);
+            pages.extend((data - start) / PAGE_SIZE..(hole - start).div_ceil(PAGE_SIZE));
+            off = hole.max(data + PAGE_SIZE);
+        }
+        Ok(pages)
+    }
+
+    /// Marks the region as given up by its owner: [`Region::adopt`] refuses it from now on. A
+    /// pool does this as it is dropped (not left), before it gives its arenas back, so that no
+    /// successor adopts tables whose objects are gone.
+    pub fn close(&self) {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: word H_STATE is inside the one-page header mapping, aligned; only the owner
+        // writes it.
+        unsafe {
+            self.inner
+                .header
+                .as_ptr()
+                .add(H_STATE)
+                .write_volatile(STATE_CLOSED)
+        };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The memfd, to hand to a successor.
@@ -530,18 +750,23 @@ impl Region {
         self.inner.fd.as_fd()
     }
 
+    /// Bytes of the table area.
+    pub fn table_bytes(&self) -> usize {
+        self.inner.layout.table_bytes
+    }
+
     /// The most arenas the region holds.
     pub fn max_arenas(&self) -> u32 {
-        self.inner.max_arenas
+        self.inner.layout.arenas
     }
 
     /// Bytes of the metadata area.
     pub fn meta_bytes(&self) -> usize {
-        self.inner.meta_bytes
+        self.inner.layout.meta_bytes
     }
 
     fn arena_offset(&self, slot: u32) -> usize {
-        self.inner.arena_offset + slot as usize * ARENA_BYTES
+        self.inner.layout.arena_offset + slot as usize * ARENA_BYTES
     }
 
     /// Claims the lowest free arena place, or `None` when all are mapped.
@@ -551,7 +776,7 @@ impl Region {
             if *word != u64::MAX {
                 let bit = (!*word).trailing_zeros();
                 let slot = w as u32 * 64 + bit;
-                if slot >= self.inner.max_arenas {
+                if slot >= self.inner.layout.arenas {
                     return None;
                 }
                 *word |= 1 << bit;
@@ -563,7 +788,7 @@ impl Region {
 
     /// Claims arena place `slot` (one the predecessor used); false if it is taken or out of range.
     fn claim_at(&self, slot: u32) -> bool {
-        if slot >= self.inner.max_arenas {
+        if slot >= self.inner.layout.arenas {
             return false;
         }
         let mut slots = self.inner.slots.lock();
@@ -583,8 +808,10 @@ impl Region {
         touched: &std::sync::atomic::AtomicU64,
     ) -> Result<Mapping, i32> {
         let slot = self.claim().ok_or(libc::ENOSPC)?;
-        // A place is punched out when given back, and a predecessor's leftovers were punched at
-        // adoption, so it reads as zeros: the arena starts as empty as an anonymous one.
+        // A place is punched out when it is given back, and a predecessor's leftovers once its
+        // pool is adopted, so it usually reads as zeros. Where it does not (a punch that failed,
+        // a place taken before the leftovers went), its old bytes are as harmless as an
+        // anonymous arena's free pages: the pool reads only objects it wrote.
         match self.map_slot(slot) {
             Ok(ptr) => Ok(Mapping::from_region(
                 ptr,
@@ -605,7 +832,7 @@ impl Region {
         if !self.claim_at(slot) {
             return Err(refused(format!(
                 "arena {slot} is taken or past the region's {} arenas",
-                self.inner.max_arenas
+                self.inner.layout.arenas
             )));
         }
         let ptr = match self.map_slot(slot) {
@@ -655,7 +882,7 @@ impl Region {
     /// Punches every arena place this process has not mapped: what a predecessor left in places
     /// the adopted pool does not use. Call once, after adopting the live arenas.
     pub fn punch_unclaimed(&self) {
-        for slot in 0..self.inner.max_arenas {
+        for slot in 0..self.inner.layout.arenas {
             let taken = {
                 let slots = self.inner.slots.lock();
                 slots[slot as usize / 64] & (1 << (slot % 64)) != 0
@@ -695,13 +922,21 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
 
+    fn size(arenas: u32, meta_bytes: usize) -> RegionSize {
+        RegionSize {
+            arenas,
+            meta_bytes,
+            table_bytes: 0,
+        }
+    }
+
     fn dup(r: &Region) -> OwnedFd {
         r.fd().try_clone_to_owned().unwrap()
     }
 
     #[test]
     fn a_region_is_adopted_with_its_arenas_bytes() {
-        let r = Region::create("uzram-test", 8, 10_000).unwrap();
+        let r = Region::create("uzram-test", size(8, 10_000)).unwrap();
         assert_eq!(r.meta_bytes(), 12_288);
         let mut m = r.map_new(Prefault::Touch, &AtomicU64::new(0)).unwrap();
         assert_eq!(m.place(), Some(0));
@@ -727,7 +962,7 @@ mod tests {
 
     #[test]
     fn giving_an_arena_back_punches_its_pages_out() {
-        let r = Region::create("uzram-test", 4, 0).unwrap();
+        let r = Region::create("uzram-test", size(4, 0)).unwrap();
         let base = r.resident_bytes().unwrap();
         let mut m = r.map_new(Prefault::Touch, &AtomicU64::new(0)).unwrap();
         m.bytes_mut().fill(0xa5);
@@ -741,7 +976,7 @@ mod tests {
 
     #[test]
     fn chunks_keep_their_tags_and_words_across_an_adoption() {
-        let r = Region::create("uzram-test", 1, 4 * PAGE_SIZE).unwrap();
+        let r = Region::create("uzram-test", size(1, 4 * PAGE_SIZE)).unwrap();
         let mut a = r.claim_chunk(7).unwrap();
         let mut b = r.claim_chunk(9).unwrap();
         let c = r.claim_chunk(7).unwrap();
@@ -753,7 +988,7 @@ mod tests {
         drop(c); // dropped, not given back: still tagged
         drop(r);
         let r2 = Region::adopt(fd).unwrap();
-        let found = r2.adopt_chunks();
+        let found = r2.take_adopted_chunks(|_| true);
         let tags: Vec<u64> = found.iter().map(|(t, _)| *t).collect();
         assert_eq!(tags, [7, 9, 7]);
         assert_eq!(found[0].1[0], 11);
@@ -767,7 +1002,7 @@ mod tests {
     #[test]
     fn a_full_metadata_area_refuses_another_chunk() {
         for bytes in [PAGE_SIZE, 3 * PAGE_SIZE, 64 * PAGE_SIZE] {
-            let r = Region::create("uzram-test", 1, bytes).unwrap();
+            let r = Region::create("uzram-test", size(1, bytes)).unwrap();
             let n = r.usable_chunks();
             assert!(n as usize >= bytes / (CHUNK_BYTES + 8) - 1, "{bytes}: {n}");
             let all: Vec<Chunk> = (0..n)
@@ -782,8 +1017,48 @@ mod tests {
     }
 
     #[test]
+    fn the_table_area_keeps_its_words_and_says_which_pages_hold_memory() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let r = Region::create(
+            "uzram-test",
+            RegionSize {
+                arenas: 1,
+                meta_bytes: 0,
+                table_bytes: 64 * PAGE_SIZE,
+            },
+        )
+        .unwrap();
+        let t = r.table();
+        assert_eq!(t.len(), 64 * PAGE_SIZE / 8);
+        assert_eq!(r.table_pages_with_data().unwrap(), Vec::<usize>::new());
+        t[0].store(1, Relaxed);
+        t[5 * 512 + 7].store(2, Relaxed);
+        t[6 * 512].store(3, Relaxed);
+        t[t.len() - 1].store(4, Relaxed);
+        let fd = dup(&r);
+        drop(r);
+        let r = Region::adopt(fd).unwrap();
+        assert_eq!(r.table_pages_with_data().unwrap(), [0, 5, 6, 63]);
+        let t = r.table();
+        assert_eq!(
+            [
+                t[0].load(Relaxed),
+                t[5 * 512 + 7].load(Relaxed),
+                t[6 * 512].load(Relaxed)
+            ],
+            [1, 2, 3]
+        );
+        assert_eq!(t[t.len() - 1].load(Relaxed), 4);
+        assert_eq!(
+            r.table_pages_with_data().unwrap(),
+            [0, 5, 6, 63],
+            "finding them faulted nothing in"
+        );
+    }
+
+    #[test]
     fn a_full_region_refuses_another_arena() {
-        let r = Region::create("uzram-test", 1, 0).unwrap();
+        let r = Region::create("uzram-test", size(1, 0)).unwrap();
         let _m = r.map_new(Prefault::Touch, &AtomicU64::new(0)).unwrap();
         assert_eq!(
             r.map_new(Prefault::Touch, &AtomicU64::new(0)).err(),
@@ -796,10 +1071,10 @@ mod tests {
         for (word, bit, says) in [
             (H_MAGIC, 3, "magic"),
             (H_VERSION, 1, "format version"),
-            (H_MAX_ARENAS, 0, "checksum"),
+            (H_ARENAS, 0, "checksum"),
             (H_CHECKSUM, 63, "checksum"),
         ] {
-            let r = Region::create("uzram-test", 2, 0).unwrap();
+            let r = Region::create("uzram-test", size(2, 0)).unwrap();
             r.corrupt_header(word, bit);
             let err = Region::adopt(dup(&r)).unwrap_err().to_string();
             assert!(err.contains(says), "word {word}: {err}");

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::persist::{loc_pack, loc_unpack, Kind, SharedWords, Words};
+use super::persist::{loc_pack, loc_unpack, loc_word, Kind, SharedWords, Words};
 use super::{ClassStats, Handle, ReserveSignal};
 use crate::class::ClassSpec;
 use crate::mem::{ArenaSet, MapError, PageRun, Placement, Region, ARENA_PAGES, PAGE_SIZE};
@@ -35,6 +35,9 @@ const FREE_END: u16 = 0xffff;
 // Handle table words. Allocated: bit 63 | size << 43 | slot << 32 | zspage id. Free: next free
 // local index + 1 (0 = end).
 const ENTRY_LIVE: u64 = 1 << 63;
+
+/// A back-pointer word while a class is adopted: no handle has claimed the slot yet.
+const UNCLAIMED: u32 = FREE_TAG | FREE_END as u32;
 
 pub(super) fn entry_pack(zspage: u32, slot: usize, size: usize) -> u64 {
     ENTRY_LIVE | ((size as u64) << 43) | ((slot as u64) << 32) | u64::from(zspage)
@@ -118,8 +121,11 @@ impl ClassState {
 
     /// A class's state rebuilt from what a predecessor left in `region` (see `persist`): its
     /// handle table and zspage locations. The zspages' arenas are in `arenas` already. Objects
-    /// must be `min_size..=spec.size` bytes. Returns why, naming the value, on any doubt; the
-    /// runs taken from `arenas` by then stay marked there (the caller drops the whole set).
+    /// must be `min_size..=spec.size` bytes. Returns why, naming the value, on any doubt. It
+    /// writes nothing to the region and gives no pages back: zspages with no object stay, and
+    /// free handles stay unlinked, until [`ClassState::finish_adopt`], once every class passed;
+    /// the runs taken from `arenas` stay marked there (the caller drops the whole set on a
+    /// refusal).
     pub(super) fn adopt(
         index: usize,
         spec: ClassSpec,
@@ -131,8 +137,6 @@ impl ClassState {
     ) -> Result<ClassState, String> {
         let mut c = ClassState::new(index, spec, Some(region));
         let objs = spec.objs_per_zspage;
-        // Every slot "not taken" until a handle claims it; the free lists are made after.
-        const UNCLAIMED: u32 = FREE_TAG | FREE_END as u32;
         for zid in 0..locations.len() {
             c.zspages.push_row();
             c.backptr.push_row();
@@ -140,9 +144,9 @@ impl ClassState {
                 .row_mut(zid)
                 .expect("row just pushed")
                 .fill(UNCLAIMED);
-            let w = locations[zid];
+            let w = locations.at(zid);
             match loc_unpack(w) {
-                Some((arena, first)) => {
+                Some((arena, first)) if loc_word(arena, first) == w => {
                     let run = arenas
                         .adopt_run(arena, first, spec.pages_per_zspage)
                         .map_err(|e| format!("zspage {zid}: {e}"))?;
@@ -154,18 +158,20 @@ impl ClassState {
                     });
                 }
                 None if w == 0 => {}
-                None => return Err(format!("zspage {zid}: location word {w:#x}")),
+                _ => return Err(format!("zspage {zid}: location word {w:#x}")),
             }
         }
-        let mut free_locals = Vec::new();
         for local in 0..handles.len() {
-            let e = handles[local];
+            let e = handles.at(local);
             let Some((zid, slot, size)) = entry_unpack(e) else {
-                free_locals.push(local as u32);
                 continue;
             };
             let live = c.zspages.get(zid as usize).is_some_and(|z| z.is_some());
-            if !live || slot >= objs || !(min_size..=spec.size).contains(&size) {
+            if entry_pack(zid, slot, size) != e
+                || !live
+                || slot >= objs
+                || !(min_size..=spec.size).contains(&size)
+            {
                 return Err(format!(
                     "handle {local}: entry {e:#x} (zspage {zid}, slot {slot}, {size} bytes) does not fit the class's {} zspages of {objs} slots of {min_size}..={} bytes",
                     locations.len(),
@@ -186,27 +192,38 @@ impl ClassState {
         }
         c.handles = Words::Shared(handles);
         c.locations = Some(locations);
-        for &local in free_locals.iter().rev() {
-            c.handles[local as usize] = c.free_handle;
-            c.free_handle = u64::from(local) + 1;
+        Ok(c)
+    }
+
+    /// The second half of [`ClassState::adopt`], once every class passed: links the free
+    /// handles, gives back the pages of zspages with no object (a predecessor's allocation that
+    /// never got its handle, or a crash while one was freed), builds the zspages' free lists and
+    /// fullness groups. Writes to the region only what no object depends on.
+    pub(super) fn finish_adopt(&mut self, arenas: &mut ArenaSet) {
+        let objs = self.spec.objs_per_zspage;
+        for local in (0..self.handles.len()).rev() {
+            if self.handles.at(local) & ENTRY_LIVE == 0 {
+                self.handles.set(local, self.free_handle);
+                self.free_handle = local as u64 + 1;
+            }
         }
-        for zid in 0..c.zspages.len() {
-            let Some(z) = c.zspages[zid].as_mut() else {
-                c.free_zspage_ids.push(zid as u32);
+        for zid in 0..self.zspages.len() {
+            let Some(z) = self.zspages[zid].as_mut() else {
+                self.free_zspage_ids.push(zid as u32);
                 continue;
             };
             if z.inuse == 0 {
-                // A zspage left empty (its last object freed, or a predecessor's allocation
-                // that never got its handle): its pages go back to the arena.
-                let z = c.zspages[zid].take().expect("live");
-                if let Some(locs) = &mut c.locations {
-                    locs[zid] = 0;
+                let z = self.zspages[zid].take().expect("live");
+                if let Some(locs) = &mut self.locations {
+                    // Cleared before the pages go back, as `free_zspage` does.
+                    locs.set(zid, 0);
+                    persist_order();
                 }
                 arenas.free_run(z.run);
-                c.free_zspage_ids.push(zid as u32);
+                self.free_zspage_ids.push(zid as u32);
                 continue;
             }
-            let row = c.backptr.row_mut(zid).expect("row of a zspage id");
+            let row = self.backptr.row_mut(zid).expect("row of a zspage id");
             let mut head = FREE_END;
             for slot in (0..objs).rev() {
                 if row[slot] == UNCLAIMED {
@@ -214,13 +231,12 @@ impl ClassState {
                     head = slot as u16;
                 }
             }
-            c.zspages[zid].as_mut().expect("live").free_head = head;
-            c.live_zspages += 1;
-            c.group_insert(zid as u32);
+            self.zspages[zid].as_mut().expect("live").free_head = head;
+            self.live_zspages += 1;
+            self.group_insert(zid as u32);
         }
         // Lowest ids are reused first, as a fresh class would.
-        c.free_zspage_ids.reverse();
-        Ok(c)
+        self.free_zspage_ids.reverse();
     }
 
     pub(super) fn group_of(&self, inuse: usize) -> usize {
@@ -367,7 +383,7 @@ impl ClassState {
                 };
         }
         if let Some(locs) = &mut self.locations {
-            locs[zid as usize] = loc_pack(&run);
+            locs.set(zid as usize, loc_pack(&run));
         }
         self.zspages[zid as usize] = Some(Zspage {
             run,
@@ -390,8 +406,11 @@ impl ClassState {
         let pages = z.run.pages() as u64;
         shared.pages_used.fetch_sub(pages, Ordering::Relaxed);
         if let Some(locs) = &mut self.locations {
-            // Cleared before the pages go back: a successor never adopts pages given away.
-            locs[zid as usize] = 0;
+            // After the handle word that freed the last object (a successor must not see a live
+            // handle in a dead zspage), and before the pages go back (nor a live zspage whose
+            // pages were given away).
+            persist_order();
+            locs.set(zid as usize, 0);
             persist_order();
         }
         shared.arenas.lock().free_run(z.run);
@@ -429,7 +448,7 @@ impl ClassState {
         // The handle first: a region's table may be full, and then nothing has changed.
         let local = match self.free_handle.checked_sub(1) {
             Some(l) => {
-                self.free_handle = self.handles[l as usize];
+                self.free_handle = self.handles.at(l as usize);
                 l as u32
             }
             None => self.handles.push()? as u32,
@@ -439,7 +458,7 @@ impl ClassState {
             None => match self.new_zspage(shared) {
                 Ok(z) => z,
                 Err(e) => {
-                    self.handles[local as usize] = self.free_handle;
+                    self.handles.set(local as usize, self.free_handle);
                     self.free_handle = u64::from(local) + 1;
                     return Err(e);
                 }
@@ -448,16 +467,28 @@ impl ClassState {
         let slot = self.take_slot(zid, local);
         // After the zspage's location (`new_zspage` wrote it before this).
         persist_order();
-        self.handles[local as usize] = entry_pack(zid, slot, size);
+        self.handles
+            .set(local as usize, entry_pack(zid, slot, size));
         self.obj_used += 1;
         self.object_bytes += size;
         Ok(Handle::new(self.index, local))
     }
 
+    /// Appends the handle of every live object of the class.
+    pub(super) fn live_handles(&self, out: &mut Vec<Handle>) {
+        out.extend(
+            self.handles
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e & ENTRY_LIVE != 0)
+                .map(|(local, _)| Handle::new(self.index, local as u32)),
+        );
+    }
+
     pub(super) fn lookup(&self, h: Handle) -> Result<(u32, usize, usize), Error> {
         h.local()
             .and_then(|l| self.handles.get(l as usize))
-            .and_then(|&e| entry_unpack(e))
+            .and_then(entry_unpack)
             .ok_or(Error::InvalidHandle { raw: h.to_raw() })
     }
 
@@ -483,7 +514,7 @@ impl ClassState {
     pub(super) fn free(&mut self, h: Handle, shared: &Shared<'_>) -> Result<u64, Error> {
         let (zid, slot, size) = self.lookup(h)?;
         let local = h.local().expect("looked up");
-        self.handles[local as usize] = self.free_handle;
+        self.handles.set(local as usize, self.free_handle);
         self.free_handle = u64::from(local) + 1;
         self.obj_used -= 1;
         self.object_bytes -= size;
@@ -519,12 +550,13 @@ impl ClassState {
                     break;
                 };
                 let local = self.backptr.row(src as usize).expect("row")[src_slot];
-                let (_, _, size) = entry_unpack(self.handles[local as usize]).expect("live");
+                let (_, _, size) = entry_unpack(self.handles.at(local as usize)).expect("live");
                 let dst_slot = self.take_slot(dst, local);
                 self.copy_object(src, src_slot, dst, dst_slot, size);
                 // The copy lands before the word that points at it.
                 persist_order();
-                self.handles[local as usize] = entry_pack(dst, dst_slot, size);
+                self.handles
+                    .set(local as usize, entry_pack(dst, dst_slot, size));
                 moves += 1;
                 if self.put_slot(src, src_slot) {
                     freed += self.free_zspage(src, shared);
@@ -593,7 +625,7 @@ impl ClassState {
             if let Some(locs) = &mut self.locations {
                 // The copy lands, then the location moves, then the old pages go back.
                 persist_order();
-                locs[zid] = loc_pack(&dst);
+                locs.set(zid, loc_pack(&dst));
                 persist_order();
             }
             arenas.free_run(std::mem::replace(&mut z.run, dst));
@@ -668,11 +700,7 @@ impl ClassState {
                 )));
             }
             for (slot, &local) in words.iter().enumerate().filter(|(_, w)| *w & FREE_TAG == 0) {
-                match self
-                    .handles
-                    .get(local as usize)
-                    .and_then(|&e| entry_unpack(e))
-                {
+                match self.handles.get(local as usize).and_then(entry_unpack) {
                     Some((hz, hs, size))
                         if hz as usize == zid && hs == slot && size <= self.spec.size => {}
                     other => {
@@ -697,11 +725,7 @@ impl ClassState {
                 self.live_zspages, self.obj_used
             )));
         }
-        let live_handles = self
-            .handles
-            .iter()
-            .filter(|&&e| e & ENTRY_LIVE != 0)
-            .count();
+        let live_handles = self.handles.iter().filter(|&e| e & ENTRY_LIVE != 0).count();
         if live_handles != self.obj_used {
             return Err(ctx(format!(
                 "{live_handles} live handles for {} objects",
@@ -711,7 +735,7 @@ impl ClassState {
         let sizes: usize = self
             .handles
             .iter()
-            .filter_map(|&e| entry_unpack(e))
+            .filter_map(entry_unpack)
             .map(|(_, _, s)| s)
             .sum();
         if sizes != self.object_bytes {

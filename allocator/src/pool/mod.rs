@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::class::{ClassSpec, ClassTable, MAX_OBJECT};
-use crate::mem::{ArenaSet, Prefault, Region, Source, ARENA_PAGES, PAGE_SIZE};
+use crate::mem::{ArenaSet, Prefault, Region, Source, ARENA_PAGES, PAGE_SIZE, USER_CHUNK_TAG};
 use crate::Error;
 
 mod class_state;
@@ -219,6 +219,8 @@ pub struct Pool {
     memory_short: AtomicBool,
     /// The memfd the pool lives in, when it does (see [`Region`]).
     region: Option<Region>,
+    /// Handed over ([`Pool::leave`]): dropping it leaves the region whole.
+    left: bool,
 }
 
 impl Pool {
@@ -252,16 +254,18 @@ impl Pool {
                 value: 0,
             });
         };
-        let (pool, premapped, prefault) = Pool::build(&config)?;
+        let (mut pool, premapped, prefault) = Pool::build(&config)?;
+        // Until it is adopted, dropping it (a refusal) must leave the region as it was.
+        pool.left = true;
         let refused = |reason: String| Error::RegionRefused { reason };
         let classes = pool.classes.len();
         // Each class's two tables, their chunks in place order.
         let mut tables: Vec<[Vec<(usize, crate::mem::Chunk)>; 2]> =
             (0..classes).map(|_| [Vec::new(), Vec::new()]).collect();
-        for (tag, chunk) in region.adopt_chunks() {
+        for (tag, chunk) in region.take_adopted_chunks(|t| t < USER_CHUNK_TAG) {
             let Some((kind, class, seq)) = persist::untag(tag).filter(|t| t.1 < classes) else {
                 return Err(refused(format!(
-                    "metadata chunk {} has tag {tag:#x}, not one of this pool's {classes} classes",
+                    "metadata chunk {} has tag {tag:#x}: not a handle or zspage table of one of this pool's {classes} classes",
                     chunk.index()
                 )));
             };
@@ -277,8 +281,9 @@ impl Pool {
                     chunks.sort_by_key(|(seq, _)| *seq);
                     for (i, (seq, _)) in chunks.iter().enumerate() {
                         if *seq != i {
+                            let table = ["handle", "zspage location"][k];
                             return Err(refused(format!(
-                                "class {class}: table {k} has chunk {seq} where chunk {i} belongs"
+                                "class {class}: its {table} table has chunk {seq} where chunk {i} belongs"
                             )));
                         }
                     }
@@ -295,7 +300,11 @@ impl Pool {
                 sorted.push(out);
             }
             for &arena in &wanted {
-                let mapping = region.map_existing(arena)?;
+                let mapping = region.map_existing(arena).map_err(|e| {
+                    refused(format!(
+                        "a zspage names arena {arena}, which cannot be mapped: {e}"
+                    ))
+                })?;
                 arenas.insert(mapping);
             }
             let mut pages_used = 0;
@@ -326,8 +335,14 @@ impl Pool {
                     &mut arenas,
                 )
                 .map_err(|e| refused(format!("class {class} (size {}): {e}", spec.size)))?;
-                pages_used += (state.live_zspages * spec.pages_per_zspage) as u64;
                 new_classes.push(state);
+            }
+            // Every class passed, and every zspage's run is marked: only now may pages go back
+            // (a zspage with no object), since no arena can look empty while a later class
+            // still holds a run in it.
+            for state in &mut new_classes {
+                state.finish_adopt(&mut arenas);
+                pages_used += (state.live_zspages * state.spec.pages_per_zspage) as u64;
             }
             drop(arenas);
             for (slot, state) in pool.classes.iter().zip(new_classes) {
@@ -337,10 +352,12 @@ impl Pool {
             pool.max_pages_used.store(pages_used, Ordering::Relaxed);
         }
         pool.check_invariants().map_err(refused)?;
+        // The reserve before anything is owned: a failure here still leaves the region whole.
+        pool.premap(premapped, prefault)?;
         // From here the pool is adopted: what it does not hold leaves the region.
+        pool.left = false;
         pool.arenas.lock().own_adopted();
         region.punch_unclaimed();
-        pool.premap(premapped, prefault)?;
         Ok(pool)
     }
 
@@ -397,6 +414,7 @@ impl Pool {
             demand: Mutex::new(Demand::default()),
             memory_short: AtomicBool::new(false),
             region: config.region.clone(),
+            left: false,
         };
         pool.set_limit(config.limit_bytes);
         let prefault = if on_demand {
@@ -694,9 +712,19 @@ impl Pool {
     /// from this process but stay in the region, whole, with the tables, for a successor's
     /// [`Pool::adopt`] (a handover; a process that dies leaves the same). A pool not in a
     /// region is dropped.
-    pub fn leave(self) {
+    pub fn leave(mut self) {
         self.arenas.lock().keep_in_region();
+        self.left = true;
         drop(self);
+    }
+
+    /// Every live object's handle (for a successor that collects the objects nobody names).
+    pub fn handles(&self) -> Vec<Handle> {
+        let mut out = Vec::new();
+        for class in self.classes.iter() {
+            class.lock().live_handles(&mut out);
+        }
+        out
     }
 
     /// The region the pool lives in, if it is in one.
@@ -759,6 +787,13 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if let Some(region) = &self.region {
+            if !self.left {
+                // Before any arena goes: a successor must not adopt tables whose objects are
+                // being given back.
+                region.close();
+            }
+        }
         // Give every run back before the arena set unmaps (see mem's soundness notes).
         let arenas = self.arenas.get_mut();
         for class in self.classes.iter_mut() {

@@ -14,9 +14,9 @@
 //! location is cleared before its pages are given back, and a moved object or zspage is copied
 //! before the word that points at the copy is written.
 
-use std::ops::{Index, IndexMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::mem::{Chunk, PageRun, Region, CHUNK_WORDS};
+use crate::mem::{AtomicChunk, Chunk, PageRun, Region, CHUNK_WORDS};
 use crate::table::Table;
 use crate::Error;
 
@@ -50,7 +50,13 @@ pub(super) fn untag(tag: u64) -> Option<(Kind, usize, usize)> {
 const LOC_LIVE: u64 = 1 << 63;
 
 pub(super) fn loc_pack(run: &PageRun) -> u64 {
-    LOC_LIVE | (u64::from(run.arena()) << 16) | run.first_page() as u64
+    loc_word(run.arena(), run.first_page())
+}
+
+/// The location word of a zspage at `first` of `arena` (a live word with any other bit set is
+/// not one a pool wrote).
+pub(super) fn loc_word(arena: u32, first: usize) -> u64 {
+    LOC_LIVE | (u64::from(arena) << 16) | (first as u64 & 0xffff)
 }
 
 /// (arena, first page) of a live location word.
@@ -58,12 +64,14 @@ pub(super) fn loc_unpack(w: u64) -> Option<(u32, usize)> {
     (w & LOC_LIVE != 0).then_some(((w >> 16) as u32, (w & 0xffff) as usize))
 }
 
-/// A table of words in a region's chunks.
+/// A table of words in a region's chunks. Every access is atomic, so that the release fences
+/// of `class_state::persist_order` order these stores for the compiler too: a successor reads
+/// them in the order they were made.
 pub(super) struct SharedWords {
     region: Region,
     kind: Kind,
     class: usize,
-    chunks: Vec<Chunk>,
+    chunks: Vec<AtomicChunk>,
     len: usize,
 }
 
@@ -91,7 +99,7 @@ impl SharedWords {
             region,
             kind,
             class,
-            chunks,
+            chunks: chunks.into_iter().map(Chunk::into_atomic).collect(),
             len,
         }
     }
@@ -104,39 +112,39 @@ impl SharedWords {
     pub(super) fn push(&mut self) -> Result<usize, Error> {
         if self.len == self.chunks.len() * CHUNK_WORDS {
             let t = tag(self.kind, self.class, self.chunks.len());
-            self.chunks.push(self.region.claim_chunk(t)?);
+            self.chunks.push(self.region.claim_chunk(t)?.into_atomic());
         }
         self.len += 1;
         Ok(self.len - 1)
     }
 
-    pub(super) fn get(&self, i: usize) -> Option<&u64> {
-        if i >= self.len {
-            return None;
-        }
-        Some(&self.chunks[i / CHUNK_WORDS][i % CHUNK_WORDS])
+    fn word(&self, i: usize) -> Option<&AtomicU64> {
+        (i < self.len).then(|| &self.chunks[i / CHUNK_WORDS].words()[i % CHUNK_WORDS])
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &u64> {
-        self.chunks.iter().flat_map(|c| c.iter()).take(self.len)
+    pub(super) fn get(&self, i: usize) -> Option<u64> {
+        self.word(i).map(|w| w.load(Ordering::Relaxed))
+    }
+
+    /// Word `i`; panics past the end (an index the class made).
+    pub(super) fn at(&self, i: usize) -> u64 {
+        self.get(i).expect("word index in bounds")
+    }
+
+    /// Sets word `i`; panics past the end.
+    pub(super) fn set(&mut self, i: usize, v: u64) {
+        self.word(i)
+            .expect("word index in bounds")
+            .store(v, Ordering::Relaxed);
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.len).map(|i| self.at(i))
     }
 
     pub(super) fn bytes(&self) -> usize {
-        self.chunks.len() * CHUNK_WORDS * 8 + self.chunks.capacity() * std::mem::size_of::<Chunk>()
-    }
-}
-
-impl Index<usize> for SharedWords {
-    type Output = u64;
-    fn index(&self, i: usize) -> &u64 {
-        self.get(i).expect("word index in bounds")
-    }
-}
-
-impl IndexMut<usize> for SharedWords {
-    fn index_mut(&mut self, i: usize) -> &mut u64 {
-        assert!(i < self.len, "word index in bounds");
-        &mut self.chunks[i / CHUNK_WORDS][i % CHUNK_WORDS]
+        self.chunks.len() * CHUNK_WORDS * 8
+            + self.chunks.capacity() * std::mem::size_of::<AtomicChunk>()
     }
 }
 
@@ -147,6 +155,13 @@ pub(super) enum Words {
 }
 
 impl Words {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Words::Local(t) => t.len(),
+            Words::Shared(s) => s.len(),
+        }
+    }
+
     pub(super) fn push(&mut self) -> Result<usize, Error> {
         match self {
             Words::Local(t) => Ok(t.push_row()),
@@ -154,16 +169,29 @@ impl Words {
         }
     }
 
-    pub(super) fn get(&self, i: usize) -> Option<&u64> {
+    pub(super) fn get(&self, i: usize) -> Option<u64> {
         match self {
-            Words::Local(t) => t.get(i),
+            Words::Local(t) => t.get(i).copied(),
             Words::Shared(s) => s.get(i),
         }
     }
 
-    pub(super) fn iter(&self) -> Box<dyn Iterator<Item = &u64> + '_> {
+    /// Word `i`; panics past the end (an index the class made).
+    pub(super) fn at(&self, i: usize) -> u64 {
+        self.get(i).expect("handle index in bounds")
+    }
+
+    /// Sets word `i`; panics past the end.
+    pub(super) fn set(&mut self, i: usize, v: u64) {
         match self {
-            Words::Local(t) => Box::new(t.iter()),
+            Words::Local(t) => t[i] = v,
+            Words::Shared(s) => s.set(i, v),
+        }
+    }
+
+    pub(super) fn iter(&self) -> Box<dyn Iterator<Item = u64> + '_> {
+        match self {
+            Words::Local(t) => Box::new(t.iter().copied()),
             Words::Shared(s) => Box::new(s.iter()),
         }
     }
@@ -172,22 +200,6 @@ impl Words {
         match self {
             Words::Local(t) => t.bytes(),
             Words::Shared(s) => s.bytes(),
-        }
-    }
-}
-
-impl Index<usize> for Words {
-    type Output = u64;
-    fn index(&self, i: usize) -> &u64 {
-        self.get(i).expect("handle index in bounds")
-    }
-}
-
-impl IndexMut<usize> for Words {
-    fn index_mut(&mut self, i: usize) -> &mut u64 {
-        match self {
-            Words::Local(t) => &mut t[i],
-            Words::Shared(s) => &mut s[i],
         }
     }
 }
