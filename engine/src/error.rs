@@ -161,6 +161,20 @@ pub enum Error {
         /// The words it needs.
         needed: usize,
     },
+    /// A memory region ([`DeviceConfig::region`](crate::DeviceConfig)) that cannot hold the
+    /// device, or failed.
+    #[error("memory region: {reason}")]
+    Region {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A device a predecessor left in a region was not adopted ([`Device::adopt`](crate::Device)):
+    /// nothing of it was changed, and none of its pages is served.
+    #[error("the device left in the memory region was not adopted: {reason}")]
+    NotAdopted {
+        /// Why, with the value that was wrong.
+        reason: String,
+    },
     /// A setting that only an uninitialised device takes (zram's rule).
     #[error("{what} cannot change once the device is initialised: reset it first")]
     Busy {

@@ -1,4 +1,5 @@
-//! The engine's system calls that std does not wrap: three, on a backing file the engine opened.
+//! The engine's system calls that std does not wrap (three, on a backing file the engine opened),
+//! and the one view of shared memory as slots.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -45,5 +46,18 @@ pub(crate) fn try_lock(file: &File) -> std::io::Result<bool> {
         Ok(false)
     } else {
         Err(e)
+    }
+}
+
+/// A region's table words as slots: two words a slot, `words.len() / 2` of them.
+pub(crate) fn slots_of(words: &[std::sync::atomic::AtomicU64]) -> &[crate::device::slot::Slot] {
+    // SAFETY: `Slot` is `repr(C)` of two `AtomicU64` (16 bytes, 8-aligned: asserted where it is
+    // defined), so `n` slots are exactly `2n` aligned atomics; the result borrows `words` for
+    // its whole life and, like `words`, is only reached through atomics.
+    unsafe {
+        std::slice::from_raw_parts(
+            words.as_ptr().cast::<crate::device::slot::Slot>(),
+            words.len() / 2,
+        )
     }
 }

@@ -13,6 +13,7 @@ mod recompress;
 mod setup;
 pub mod slot;
 mod stats;
+mod survive;
 #[cfg(test)]
 mod testutil;
 mod upkeep;
@@ -24,16 +25,17 @@ use std::time::Instant;
 
 pub use policy::{Policy, PolicyConfig, PolicyStats, Pressure, TickReport};
 pub use recompress::{RecompressRequest, RecompressStats, RecompressType};
-pub use uzram_allocator::{Growth, Maintenance};
+pub use uzram_allocator::{Growth, Maintenance, Region, RegionSize};
 use uzram_allocator::{Handle, Pool, PoolConfig};
 use uzram_codecs::{Algorithm, Codec, Stream, MAX_COMPRESSED_LEN};
 
 pub use self::freed::{FreeMarks, FreedPages};
 pub use self::setup::{DeviceConfig, DeviceSetup};
-use self::slot::{Slot, SlotTable};
+use self::slot::{Slot, SlotRef, SlotTable};
 pub use self::slot::{SlotFlags, SlotState};
 use self::stats::{Counters, Field};
 pub use self::stats::{DeviceStats, IoStat, MmStat};
+pub use self::survive::Adopted;
 use crate::{Error, IoError};
 
 /// Bytes in a page.
@@ -168,16 +170,12 @@ impl Device {
         if mem_total > 0 && table_bytes > mem_total {
             return Err(too_large());
         }
-        let slots = SlotTable::new(pages).ok_or_else(too_large)?;
-        let mut codecs = vec![Some(Codec::new(config.algorithm, config.params.clone())?)];
-        for secondary in &config.secondary {
-            codecs.push(
-                secondary
-                    .as_ref()
-                    .map(|(a, p)| Codec::new(*a, p.clone()))
-                    .transpose()?,
-            );
-        }
+        let slots = match &config.region {
+            None => SlotTable::new(pages).ok_or_else(too_large)?,
+            Some(region) => SlotTable::in_region(pages, region.clone())
+                .map_err(|reason| Error::Region { reason })?,
+        };
+        let codecs = Self::codecs(&config)?;
         let backing = (!config.backing_devs.is_empty())
             .then(|| {
                 writeback::BackingStore::open_all(
@@ -187,14 +185,56 @@ impl Device {
                 )
             })
             .transpose()?;
-        let pool = Pool::new(config.pool.clone()).map_err(IoError::OutOfMemory)?;
+        let pool = Pool::new(PoolConfig {
+            region: config.region.clone(),
+            ..config.pool.clone()
+        })
+        .map_err(IoError::OutOfMemory)?;
         pool.set_limit(config.mem_limit);
+        if let Some(region) = &config.region {
+            survive::write_settings(region, &config, disksize)?;
+        }
+        Ok(Self::assemble(
+            &config,
+            disksize,
+            slots,
+            pool,
+            codecs,
+            backing,
+            Instant::now(),
+        ))
+    }
+
+    /// The codecs of `config`, by priority.
+    fn codecs(config: &DeviceConfig) -> Result<Vec<Option<Codec>>, Error> {
+        let mut codecs = vec![Some(Codec::new(config.algorithm, config.params.clone())?)];
+        for secondary in &config.secondary {
+            codecs.push(
+                secondary
+                    .as_ref()
+                    .map(|(a, p)| Codec::new(*a, p.clone()))
+                    .transpose()?,
+            );
+        }
+        Ok(codecs)
+    }
+
+    /// A device of its parts; `epoch` is the instant its slots' access times count from.
+    fn assemble(
+        config: &DeviceConfig,
+        disksize: u64,
+        slots: SlotTable,
+        pool: Pool,
+        codecs: Vec<Option<Codec>>,
+        backing: Option<writeback::BackingStore>,
+        epoch: Instant,
+    ) -> Device {
         // zram's rule: an object in the class of whole pages costs a page anyway, so store the
         // page raw (and skip decompression on read).
         let huge_threshold = (1..=PAGE_SIZE)
             .find(|&s| pool.class_size(s) == Ok(PAGE_SIZE))
             .unwrap_or(PAGE_SIZE);
-        Ok(Device {
+        Device {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             disksize,
             slots,
@@ -202,7 +242,7 @@ impl Device {
             codecs,
             huge_threshold,
             backing,
-            epoch: Instant::now(),
+            epoch,
             clock_skew: AtomicU32::new(0),
             tier: policy::Tier::new(config.policy),
             next_shard: AtomicUsize::new(0),
@@ -212,7 +252,7 @@ impl Device {
                     .next_power_of_two()
                     .max(16),
             ),
-        })
+        }
     }
 
     /// The device size in bytes.
@@ -282,7 +322,7 @@ impl Device {
     }
 
     /// Gives `ctx` streams for this device if it was made for another one.
-    fn adopt(&self, ctx: &mut IoContext) -> Result<(), IoError> {
+    fn fit_context(&self, ctx: &mut IoContext) -> Result<(), IoError> {
         if ctx.device != self.id {
             *ctx = self.new_context().map_err(IoError::Context)?;
         }
@@ -295,12 +335,12 @@ impl Device {
     }
 
     /// Page `index`'s slot, if it was ever written (its leaf is there).
-    fn slot(&self, index: PageIndex) -> Option<&Slot> {
+    fn slot(&self, index: PageIndex) -> Option<SlotRef<'_>> {
         self.slots.get(index.0)
     }
 
     /// Page `index`'s slot, for a write: its leaf is allocated if need be.
-    fn slot_for_write(&self, index: PageIndex) -> Result<&Slot, IoError> {
+    fn slot_for_write(&self, index: PageIndex) -> Result<SlotRef<'_>, IoError> {
         self.slots
             .get_or_alloc(index.0)
             .ok_or(IoError::TableOutOfMemory { index })
@@ -339,7 +379,7 @@ impl Device {
 
     fn read_inner(&self, ctx: &mut IoContext, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
         self.check_range(offset, buf.len() as u64)?;
-        self.adopt(ctx)?;
+        self.fit_context(ctx)?;
         let mut done = 0;
         for (index, in_page, len) in segments(offset, buf.len()) {
             let chunk = &mut buf[done..done + len];
@@ -373,7 +413,7 @@ impl Device {
 
     fn write_inner(&self, ctx: &mut IoContext, offset: u64, buf: &[u8]) -> Result<(), IoError> {
         self.check_range(offset, buf.len() as u64)?;
-        self.adopt(ctx)?;
+        self.fit_context(ctx)?;
         let mut done = 0;
         for (index, in_page, len) in segments(offset, buf.len()) {
             let chunk = &buf[done..done + len];

@@ -186,7 +186,7 @@ impl Device {
         min_age: Option<u32>,
         candidates: &mut Vec<(u16, u64)>,
     ) -> Result<RecompressStats, Error> {
-        self.adopt(ctx)?;
+        self.fit_context(ctx)?;
         let now = self.now();
         let prios: Vec<u8> = self
             .recomp_algorithms()

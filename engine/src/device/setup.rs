@@ -28,6 +28,10 @@ pub struct DeviceConfig {
     pub backing_force: bool,
     /// The automatic tiering policy (uzram's `policy` attribute).
     pub policy: PolicyConfig,
+    /// Keep the slot table and the pool in this memfd region, so that another process can adopt
+    /// the device ([`Device::adopt`]); size it with [`Device::region_size`]. `None`: in the
+    /// process's own memory.
+    pub region: Option<uzram_allocator::Region>,
 }
 
 impl Default for DeviceConfig {
@@ -41,6 +45,7 @@ impl Default for DeviceConfig {
             backing_devs: Vec::new(),
             backing_force: false,
             policy: PolicyConfig::default(),
+            region: None,
         }
     }
 }

@@ -19,8 +19,10 @@
 //! even when the new state is equal (a freed handle reused at once, the same size, the same
 //! second).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+
+use uzram_allocator::{AtomicChunk, Region, CHUNK_WORDS, USER_CHUNK_TAG};
 
 const LOCK: u64 = 1 << 0;
 const WAITERS: u64 = 1 << 1;
@@ -142,14 +144,17 @@ impl SlotState {
     }
 }
 
-/// One page's entry. 16 bytes, by design (see `ARCHITECTURE.md`).
+/// One page's entry. 16 bytes, by design (see `ARCHITECTURE.md`); `repr(C)`, so that a
+/// region's table words can be seen as slots (`sys::slots_of`).
 #[derive(Debug, Default)]
+#[repr(C)]
 pub struct Slot {
     word: AtomicU64,
     meta: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() == 16);
+const _: () = assert!(std::mem::align_of::<Slot>() == 8);
 
 impl Slot {
     /// Locks the slot: spins briefly, then parks until the holder unlocks.
@@ -163,7 +168,10 @@ impl Slot {
                     .compare_exchange_weak(m, m | LOCK, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
                 {
-                    return SlotGuard { slot: self };
+                    return SlotGuard {
+                        slot: self,
+                        journal: None,
+                    };
                 }
                 continue;
             }
@@ -195,7 +203,10 @@ impl Slot {
                 .meta
                 .compare_exchange(m, m | LOCK, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok())
-        .then_some(SlotGuard { slot: self })
+        .then_some(SlotGuard {
+            slot: self,
+            journal: None,
+        })
     }
 
     fn unlock(&self) {
@@ -220,16 +231,185 @@ pub const LEAF_SLOTS: usize = 256;
 /// One leaf: [`LEAF_SLOTS`] slots, allocated whole.
 type Leaf = [Slot; LEAF_SLOTS];
 
+/// A leaf's bytes: one page.
+const LEAF_BYTES: usize = LEAF_SLOTS * std::mem::size_of::<Slot>();
+
+/// Chunk tags of the engine in a region (the pool's are below [`USER_CHUNK_TAG`]).
+pub(crate) const JOURNAL_TAG: u64 = USER_CHUNK_TAG | (1 << 32);
+
+/// Slot changes in flight that a successor can undo: see [`Journal`].
+const JOURNAL_ENTRIES: usize = 64;
+const ENTRY_WORDS: usize = 4;
+const JOURNAL_CHUNKS: usize = JOURNAL_ENTRIES * ENTRY_WORDS / CHUNK_WORDS;
+/// An entry's first word: free, taken but not yet published, or the slot's index + 1.
+const ENTRY_FREE: u64 = 0;
+const ENTRY_CLAIMED: u64 = u64::MAX;
+
+/// The slot changes in flight, in a region, so that a successor can undo one the process died
+/// in the middle of: a slot's two words are stored one after the other, and a process killed
+/// between them leaves a new word beside an old meta. Before a change, the changing thread
+/// takes an entry, writes the slot's old words into it and then the slot's index (each store
+/// ordered before the next); after the change, it frees the entry. A successor puts every slot
+/// named by an entry back to the entry's old words: the old object is freed only after the
+/// change (and the entry's freeing), so it is still there.
+pub(crate) struct Journal {
+    chunks: Vec<AtomicChunk>,
+}
+
+impl Journal {
+    fn word(&self, entry: usize, k: usize) -> &AtomicU64 {
+        let w = entry * ENTRY_WORDS + k;
+        &self.chunks[w / CHUNK_WORDS].words()[w % CHUNK_WORDS]
+    }
+
+    /// A new journal in `region`'s chunks.
+    fn create(region: &Region) -> Result<Journal, uzram_allocator::Error> {
+        let chunks = (0..JOURNAL_CHUNKS)
+            .map(|seq| {
+                region
+                    .claim_chunk(JOURNAL_TAG | seq as u64)
+                    .map(uzram_allocator::Chunk::into_atomic)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Journal { chunks })
+    }
+
+    /// Records that slot `index`, holding `old` (word, meta without the lock bits), is being
+    /// changed; returns the entry to [`Journal::end`].
+    fn begin(&self, index: u64, old: (u64, u64)) -> usize {
+        let start = (index % JOURNAL_ENTRIES as u64) as usize;
+        loop {
+            for off in 0..JOURNAL_ENTRIES {
+                let e = (start + off) % JOURNAL_ENTRIES;
+                if self
+                    .word(e, 0)
+                    .compare_exchange(
+                        ENTRY_FREE,
+                        ENTRY_CLAIMED,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                {
+                    self.word(e, 1).store(old.0, Ordering::Relaxed);
+                    self.word(e, 2).store(old.1, Ordering::Relaxed);
+                    // The old words land before the index that makes them count, and the index
+                    // before any store to the slot.
+                    self.word(e, 0).store(index + 1, Ordering::Release);
+                    fence(Ordering::Release);
+                    return e;
+                }
+            }
+            // Every entry is in use (more threads changing slots than entries): wait for one.
+            std::hint::spin_loop();
+        }
+    }
+
+    /// The change is whole: the entry is free again.
+    fn end(&self, entry: usize) {
+        fence(Ordering::Release);
+        self.word(entry, 0).store(ENTRY_FREE, Ordering::Release);
+    }
+
+    /// Takes over the journal a predecessor left in `chunks` (in place order) and undoes every
+    /// change it was in the middle of, on `table`'s slots. Returns how many it undid, or why
+    /// the journal cannot be trusted.
+    fn adopt(chunks: Vec<AtomicChunk>, table: &SlotTable) -> Result<(Journal, u64), String> {
+        if chunks.len() != JOURNAL_CHUNKS {
+            return Err(format!(
+                "the slot journal has {} chunks, not {JOURNAL_CHUNKS}",
+                chunks.len()
+            ));
+        }
+        let journal = Journal { chunks };
+        let mut undone = 0;
+        for e in 0..JOURNAL_ENTRIES {
+            let first = journal.word(e, 0).load(Ordering::Acquire);
+            if first == ENTRY_FREE || first == ENTRY_CLAIMED {
+                journal.word(e, 0).store(ENTRY_FREE, Ordering::Relaxed);
+                continue;
+            }
+            let index = first - 1;
+            let Some(slot) = table.get(index) else {
+                return Err(format!(
+                    "slot journal entry {e} names page {index}, which the table does not hold"
+                ));
+            };
+            let (word, meta) = (
+                journal.word(e, 1).load(Ordering::Relaxed),
+                journal.word(e, 2).load(Ordering::Relaxed),
+            );
+            slot.slot.word.store(word, Ordering::Relaxed);
+            slot.slot
+                .meta
+                .store(meta & !(LOCK | WAITERS), Ordering::Relaxed);
+            fence(Ordering::Release);
+            journal.word(e, 0).store(ENTRY_FREE, Ordering::Release);
+            undone += 1;
+        }
+        Ok((journal, undone))
+    }
+}
+
+/// A slot, where it is in its table: what a change of it needs to be undone after a crash.
+#[derive(Clone, Copy)]
+pub(crate) struct SlotRef<'a> {
+    slot: &'a Slot,
+    index: u64,
+    journal: Option<&'a Journal>,
+}
+
+impl<'a> SlotRef<'a> {
+    /// Locks the slot: see [`Slot::lock`].
+    pub fn lock(self) -> SlotGuard<'a> {
+        let mut g = self.slot.lock();
+        g.journal = self.journal.map(|j| (j, self.index));
+        g
+    }
+
+    /// Locks the slot if nobody holds it: see [`Slot::try_lock`].
+    pub fn try_lock(self) -> Option<SlotGuard<'a>> {
+        let mut g = self.slot.try_lock()?;
+        g.journal = self.journal.map(|j| (j, self.index));
+        Some(g)
+    }
+
+    /// The state without the lock: see [`Slot::peek`].
+    pub fn peek(self) -> SlotState {
+        self.slot.peek()
+    }
+
+    /// The slot itself.
+    #[cfg(test)]
+    pub fn slot(self) -> &'a Slot {
+        self.slot
+    }
+}
+
+/// Where a table's leaves live.
+enum Leaves {
+    /// In the process, each allocated when a page in it is first written.
+    Local(Box<[OnceLock<Box<Leaf>>]>),
+    /// At their place in a region's table area (leaf `n` in its page `n`), where a successor
+    /// finds them; a leaf is there once a page of it was written (a bit a leaf says which).
+    Shared {
+        region: Region,
+        present: Box<[AtomicU64]>,
+        journal: Journal,
+    },
+}
+
 /// The device's slots, allocated a leaf of [`LEAF_SLOTS`] at a time when a page in it is first
 /// written. A page never written costs nothing: kernel zram allocates its whole table (16 B a
 /// page) at `disksize`, this table only the leaves that hold pages (a swap area fills from its
-/// start, a file system writes its metadata in a few places), plus 16 B of directory a leaf.
+/// start, a file system writes its metadata in a few places), plus 16 B of directory a leaf
+/// (a bit a leaf in a region).
 ///
 /// A leaf, once there, stays until the table is dropped, so a `&Slot` is good for the table's
 /// life. Reads of a page whose leaf is not there see an empty slot and allocate nothing.
 pub(crate) struct SlotTable {
     pages: u64,
-    leaves: Box<[OnceLock<Box<Leaf>>]>,
+    leaves: Leaves,
     /// Leaves allocated.
     allocated: AtomicUsize,
 }
@@ -243,9 +423,100 @@ impl SlotTable {
         leaves.resize_with(n, OnceLock::new);
         Some(SlotTable {
             pages,
-            leaves: leaves.into_boxed_slice(),
+            leaves: Leaves::Local(leaves.into_boxed_slice()),
             allocated: AtomicUsize::new(0),
         })
+    }
+
+    /// Bytes of a region's table area that a table of `pages` needs.
+    pub fn region_bytes(pages: u64) -> Option<usize> {
+        usize::try_from(pages.div_ceil(LEAF_SLOTS as u64))
+            .ok()?
+            .checked_mul(LEAF_BYTES)
+    }
+
+    fn present_bits(leaves: usize) -> Box<[AtomicU64]> {
+        (0..leaves.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect()
+    }
+
+    /// A table of `pages` empty slots in `region`'s table area, with its journal.
+    pub fn in_region(pages: u64, region: Region) -> Result<SlotTable, String> {
+        let need = Self::region_bytes(pages).ok_or("the table's size overflows")?;
+        if region.table_bytes() < need {
+            return Err(format!(
+                "the region's table area has {} bytes, the table needs {need}",
+                region.table_bytes()
+            ));
+        }
+        let journal = Journal::create(&region).map_err(|e| e.to_string())?;
+        Ok(SlotTable {
+            pages,
+            leaves: Leaves::Shared {
+                present: Self::present_bits(need / LEAF_BYTES),
+                region,
+                journal,
+            },
+            allocated: AtomicUsize::new(0),
+        })
+    }
+
+    /// The table of `pages` a predecessor left in `region` (its leaves are the table area's
+    /// pages that hold memory), with every slot change it died in the middle of undone and
+    /// every lock it held released. Returns the table and the changes undone, or why not.
+    pub fn adopt(pages: u64, region: Region) -> Result<(SlotTable, u64), String> {
+        let need = Self::region_bytes(pages).ok_or("the table's size overflows")?;
+        if region.table_bytes() < need {
+            return Err(format!(
+                "the region's table area has {} bytes, the table needs {need}",
+                region.table_bytes()
+            ));
+        }
+        let leaves = need / LEAF_BYTES;
+        let present = Self::present_bits(leaves);
+        let mut allocated = 0;
+        for page in region.table_pages_with_data().map_err(|e| e.to_string())? {
+            if page >= leaves {
+                return Err(format!(
+                    "the table area holds page {page}, past the {leaves} leaves of {pages} pages"
+                ));
+            }
+            present[page / 64].fetch_or(1 << (page % 64), Ordering::Relaxed);
+            allocated += 1;
+        }
+        let chunks: Vec<AtomicChunk> = {
+            let mut found = region.take_adopted_chunks(|t| t & !0xffff_ffff == JOURNAL_TAG);
+            found.sort_by_key(|(t, _)| *t);
+            if found
+                .iter()
+                .enumerate()
+                .any(|(i, (t, _))| *t != JOURNAL_TAG | i as u64)
+            {
+                return Err("the slot journal's chunks are out of order".into());
+            }
+            found.into_iter().map(|(_, c)| c.into_atomic()).collect()
+        };
+        let mut table = SlotTable {
+            pages,
+            leaves: Leaves::Shared {
+                region: region.clone(),
+                present,
+                journal: Journal { chunks: Vec::new() },
+            },
+            allocated: AtomicUsize::new(allocated),
+        };
+        let (journal, undone) = Journal::adopt(chunks, &table)?;
+        // No thread holds a lock any more: the dead ones' lock bits go.
+        for (_, slot) in table.iter() {
+            slot.slot
+                .meta
+                .fetch_and(!(LOCK | WAITERS), Ordering::Relaxed);
+        }
+        if let Leaves::Shared { journal: j, .. } = &mut table.leaves {
+            *j = journal;
+        }
+        Ok((table, undone))
     }
 
     /// The number of slots (pages).
@@ -253,70 +524,128 @@ impl SlotTable {
         self.pages
     }
 
-    fn split(&self, index: u64) -> Option<(&OnceLock<Box<Leaf>>, usize)> {
-        if index >= self.pages {
+    fn journal(&self) -> Option<&Journal> {
+        match &self.leaves {
+            Leaves::Local(_) => None,
+            Leaves::Shared { journal, .. } => Some(journal),
+        }
+    }
+
+    /// Leaf `n` of a shared table, if it is there.
+    fn shared_leaf<'a>(region: &'a Region, present: &[AtomicU64], n: usize) -> Option<&'a Leaf> {
+        if present.get(n / 64)?.load(Ordering::Acquire) & (1 << (n % 64)) == 0 {
             return None;
         }
-        let leaf = self
-            .leaves
-            .get(usize::try_from(index / LEAF_SLOTS as u64).ok()?)?;
-        Some((leaf, (index % LEAF_SLOTS as u64) as usize))
+        Self::leaf_at(region, n)
+    }
+
+    fn leaf_at(region: &Region, n: usize) -> Option<&Leaf> {
+        let words = region
+            .table()
+            .get(n * LEAF_BYTES / 8..(n + 1) * LEAF_BYTES / 8)?;
+        crate::sys::slots_of(words).try_into().ok()
+    }
+
+    fn leaf(&self, n: usize) -> Option<&Leaf> {
+        match &self.leaves {
+            Leaves::Local(leaves) => leaves.get(n)?.get().map(|b| &**b),
+            Leaves::Shared {
+                region, present, ..
+            } => Self::shared_leaf(region, present, n),
+        }
+    }
+
+    fn at<'a>(&'a self, leaf: &'a Leaf, index: u64) -> SlotRef<'a> {
+        SlotRef {
+            slot: &leaf[(index % LEAF_SLOTS as u64) as usize],
+            index,
+            journal: self.journal(),
+        }
     }
 
     /// Slot `index`, if its leaf is there.
-    pub fn get(&self, index: u64) -> Option<&Slot> {
-        let (leaf, i) = self.split(index)?;
-        leaf.get().map(|l| &l[i])
+    pub fn get(&self, index: u64) -> Option<SlotRef<'_>> {
+        if index >= self.pages {
+            return None;
+        }
+        let leaf = self.leaf(usize::try_from(index / LEAF_SLOTS as u64).ok()?)?;
+        Some(self.at(leaf, index))
     }
 
     /// Slot `index`, allocating its leaf if need be; `None` if `index` is beyond the table or
     /// the leaf cannot be allocated (out of memory).
-    pub fn get_or_alloc(&self, index: u64) -> Option<&Slot> {
-        let (leaf, i) = self.split(index)?;
-        if let Some(l) = leaf.get() {
-            return Some(&l[i]);
+    pub fn get_or_alloc(&self, index: u64) -> Option<SlotRef<'_>> {
+        if index >= self.pages {
+            return None;
         }
-        let mut slots = Vec::new();
-        slots.try_reserve_exact(LEAF_SLOTS).ok()?;
-        slots.resize_with(LEAF_SLOTS, Slot::default);
-        let new: Box<Leaf> = slots.into_boxed_slice().try_into().ok()?;
-        // Another thread may have set it meanwhile: then theirs stays, and ours is dropped.
-        if leaf.set(new).is_ok() {
-            self.allocated.fetch_add(1, Ordering::Relaxed);
+        let n = usize::try_from(index / LEAF_SLOTS as u64).ok()?;
+        match &self.leaves {
+            Leaves::Local(leaves) => {
+                let cell = leaves.get(n)?;
+                if cell.get().is_none() {
+                    let mut slots = Vec::new();
+                    slots.try_reserve_exact(LEAF_SLOTS).ok()?;
+                    slots.resize_with(LEAF_SLOTS, Slot::default);
+                    let new: Box<Leaf> = slots.into_boxed_slice().try_into().ok()?;
+                    // Another thread may have set it meanwhile: then theirs stays, and ours
+                    // is dropped.
+                    if cell.set(new).is_ok() {
+                        self.allocated.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let leaf = cell.get()?;
+                Some(self.at(leaf, index))
+            }
+            Leaves::Shared {
+                region, present, ..
+            } => {
+                // The leaf's page is the region's: written, it holds memory (and a successor
+                // finds it); the bit only says so to this process.
+                let bit = 1 << (n % 64);
+                if present.get(n / 64)?.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+                    self.allocated.fetch_add(1, Ordering::Relaxed);
+                }
+                let leaf = Self::leaf_at(region, n)?;
+                Some(self.at(leaf, index))
+            }
         }
-        leaf.get().map(|l| &l[i])
     }
 
     /// The state of slot `index` without its lock (empty if its leaf is not there).
     pub fn peek(&self, index: u64) -> SlotState {
-        self.get(index).map(Slot::peek).unwrap_or_default()
+        self.get(index).map(SlotRef::peek).unwrap_or_default()
     }
 
     /// Every slot whose leaf is there, with its index, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &Slot)> {
-        self.leaves
-            .iter()
-            .enumerate()
-            .filter_map(|(n, leaf)| leaf.get().map(|l| (n, l)))
+    pub fn iter(&self) -> impl Iterator<Item = (u64, SlotRef<'_>)> {
+        let leaves = self.pages.div_ceil(LEAF_SLOTS as u64) as usize;
+        (0..leaves)
+            .filter_map(move |n| self.leaf(n).map(|l| (n, l)))
             .flat_map(move |(n, l)| {
                 let first = (n * LEAF_SLOTS) as u64;
-                l.iter()
-                    .enumerate()
-                    .map(move |(i, s)| (first + i as u64, s))
-                    .take_while(move |&(index, _)| index < self.pages)
+                (0..LEAF_SLOTS)
+                    .map(move |i| first + i as u64)
+                    .take_while(move |&index| index < self.pages)
+                    .map(move |index| (index, self.at(l, index)))
             })
     }
 
     /// Bytes the table holds: its directory and the leaves allocated.
     pub fn bytes(&self) -> u64 {
-        (self.leaves.len() * std::mem::size_of::<OnceLock<Box<Leaf>>>()
-            + self.allocated.load(Ordering::Relaxed) * std::mem::size_of::<Leaf>()) as u64
+        let directory = match &self.leaves {
+            Leaves::Local(leaves) => leaves.len() * std::mem::size_of::<OnceLock<Box<Leaf>>>(),
+            Leaves::Shared { present, .. } => present.len() * 8,
+        };
+        (directory + self.allocated.load(Ordering::Relaxed) * LEAF_BYTES) as u64
     }
 }
 
 /// A locked slot; unlocks on drop.
 pub struct SlotGuard<'a> {
     slot: &'a Slot,
+    /// In a region: the table's journal and the slot's index, so that a change is undone if
+    /// the process dies in its middle.
+    journal: Option<(&'a Journal, u64)>,
 }
 
 impl SlotGuard<'_> {
@@ -337,6 +666,10 @@ impl SlotGuard<'_> {
     /// the old state.
     pub fn set(&mut self, new: SlotState) -> SlotState {
         let old = self.get();
+        let entry = self.journal.map(|(journal, index)| {
+            let meta = self.slot.meta.load(Ordering::Relaxed) & !(LOCK | WAITERS);
+            (journal, journal.begin(index, (old.word, meta)))
+        });
         self.slot.word.store(new.word, Ordering::Relaxed);
         // Keep LOCK, and a WAITERS bit that a thread about to park may set meanwhile.
         let packed = new.pack_meta();
@@ -347,7 +680,26 @@ impl SlotGuard<'_> {
                 let gen = pack_generation(generation(m).wrapping_add(1));
                 Some(packed | gen | (m & (LOCK | WAITERS)))
             });
+        if let Some((journal, e)) = entry {
+            journal.end(e);
+        }
         old
+    }
+}
+
+impl SlotGuard<'_> {
+    /// Test seam: what a process killed in the middle of [`SlotGuard::set`] leaves: the journal
+    /// entry published, the new word stored, the meta not, the lock held (the guard is
+    /// forgotten, never dropped).
+    #[cfg(feature = "testing")]
+    pub(crate) fn die_in_set(self, new: SlotState) {
+        if let Some((journal, index)) = self.journal {
+            let meta = self.slot.meta.load(Ordering::Relaxed) & !(LOCK | WAITERS);
+            let old = self.slot.word.load(Ordering::Relaxed);
+            journal.begin(index, (old, meta));
+        }
+        self.slot.word.store(new.word, Ordering::Relaxed);
+        std::mem::forget(self);
     }
 }
 
@@ -488,7 +840,7 @@ mod tests {
                         word: t + 1,
                         ..SlotState::default()
                     });
-                    std::ptr::from_ref(table.get_or_alloc(0).unwrap()) as usize
+                    std::ptr::from_ref(table.get_or_alloc(0).unwrap().slot()) as usize
                 })
             })
             .collect();

@@ -320,7 +320,7 @@ impl Policy {
         ctx: &mut IoContext,
         pressure: &Pressure,
     ) -> Result<TickReport, Error> {
-        device.adopt(ctx)?;
+        device.fit_context(ctx)?;
         let tier = &device.tier;
         let cfg = *tier.config.lock();
         let now = device.now();

@@ -424,7 +424,7 @@ impl Device {
                 why: "the device has no backing device (create it with --backing-dev FILE)",
             });
         };
-        self.adopt(ctx)?;
+        self.fit_context(ctx)?;
         if let WritebackRequest::Pages { last, .. } = req {
             if last >= self.pages() {
                 return Err(Error::InvalidRequest {

@@ -1,0 +1,307 @@
+//! A device that outlives its process (issue 15): its settings, slot table and pool in a memfd
+//! region ([`DeviceConfig::region`]), adopted by a successor ([`Device::adopt`]) or handed over
+//! ([`Device::leave`]). See ARCHITECTURE.md, "Surviving the daemon".
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use uzram_allocator::{Handle, Pool, PoolConfig, Region, RegionSize, ARENA_PAGES, USER_CHUNK_TAG};
+
+use super::slot::{SlotFlags, SlotTable};
+use super::{Device, DeviceConfig, PAGE_SIZE};
+use crate::Error;
+
+/// The chunk of the device's settings.
+const SETTINGS_TAG: u64 = USER_CHUNK_TAG | (2 << 32);
+/// "uzramdev", little endian.
+const SETTINGS_MAGIC: u64 = u64::from_le_bytes(*b"uzramdev");
+const SETTINGS_VERSION: u64 = 1;
+
+// Settings words.
+const S_MAGIC: usize = 0;
+const S_VERSION: usize = 1;
+const S_DISKSIZE: usize = 2;
+const S_ZSPAGE: usize = 3;
+const S_CREATED: usize = 4;
+const S_CODECS: usize = 5;
+const S_WORDS: usize = 6;
+
+/// What [`Device::adopt`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Adopted {
+    /// Pages that hold data (same-filled included).
+    pub pages: u64,
+    /// Slot changes the predecessor died in the middle of, put back to what they were.
+    pub undone: u64,
+    /// Objects no page named (a write the predecessor died in the middle of), freed.
+    pub orphans: u64,
+}
+
+/// FNV-1a 64 of the codecs a device decompresses with, by priority: algorithm, level,
+/// dictionary. A successor with other codecs would misread every page.
+fn codecs_fingerprint(config: &DeviceConfig) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    let primary = Some((config.algorithm, config.params.clone()));
+    for codec in std::iter::once(&primary).chain(config.secondary.iter()) {
+        match codec {
+            None => eat(&[0]),
+            Some((algorithm, params)) => {
+                eat(&[1]);
+                eat(algorithm.name().as_bytes());
+                eat(&[0]);
+                match params.level {
+                    Some(l) => eat(&i64::from(l).to_le_bytes()),
+                    None => eat(&u64::MAX.to_le_bytes()),
+                }
+                let dict = params.dict.as_deref().unwrap_or(&[]);
+                eat(&(dict.len() as u64).to_le_bytes());
+                eat(dict);
+            }
+        }
+    }
+    h
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn settings(config: &DeviceConfig, disksize: u64, created: u64) -> [u64; S_WORDS] {
+    let mut w = [0u64; S_WORDS];
+    w[S_MAGIC] = SETTINGS_MAGIC;
+    w[S_VERSION] = SETTINGS_VERSION;
+    w[S_DISKSIZE] = disksize;
+    w[S_ZSPAGE] = config.pool.max_pages_per_zspage as u64;
+    w[S_CREATED] = created;
+    w[S_CODECS] = codecs_fingerprint(config);
+    w
+}
+
+/// Writes a new device's settings into `region`, for a successor to check its own against.
+pub(super) fn write_settings(
+    region: &Region,
+    config: &DeviceConfig,
+    disksize: u64,
+) -> Result<(), Error> {
+    let mut chunk = region
+        .claim_chunk(SETTINGS_TAG)
+        .map_err(|e| Error::Region {
+            reason: e.to_string(),
+        })?;
+    chunk[..S_WORDS].copy_from_slice(&settings(config, disksize, unix_now()));
+    Ok(())
+}
+
+/// The predecessor's settings, checked against `config` and `disksize`; returns when it was
+/// created (seconds since the Unix epoch).
+fn check_settings(region: &Region, config: &DeviceConfig, disksize: u64) -> Result<u64, String> {
+    let mut found = region.take_adopted_chunks(|t| t == SETTINGS_TAG);
+    let chunk = match found.len() {
+        1 => found.pop().expect("one").1,
+        n => return Err(format!("the region holds {n} device settings, not one")),
+    };
+    let created = chunk[S_CREATED];
+    let want = settings(config, disksize, created);
+    let names = [
+        "the settings' magic",
+        "the settings' version",
+        "the disksize",
+        "the longest zspage",
+        "the creation time",
+        "the codecs' fingerprint (algorithms, levels, dictionaries)",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        if chunk[i] != want[i] {
+            return Err(format!(
+                "{name} is {:#x} in the region, {:#x} here",
+                chunk[i], want[i]
+            ));
+        }
+    }
+    Ok(created)
+}
+
+impl Device {
+    /// The objects the slots name, sorted, once every slot is checked against the pool: a
+    /// stored page's object is live and of its slot's size, no object is named twice, and no
+    /// page is written back (this device has no backing store).
+    fn named_objects(slots: &SlotTable, pool: &Pool) -> Result<Vec<u64>, String> {
+        let mut named: Vec<u64> = Vec::new();
+        for (i, slot) in slots.iter() {
+            let s = slot.peek();
+            if s.flags.contains(SlotFlags::WB) {
+                return Err(format!(
+                    "page {i} is written back, and this device has no backing store"
+                ));
+            }
+            if s.flags.contains(SlotFlags::STORED) {
+                let size = Handle::from_raw(s.word)
+                    .and_then(|h| pool.object_size(h).ok())
+                    .ok_or_else(|| {
+                        format!("page {i} names object {:#x}, which is not live", s.word)
+                    })?;
+                if size != usize::from(s.size) {
+                    return Err(format!(
+                        "page {i}: its slot says {} bytes, its object has {size}",
+                        s.size
+                    ));
+                }
+                named.push(s.word);
+            }
+        }
+        named.sort_unstable();
+        if named.windows(2).any(|w| w[0] == w[1]) {
+            return Err("two pages name one object".into());
+        }
+        Ok(named)
+    }
+
+    /// What a region must hold for a device of `disksize` bytes: its slot table, arena places
+    /// for a pool as large as the device with room for fragmentation and the reserve, and
+    /// metadata chunks for the pool's tables (16 B a page at most) and the device's own. All
+    /// of it is address space until written.
+    pub fn region_size(disksize: u64) -> Result<RegionSize, Error> {
+        let pages = disksize.div_ceil(PAGE_SIZE as u64);
+        let too_large = || Error::Region {
+            reason: format!("a device of {disksize} bytes does not fit a region"),
+        };
+        let table_bytes = SlotTable::region_bytes(pages).ok_or_else(too_large)?;
+        let arenas = pages
+            .div_ceil(ARENA_PAGES as u64)
+            .checked_mul(5)
+            .map(|a| a / 4 + 16)
+            .and_then(|a| u32::try_from(a).ok())
+            .ok_or_else(too_large)?;
+        let meta_bytes = usize::try_from(pages)
+            .ok()
+            .and_then(|p| p.checked_mul(16))
+            .and_then(|b| b.checked_add(512 << 10))
+            .and_then(|b| b.checked_mul(33))
+            .map(|b| b / 32)
+            .ok_or_else(too_large)?;
+        Ok(RegionSize {
+            arenas,
+            meta_bytes,
+            table_bytes,
+        })
+    }
+
+    /// The device a predecessor process left in `config.region` (dead at any instruction, or
+    /// handed over with [`Device::leave`]): every page reads as it did. `config` and
+    /// `disksize` must be the predecessor's (they are checked against what it wrote). Slot
+    /// changes it died in the middle of are put back (the kernel reissues the writes that were
+    /// in flight), objects no page names are freed, and the statistics are counted again from
+    /// the slots. Anything that does not add up is refused with [`Error::NotAdopted`], naming
+    /// the value; a refusal changes nothing an adoption reads.
+    ///
+    /// A device with a backing store is not adopted yet: its written-back pages' key lives
+    /// only in the process.
+    pub fn adopt(config: DeviceConfig, disksize: u64) -> Result<(Device, Adopted), Error> {
+        let not = |reason: String| Error::NotAdopted { reason };
+        let Some(region) = config.region.clone() else {
+            return Err(not("no region was given".into()));
+        };
+        if !config.backing_devs.is_empty() {
+            return Err(not(
+                "the device has a backing store, which does not survive a restart yet".into(),
+            ));
+        }
+        if disksize == 0 {
+            return Err(Error::InvalidSize { text: "0".into() });
+        }
+        let disksize = disksize.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
+        let pages = disksize / PAGE_SIZE as u64;
+        let created = check_settings(&region, &config, disksize).map_err(not)?;
+        let codecs = Self::codecs(&config)?;
+        let pool = Pool::adopt(PoolConfig {
+            region: Some(region.clone()),
+            ..config.pool.clone()
+        })
+        .map_err(|e| not(e.to_string()))?;
+        // From here a refusal hands the pool back untouched (`leave`): dropping it would close
+        // the region and give the predecessor's pages away.
+        let checked = SlotTable::adopt(pages, region)
+            .map_err(not)
+            .and_then(|(slots, undone)| {
+                let named = Self::named_objects(&slots, &pool).map_err(not)?;
+                Ok((slots, undone, named))
+            });
+        let (slots, undone, named) = match checked {
+            Ok(c) => c,
+            Err(e) => {
+                pool.leave();
+                return Err(e);
+            }
+        };
+        let mut orphans = 0;
+        for h in pool.handles() {
+            if named.binary_search(&h.to_raw()).is_err() {
+                // A live handle the pool itself listed: freeing it cannot fail.
+                if pool.free(h).is_ok() {
+                    orphans += 1;
+                }
+            }
+        }
+        pool.set_limit(config.mem_limit);
+        let age = Duration::from_secs(unix_now().saturating_sub(created));
+        let now = Instant::now();
+        let epoch = now.checked_sub(age).unwrap_or(now);
+        let device = Self::assemble(&config, disksize, slots, pool, codecs, None, epoch);
+        let mut found = Adopted {
+            undone,
+            orphans,
+            ..Adopted::default()
+        };
+        for (_, slot) in device.slots.iter() {
+            let s = slot.peek();
+            if !s.is_empty() {
+                found.pages += 1;
+                device.counters.add(0, &s);
+            }
+        }
+        Ok((device, found))
+    }
+
+    /// Test seam: what a process killed while a write stored page `index` leaves: the new
+    /// object (`page`, stored raw) in the pool and the slot's change half done (its word, not
+    /// its meta), with the slot's lock held. Only [`Device::leave`] or leaking the device
+    /// makes sense after it.
+    #[cfg(feature = "testing")]
+    pub fn die_in_write(
+        &self,
+        index: super::PageIndex,
+        page: &[u8; PAGE_SIZE],
+    ) -> Result<(), Error> {
+        let h = self.pool.store(page).map_err(crate::IoError::OutOfMemory)?;
+        let slot = self.slot_for_write(index)?;
+        slot.lock().die_in_set(super::SlotState {
+            word: h.to_raw(),
+            flags: SlotFlags::STORED | SlotFlags::HUGE,
+            prio: 0,
+            size: PAGE_SIZE as u16,
+            atime: 0,
+        });
+        Ok(())
+    }
+
+    /// The region the device lives in, if it does.
+    pub fn region(&self) -> Option<&Region> {
+        self.pool.region()
+    }
+
+    /// Hands the device over: this process lets go of it without giving its memory back, so
+    /// that another process can [`Device::adopt`] it from the same region. (A device merely
+    /// dropped gives its pool's memory back, and its region can no longer be adopted.) A device
+    /// not in a region is dropped.
+    pub fn leave(self) {
+        let Device { pool, .. } = self;
+        pool.leave();
+    }
+}

@@ -1,0 +1,234 @@
+//! A device in a memfd region, adopted by a successor after its process "dies": leaked (nothing
+//! dropped or unmapped, as when a process is killed), killed in the middle of a write, or
+//! handed over with `Device::leave`. The model is a map of the pages written; every page must
+//! read back the same after each adoption, and the statistics must add up again.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use uzram_codecs::{Algorithm, CodecParams};
+use uzram_engine::testing::fuzzing::PageKind;
+use uzram_engine::{
+    Device, DeviceConfig, Error, IoContext, PageIndex, RecompressRequest, Region, PAGE_SIZE,
+};
+
+const PAGES: u64 = 2048;
+const PAGE: u64 = PAGE_SIZE as u64;
+
+fn config(region: &Region) -> DeviceConfig {
+    DeviceConfig {
+        algorithm: Algorithm::Lz4,
+        secondary: [Some((Algorithm::Zstd, CodecParams::default())), None, None],
+        region: Some(region.clone()),
+        ..DeviceConfig::default()
+    }
+}
+
+fn new_device() -> (Device, Region) {
+    let size = Device::region_size(PAGES * PAGE).unwrap();
+    let region = Region::create("uzram-device-adopt-test", size).unwrap();
+    let d = Device::new(config(&region), PAGES * PAGE).unwrap();
+    (d, region)
+}
+
+fn adopt(fd: OwnedFd) -> (Device, uzram_engine::Adopted) {
+    let region = Region::adopt(fd).unwrap();
+    Device::adopt(config(&region), PAGES * PAGE).unwrap()
+}
+
+fn fd_of(region: &Region) -> OwnedFd {
+    region.fd().try_clone_to_owned().unwrap()
+}
+
+/// The pages written; a missing page reads as zeros.
+#[derive(Default)]
+struct Model(HashMap<u64, Vec<u8>>);
+
+impl Model {
+    fn write(&mut self, d: &Device, ctx: &mut IoContext, page: u64, data: &[u8]) {
+        d.write(ctx, page * PAGE, data).unwrap();
+        for (i, p) in data.chunks(PAGE_SIZE).enumerate() {
+            self.0.insert(page + i as u64, p.to_vec());
+        }
+    }
+
+    fn verify(&self, d: &Device, ctx: &mut IoContext) {
+        let mut buf = vec![0u8; PAGE_SIZE];
+        for p in 0..d.pages() {
+            d.read(ctx, p * PAGE, &mut buf).unwrap();
+            let want = self.0.get(&p).map_or(&[0u8; PAGE_SIZE][..], |v| &v[..]);
+            assert!(buf == want, "page {p} differs from the model");
+        }
+        let mm = d.stats().mm;
+        assert_eq!(mm.orig_data_size, self.0.len() as u64 * PAGE);
+        d.check_invariants().unwrap();
+    }
+
+    /// Writes of every kind of page, partial pages, discards and zeroes over `round`'s pages.
+    fn churn(&mut self, d: &Device, ctx: &mut IoContext, round: u64) {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ round;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..1500 {
+            let r = next();
+            let page = r % PAGES;
+            let kind = PageKind::ALL[(r >> 20) as usize % PageKind::ALL.len()];
+            match (r >> 32) % 10 {
+                0..=6 => {
+                    let pages = 1 + (r >> 40) % 3;
+                    let pages = pages.min(PAGES - page);
+                    let data = kind.content((r >> 48) as u8, (pages * PAGE) as usize);
+                    self.write(d, ctx, page, &data);
+                }
+                7 => {
+                    // A partial page: a read-modify-write.
+                    let mut old = self.0.get(&page).cloned().unwrap_or(vec![0; PAGE_SIZE]);
+                    let patch = kind.content((r >> 48) as u8, 1024);
+                    d.write(ctx, page * PAGE + 1024, &patch).unwrap();
+                    old[1024..2048].copy_from_slice(&patch);
+                    self.0.insert(page, old);
+                }
+                8 => {
+                    d.discard(page * PAGE, PAGE).unwrap();
+                    self.0.remove(&page);
+                }
+                _ => {
+                    d.write_zeroes(ctx, page * PAGE, PAGE).unwrap();
+                    self.0.remove(&page);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_page_reads_the_same_after_each_adoption() {
+    let (d, region) = new_device();
+    let mut ctx = d.context().unwrap();
+    let mut model = Model::default();
+    model.churn(&d, &mut ctx, 1);
+    // Recompression moves pages to other objects, codecs and size classes; compaction moves
+    // objects and zspages.
+    d.mark_idle(None);
+    let req = RecompressRequest {
+        kind: None,
+        threshold: None,
+        max_pages: None,
+        algo: None,
+        priority: None,
+    };
+    d.recompress(&mut ctx, &req).unwrap();
+    d.compact();
+    model.verify(&d, &mut ctx);
+    let before = d.stats().mm;
+
+    // Killed: nothing of the process is dropped.
+    let fd = fd_of(&region);
+    drop(region);
+    std::mem::forget(d);
+    let (d, found) = adopt(fd);
+    assert_eq!(found.pages, model.0.len() as u64);
+    assert_eq!((found.undone, found.orphans), (0, 0));
+    let mut ctx = d.context().unwrap();
+    model.verify(&d, &mut ctx);
+    let after = d.stats().mm;
+    assert_eq!(
+        (
+            after.orig_data_size,
+            after.compr_data_size,
+            after.same_pages,
+            after.huge_pages
+        ),
+        (
+            before.orig_data_size,
+            before.compr_data_size,
+            before.same_pages,
+            before.huge_pages
+        )
+    );
+
+    // It goes on, then is handed over, and goes on again.
+    model.churn(&d, &mut ctx, 2);
+    model.verify(&d, &mut ctx);
+    let region = d.region().unwrap().clone();
+    let fd = fd_of(&region);
+    drop(region);
+    d.leave();
+    let (d, _) = adopt(fd);
+    let mut ctx = d.context().unwrap();
+    model.verify(&d, &mut ctx);
+    model.churn(&d, &mut ctx, 3);
+    model.verify(&d, &mut ctx);
+}
+
+#[test]
+fn a_write_killed_halfway_is_undone_and_its_object_freed() {
+    let (d, region) = new_device();
+    let mut ctx = d.context().unwrap();
+    let mut model = Model::default();
+    model.churn(&d, &mut ctx, 4);
+    // Page 7 holds text; the write that was replacing it with noise dies after storing the
+    // slot's new word and before its meta.
+    let text = PageKind::Text.content(9, PAGE_SIZE);
+    model.write(&d, &mut ctx, 7, &text);
+    let noise: [u8; PAGE_SIZE] = PageKind::Noise.content(3, PAGE_SIZE).try_into().unwrap();
+    d.die_in_write(PageIndex(7), &noise).unwrap();
+    let fd = fd_of(&region);
+    drop(region);
+    std::mem::forget(d);
+    let (d, found) = adopt(fd);
+    assert_eq!(found.undone, 1, "the half-done change is undone");
+    assert_eq!(found.orphans, 1, "the dead write's object is freed");
+    let mut ctx = d.context().unwrap();
+    model.verify(&d, &mut ctx);
+    // The dead thread's lock is gone: the page takes a new write.
+    model.write(&d, &mut ctx, 7, &noise);
+    model.verify(&d, &mut ctx);
+}
+
+#[test]
+fn other_settings_are_refused_and_the_region_is_left_whole() {
+    let (d, region) = new_device();
+    let mut ctx = d.context().unwrap();
+    let mut model = Model::default();
+    model.churn(&d, &mut ctx, 5);
+    let fd = fd_of(&region);
+    drop(region);
+    std::mem::forget(d);
+
+    let r = Region::adopt(fd.try_clone().unwrap()).unwrap();
+    let zstd = DeviceConfig {
+        algorithm: Algorithm::Zstd,
+        ..config(&r)
+    };
+    let err = Device::adopt(zstd, PAGES * PAGE).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotAdopted { reason } if reason.contains("codecs")),
+        "{err}"
+    );
+    drop(r);
+    let r = Region::adopt(fd.try_clone().unwrap()).unwrap();
+    let err = Device::adopt(config(&r), 2 * PAGES * PAGE).unwrap_err();
+    assert!(err.to_string().contains("disksize"), "{err}");
+    drop(r);
+
+    let (d, _) = adopt(fd);
+    let mut ctx = d.context().unwrap();
+    model.verify(&d, &mut ctx);
+}
+
+#[test]
+fn a_dropped_device_is_not_adopted() {
+    let (d, region) = new_device();
+    let mut ctx = d.context().unwrap();
+    Model::default().churn(&d, &mut ctx, 6);
+    let fd = fd_of(&region);
+    drop(region);
+    drop(d);
+    let err = Region::adopt(fd).unwrap_err().to_string();
+    assert!(err.contains("closed"), "{err}");
+}
