@@ -232,3 +232,29 @@ fn a_dropped_device_is_not_adopted() {
     let err = Region::adopt(fd).unwrap_err().to_string();
     assert!(err.contains("closed"), "{err}");
 }
+
+#[test]
+fn prefaulted_leaves_and_chunks_are_taken_without_a_fault() {
+    for prefault in [false, true] {
+        let (d, _region) = new_device();
+        let mut ctx = d.context().unwrap();
+        if prefault {
+            let (leaves, chunks) = d.prefault_region(true);
+            assert_eq!(leaves, 8, "all 8 leaves of a 2048-page device");
+            assert!(chunks > 400, "{chunks} chunks");
+        }
+        let mut model = Model::default();
+        for page in 0..PAGES {
+            let kind = PageKind::ALL[page as usize % PageKind::ALL.len()];
+            model.write(&d, &mut ctx, page, &kind.content(page as u8, PAGE_SIZE));
+        }
+        model.verify(&d, &mut ctx);
+        let (leaves, chunks) = d.region_unready();
+        if prefault {
+            assert_eq!((leaves, chunks), (0, 0));
+        } else {
+            assert_eq!(leaves, 8);
+            assert!(chunks > 0);
+        }
+    }
+}

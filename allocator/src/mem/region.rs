@@ -118,6 +118,23 @@ impl Layout {
 
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
+/// Faults in, readable, the pages from `first` to `last + last_len` of a shared mapping
+/// (`MADV_POPULATE_READ`, Linux 5.14; on an older kernel nothing is done, and the first
+/// write faults as before).
+fn populate(first: *const u8, last: *const u8, last_len: usize) {
+    let start = first as usize & !(PAGE_SIZE - 1);
+    let end = (last as usize + last_len).next_multiple_of(PAGE_SIZE);
+    // SAFETY: the range lies within one live mapping of the region (callers pass two addresses
+    // of it, the second at least the first), page-aligned here; madvise changes no byte.
+    unsafe {
+        libc::madvise(
+            start as *mut libc::c_void,
+            end - start,
+            libc::MADV_POPULATE_READ,
+        );
+    }
+}
+
 /// A word buffer as bytes (native order, as the descriptors are written).
 fn bytemuck_words(words: &mut [u64]) -> &mut [u8] {
     // SAFETY: u64 has no padding and any byte pattern is a valid u64; the byte slice covers
@@ -167,6 +184,10 @@ struct Inner {
     chunk_state: Mutex<(u32, Vec<u32>)>,
     /// Chunks a predecessor tagged, not yet taken (tag, index).
     adopted: Mutex<Vec<(u64, u32)>>,
+    /// Chunks below this one (and their descriptors) are resident.
+    ready: std::sync::atomic::AtomicU32,
+    /// Chunks handed out before they were made resident (their first write faulted).
+    unready: AtomicU64,
 }
 
 // SAFETY: the pointers are into shared mappings owned by `Inner` for its whole life. Through
@@ -428,6 +449,8 @@ impl Region {
                 chunks,
                 chunk_state: Mutex::new((top, free)),
                 adopted: Mutex::new(adopted),
+                ready: std::sync::atomic::AtomicU32::new(top),
+                unready: AtomicU64::new(0),
             }),
         })
     }
@@ -458,6 +481,11 @@ impl Region {
                 Some(i) => i,
                 None if st.0 < self.usable_chunks() => {
                     st.0 += 1;
+                    if st.0 > self.inner.ready.load(std::sync::atomic::Ordering::Relaxed) {
+                        self.inner
+                            .unready
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     st.0 - 1
                 }
                 None => {
@@ -480,6 +508,42 @@ impl Region {
         // Release: the zeros land before the tag that makes a successor read them.
         descriptor.store(CHUNK_LIVE | tag, std::sync::atomic::Ordering::Release);
         Ok(chunk)
+    }
+
+    /// Makes the next `ahead` chunks never handed out (and their descriptors) resident, each
+    /// page read once (which faults it in without changing it), so that the allocations that
+    /// take them do not fault: the first write of a page of shared memory is a page fault,
+    /// which an I/O thread must not take while memory is short. Returns the chunks made ready
+    /// now.
+    pub fn prefault_chunks(&self, ahead: u32) -> u32 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let next = self.inner.chunk_state.lock().0;
+        let from = self.inner.ready.load(Relaxed).max(next);
+        let to = next.saturating_add(ahead).min(self.usable_chunks());
+        if to > from {
+            // The kernel faults the pages in (`MADV_POPULATE_READ`): no load of ours touches
+            // words another thread may be writing meanwhile.
+            let last = to - 1;
+            populate(
+                self.descriptor(from).cast(),
+                self.descriptor(last).cast(),
+                8,
+            );
+            populate(
+                self.chunk_ptr(from).as_ptr().cast(),
+                self.chunk_ptr(last).as_ptr().cast(),
+                CHUNK_BYTES,
+            );
+        }
+        self.inner.ready.fetch_max(to, Relaxed);
+        to.saturating_sub(from)
+    }
+
+    /// Chunks handed out before [`Region::prefault_chunks`] made them resident.
+    pub fn unready_chunks(&self) -> u64 {
+        self.inner
+            .unready
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Chunks that fit beside their descriptors.

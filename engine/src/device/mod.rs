@@ -172,8 +172,13 @@ impl Device {
         }
         let slots = match &config.region {
             None => SlotTable::new(pages).ok_or_else(too_large)?,
-            Some(region) => SlotTable::in_region(pages, region.clone())
-                .map_err(|reason| Error::Region { reason })?,
+            Some(region) => {
+                // The journal's and the settings' chunks, and the first tables', resident
+                // before anything takes them (see `Device::prefault_region`).
+                region.prefault_chunks(64);
+                SlotTable::in_region(pages, region.clone())
+                    .map_err(|reason| Error::Region { reason })?
+            }
         };
         let codecs = Self::codecs(&config)?;
         let backing = (!config.backing_devs.is_empty())

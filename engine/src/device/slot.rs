@@ -390,20 +390,76 @@ impl<'a> SlotRef<'a> {
 enum Leaves {
     /// In the process, each allocated when a page in it is first written.
     Local(Box<[OnceLock<Box<Leaf>>]>),
-    /// At their place in a region's table area (leaf `n` in its page `n`), where a successor
-    /// finds them; a leaf is there once a page of it was written (a bit a leaf says which).
-    Shared {
-        region: Region,
-        present: Box<[AtomicU64]>,
-        journal: Journal,
-    },
+    /// In a region's table area, where a successor finds them: a directory of one word a leaf
+    /// (its page's number + 1, 0 while it has none), then the leaves' pages, handed out in
+    /// order as leaves are first written (see [`SharedLeaves`]).
+    Shared(SharedLeaves),
+}
+
+/// The leaves of a table in a region. Pages are handed out in order, so that the memory thread
+/// can make the next ones resident ahead of the writes that take them
+/// ([`SlotTable::prefault`]): the first write of a page of shared memory is a page fault,
+/// which an I/O thread must not take while memory is short.
+struct SharedLeaves {
+    region: Region,
+    /// Leaves the table has (and leaf pages the area holds).
+    leaves: usize,
+    /// Words before the first leaf page (the directory, rounded up to a page).
+    first_page_word: usize,
+    /// The next leaf page to hand out, and the lock of handing one out.
+    next: parking_lot::Mutex<usize>,
+    /// Leaf pages below this one are resident.
+    ready: AtomicUsize,
+    /// Leaf pages handed out before they were made resident (their first write faulted).
+    unready: AtomicU64,
+    journal: Journal,
+}
+
+impl SharedLeaves {
+    fn directory(&self) -> &[AtomicU64] {
+        &self.region.table()[..self.leaves]
+    }
+
+    fn page(&self, p: usize) -> Option<&Leaf> {
+        let start = self.first_page_word + p * LEAF_BYTES / 8;
+        let words = self.region.table().get(start..start + LEAF_BYTES / 8)?;
+        crate::sys::slots_of(words).try_into().ok()
+    }
+
+    fn leaf(&self, n: usize) -> Option<&Leaf> {
+        match self.directory().get(n)?.load(Ordering::Acquire) {
+            0 => None,
+            d => self.page(usize::try_from(d - 1).ok()?),
+        }
+    }
+
+    fn leaf_or_alloc(&self, n: usize) -> Option<(&Leaf, bool)> {
+        if let Some(l) = self.leaf(n) {
+            return Some((l, false));
+        }
+        let mut next = self.next.lock();
+        // Another writer may have given it a page meanwhile.
+        if let Some(l) = self.leaf(n) {
+            return Some((l, false));
+        }
+        let p = *next;
+        let leaf = self.page(p)?;
+        *next += 1;
+        if p >= self.ready.load(Ordering::Relaxed) {
+            self.unready.fetch_add(1, Ordering::Relaxed);
+        }
+        // The page was never handed out, so it holds zeros: empty slots. Published with
+        // release ordering, after which a successor finds it.
+        self.directory()[n].store(p as u64 + 1, Ordering::Release);
+        Some((leaf, true))
+    }
 }
 
 /// The device's slots, allocated a leaf of [`LEAF_SLOTS`] at a time when a page in it is first
 /// written. A page never written costs nothing: kernel zram allocates its whole table (16 B a
 /// page) at `disksize`, this table only the leaves that hold pages (a swap area fills from its
 /// start, a file system writes its metadata in a few places), plus 16 B of directory a leaf
-/// (a bit a leaf in a region).
+/// (8 B in a region).
 ///
 /// A leaf, once there, stays until the table is dropped, so a `&Slot` is good for the table's
 /// life. Reads of a page whose leaf is not there see an empty slot and allocate nothing.
@@ -428,63 +484,67 @@ impl SlotTable {
         })
     }
 
-    /// Bytes of a region's table area that a table of `pages` needs.
-    pub fn region_bytes(pages: u64) -> Option<usize> {
-        usize::try_from(pages.div_ceil(LEAF_SLOTS as u64))
-            .ok()?
-            .checked_mul(LEAF_BYTES)
+    /// (leaves, words of directory rounded up to a page) of a table of `pages`.
+    fn shape(pages: u64) -> Option<(usize, usize)> {
+        let leaves = usize::try_from(pages.div_ceil(LEAF_SLOTS as u64)).ok()?;
+        let dir_words = leaves.checked_next_multiple_of(LEAF_BYTES / 8)?;
+        Some((leaves, dir_words))
     }
 
-    fn present_bits(leaves: usize) -> Box<[AtomicU64]> {
-        (0..leaves.div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect()
+    /// Bytes of a region's table area that a table of `pages` needs: its directory (8 B a
+    /// leaf, rounded up to a page) and a page a leaf.
+    pub fn region_bytes(pages: u64) -> Option<usize> {
+        let (leaves, dir_words) = Self::shape(pages)?;
+        leaves.checked_mul(LEAF_BYTES)?.checked_add(dir_words * 8)
+    }
+
+    fn shared(
+        pages: u64,
+        region: &Region,
+        journal: Journal,
+        next: usize,
+    ) -> Result<SharedLeaves, String> {
+        let need = Self::region_bytes(pages).ok_or("the table's size overflows")?;
+        if region.table_bytes() < need {
+            return Err(format!(
+                "the region's table area has {} bytes, the table needs {need}",
+                region.table_bytes()
+            ));
+        }
+        let (leaves, first_page_word) = Self::shape(pages).ok_or("the table's size overflows")?;
+        Ok(SharedLeaves {
+            region: region.clone(),
+            leaves,
+            first_page_word,
+            next: parking_lot::Mutex::new(next),
+            ready: AtomicUsize::new(next),
+            unready: AtomicU64::new(0),
+            journal,
+        })
     }
 
     /// A table of `pages` empty slots in `region`'s table area, with its journal.
     pub fn in_region(pages: u64, region: Region) -> Result<SlotTable, String> {
-        let need = Self::region_bytes(pages).ok_or("the table's size overflows")?;
-        if region.table_bytes() < need {
-            return Err(format!(
-                "the region's table area has {} bytes, the table needs {need}",
-                region.table_bytes()
-            ));
-        }
+        Self::region_bytes(pages)
+            .filter(|&need| region.table_bytes() >= need)
+            .ok_or_else(|| {
+                format!(
+                    "the region's table area has {} bytes, too few for {pages} pages",
+                    region.table_bytes()
+                )
+            })?;
         let journal = Journal::create(&region).map_err(|e| e.to_string())?;
         Ok(SlotTable {
             pages,
-            leaves: Leaves::Shared {
-                present: Self::present_bits(need / LEAF_BYTES),
-                region,
-                journal,
-            },
+            leaves: Leaves::Shared(Self::shared(pages, &region, journal, 0)?),
             allocated: AtomicUsize::new(0),
         })
     }
 
-    /// The table of `pages` a predecessor left in `region` (its leaves are the table area's
-    /// pages that hold memory), with every slot change it died in the middle of undone and
-    /// every lock it held released. Returns the table and the changes undone, or why not.
+    /// The table of `pages` a predecessor left in `region`, with every slot change it died in
+    /// the middle of undone and every lock it held released. Returns the table and the changes
+    /// undone, or why not (a leaf page out of range or given to two leaves).
     pub fn adopt(pages: u64, region: Region) -> Result<(SlotTable, u64), String> {
-        let need = Self::region_bytes(pages).ok_or("the table's size overflows")?;
-        if region.table_bytes() < need {
-            return Err(format!(
-                "the region's table area has {} bytes, the table needs {need}",
-                region.table_bytes()
-            ));
-        }
-        let leaves = need / LEAF_BYTES;
-        let present = Self::present_bits(leaves);
-        let mut allocated = 0;
-        for page in region.table_pages_with_data().map_err(|e| e.to_string())? {
-            if page >= leaves {
-                return Err(format!(
-                    "the table area holds page {page}, past the {leaves} leaves of {pages} pages"
-                ));
-            }
-            present[page / 64].fetch_or(1 << (page % 64), Ordering::Relaxed);
-            allocated += 1;
-        }
         let chunks: Vec<AtomicChunk> = {
             let mut found = region.take_adopted_chunks(|t| t & !0xffff_ffff == JOURNAL_TAG);
             found.sort_by_key(|(t, _)| *t);
@@ -497,13 +557,35 @@ impl SlotTable {
             }
             found.into_iter().map(|(_, c)| c.into_atomic()).collect()
         };
+        // The directory first, with an empty journal: it decides which slots there are.
+        let mut shared = Self::shared(pages, &region, Journal { chunks: Vec::new() }, 0)?;
+        let mut used = vec![false; shared.leaves];
+        let mut allocated = 0;
+        let mut next = 0;
+        for (n, d) in shared.directory().iter().enumerate() {
+            let d = d.load(Ordering::Acquire);
+            if d == 0 {
+                continue;
+            }
+            let p = usize::try_from(d - 1).unwrap_or(usize::MAX);
+            match used.get_mut(p) {
+                Some(u) if !*u => *u = true,
+                Some(_) => return Err(format!("leaf {n}'s page {p} is another leaf's too")),
+                None => {
+                    return Err(format!(
+                        "leaf {n} names page {p}, past the table's {} leaf pages",
+                        shared.leaves
+                    ))
+                }
+            }
+            allocated += 1;
+            next = next.max(p + 1);
+        }
+        shared.next = parking_lot::Mutex::new(next);
+        shared.ready = AtomicUsize::new(next);
         let mut table = SlotTable {
             pages,
-            leaves: Leaves::Shared {
-                region: region.clone(),
-                present,
-                journal: Journal { chunks: Vec::new() },
-            },
+            leaves: Leaves::Shared(shared),
             allocated: AtomicUsize::new(allocated),
         };
         let (journal, undone) = Journal::adopt(chunks, &table)?;
@@ -513,10 +595,39 @@ impl SlotTable {
                 .meta
                 .fetch_and(!(LOCK | WAITERS), Ordering::Relaxed);
         }
-        if let Leaves::Shared { journal: j, .. } = &mut table.leaves {
-            *j = journal;
+        if let Leaves::Shared(s) = &mut table.leaves {
+            s.journal = journal;
         }
         Ok((table, undone))
+    }
+
+    /// In a region: makes the next `ahead` leaf pages resident (each page read once, which
+    /// faults it in without changing it), so that the writes that take them do not fault.
+    /// Returns the pages faulted in now. Nothing to do outside a region.
+    pub fn prefault(&self, ahead: usize) -> usize {
+        let Leaves::Shared(s) = &self.leaves else {
+            return 0;
+        };
+        let next = *s.next.lock();
+        let from = s.ready.load(Ordering::Relaxed).max(next);
+        let to = next.saturating_add(ahead).min(s.leaves);
+        let mut done = 0;
+        for p in from..to {
+            if let Some(leaf) = s.page(p) {
+                std::hint::black_box(leaf[0].meta.load(Ordering::Relaxed));
+                done += 1;
+            }
+        }
+        s.ready.fetch_max(to, Ordering::Relaxed);
+        done
+    }
+
+    /// In a region: leaf pages a write took before they were made resident (0 outside one).
+    pub fn unready_leaves(&self) -> u64 {
+        match &self.leaves {
+            Leaves::Local(_) => 0,
+            Leaves::Shared(s) => s.unready.load(Ordering::Relaxed),
+        }
     }
 
     /// The number of slots (pages).
@@ -527,31 +638,14 @@ impl SlotTable {
     fn journal(&self) -> Option<&Journal> {
         match &self.leaves {
             Leaves::Local(_) => None,
-            Leaves::Shared { journal, .. } => Some(journal),
+            Leaves::Shared(s) => Some(&s.journal),
         }
-    }
-
-    /// Leaf `n` of a shared table, if it is there.
-    fn shared_leaf<'a>(region: &'a Region, present: &[AtomicU64], n: usize) -> Option<&'a Leaf> {
-        if present.get(n / 64)?.load(Ordering::Acquire) & (1 << (n % 64)) == 0 {
-            return None;
-        }
-        Self::leaf_at(region, n)
-    }
-
-    fn leaf_at(region: &Region, n: usize) -> Option<&Leaf> {
-        let words = region
-            .table()
-            .get(n * LEAF_BYTES / 8..(n + 1) * LEAF_BYTES / 8)?;
-        crate::sys::slots_of(words).try_into().ok()
     }
 
     fn leaf(&self, n: usize) -> Option<&Leaf> {
         match &self.leaves {
             Leaves::Local(leaves) => leaves.get(n)?.get().map(|b| &**b),
-            Leaves::Shared {
-                region, present, ..
-            } => Self::shared_leaf(region, present, n),
+            Leaves::Shared(s) => s.leaf(n),
         }
     }
 
@@ -596,16 +690,11 @@ impl SlotTable {
                 let leaf = cell.get()?;
                 Some(self.at(leaf, index))
             }
-            Leaves::Shared {
-                region, present, ..
-            } => {
-                // The leaf's page is the region's: written, it holds memory (and a successor
-                // finds it); the bit only says so to this process.
-                let bit = 1 << (n % 64);
-                if present.get(n / 64)?.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+            Leaves::Shared(s) => {
+                let (leaf, new) = s.leaf_or_alloc(n)?;
+                if new {
                     self.allocated.fetch_add(1, Ordering::Relaxed);
                 }
-                let leaf = Self::leaf_at(region, n)?;
                 Some(self.at(leaf, index))
             }
         }
@@ -634,7 +723,7 @@ impl SlotTable {
     pub fn bytes(&self) -> u64 {
         let directory = match &self.leaves {
             Leaves::Local(leaves) => leaves.len() * std::mem::size_of::<OnceLock<Box<Leaf>>>(),
-            Leaves::Shared { present, .. } => present.len() * 8,
+            Leaves::Shared(s) => s.leaves * 8,
         };
         (directory + self.allocated.load(Ordering::Relaxed) * LEAF_BYTES) as u64
     }
@@ -811,6 +900,60 @@ mod tests {
                 "slot {i}"
             );
         }
+    }
+
+    fn region_for(pages: u64) -> Region {
+        Region::create(
+            "uzram-slot-test",
+            uzram_allocator::RegionSize {
+                arenas: 1,
+                meta_bytes: 64 << 10,
+                table_bytes: SlotTable::region_bytes(pages).unwrap(),
+            },
+        )
+        .unwrap()
+    }
+
+    /// A table in a region, against a model: a successor finds every slot written (leaves
+    /// taken out of order), and refuses a directory that gives one page to two leaves.
+    #[test]
+    fn a_table_in_a_region_is_adopted_against_a_model() {
+        let pages = 4 * LEAF_SLOTS as u64;
+        let region = region_for(pages);
+        let table = SlotTable::in_region(pages, region.clone()).unwrap();
+        let mut model = std::collections::HashMap::new();
+        for (step, index) in [700u64, 3, 900, 260, 701, 1023].into_iter().enumerate() {
+            let state = SlotState {
+                word: step as u64 + 1,
+                flags: SlotFlags::SAME,
+                ..SlotState::default()
+            };
+            table.get_or_alloc(index).unwrap().lock().set(state);
+            model.insert(index, state);
+        }
+        assert_eq!(table.bytes(), 4 * 8 + 4 * 4096);
+        drop(table);
+        let again = |r: &Region| Region::adopt(r.fd().try_clone_to_owned().unwrap()).unwrap();
+        let (adopted, undone) = SlotTable::adopt(pages, again(&region)).unwrap();
+        assert_eq!(undone, 0);
+        for i in 0..pages {
+            assert_eq!(
+                adopted.peek(i),
+                model.get(&i).copied().unwrap_or_default(),
+                "slot {i}"
+            );
+        }
+        assert_eq!(
+            adopted.iter().count() as u64,
+            pages,
+            "all four leaves are there"
+        );
+        // Leaf 1's directory word now names leaf 0's page.
+        let first = region.table()[0].load(Ordering::Relaxed);
+        region.table()[1].store(first, Ordering::Relaxed);
+        drop(adopted);
+        let err = SlotTable::adopt(pages, again(&region)).err().unwrap();
+        assert!(err.contains("another leaf's"), "{err}");
     }
 
     #[test]

@@ -291,6 +291,28 @@ impl Device {
         Ok(())
     }
 
+    /// In a region: makes the next slot-table leaves and metadata chunks resident ahead of the
+    /// writes that will take them (8 leaves and 64 chunks, 64 and 512 while `memory_short`),
+    /// so that an I/O thread's first write of a new page of shared memory does not fault. For
+    /// the thread that keeps the pool's reserve (it may wait for reclaim). Returns the leaves
+    /// and chunks made resident now; nothing outside a region.
+    pub fn prefault_region(&self, memory_short: bool) -> (usize, u32) {
+        let Some(region) = self.region() else {
+            return (0, 0);
+        };
+        let (leaves, chunks) = if memory_short { (64, 512) } else { (8, 64) };
+        (self.slots.prefault(leaves), region.prefault_chunks(chunks))
+    }
+
+    /// In a region: slot-table leaves and metadata chunks a write took before
+    /// [`Device::prefault_region`] made them resident (its first write of them faulted).
+    pub fn region_unready(&self) -> (u64, u64) {
+        match self.region() {
+            None => (0, 0),
+            Some(region) => (self.slots.unready_leaves(), region.unready_chunks()),
+        }
+    }
+
     /// The region the device lives in, if it does.
     pub fn region(&self) -> Option<&Region> {
         self.pool.region()
