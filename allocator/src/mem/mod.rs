@@ -538,22 +538,32 @@ impl ArenaSet {
             None => return Err(MapError::NoRoom),
         };
         self.cursor = id;
-        let arena = self.arenas[id].as_mut().expect("chosen arena is mapped");
+        // find_free only returns runs of free pages inside the arena.
+        Ok(self.take_run(id, first, n))
+    }
+
+    /// Marks pages `first..first + n` of arena `id` used and hands them out. The caller checked
+    /// that the arena is mapped, that `first + n <= ARENA_PAGES` and that the pages are free.
+    fn take_run(&mut self, id: usize, first: usize, n: usize) -> PageRun {
+        assert!(first + n <= ARENA_PAGES, "run {first}+{n} outside its arena");
+        let arena = self.arenas[id].as_mut().expect("a mapped arena");
+        debug_assert!((first..first + n).all(|p| arena.is_free(p)));
         if arena.used_pages == 0 {
             self.empty -= 1;
         }
         arena.set_range(first, n, true);
         arena.used_pages += n;
         self.used_pages += n;
-        // SAFETY: `first + n <= ARENA_PAGES` (find_free only returns runs inside the arena), so the
-        // offset stays inside the mapping.
+        // SAFETY: `first + n <= ARENA_PAGES` (asserted above), so the offset stays inside the
+        // mapping of ARENA_BYTES; the pages were free, so no other PageRun holds them
+        // (invariant 1).
         let ptr = unsafe { arena.mapping.ptr.add(first * PAGE_SIZE) };
-        Ok(PageRun {
+        PageRun {
             ptr,
             arena: id as u32,
             first_page: first as u16,
             pages: n as u16,
-        })
+        }
     }
 
     /// The pool is left for a successor: dropping the set unmaps its arenas but leaves their
@@ -591,20 +601,7 @@ impl ArenaSet {
                 first + n
             ));
         }
-        if arena.used_pages == 0 {
-            self.empty -= 1;
-        }
-        arena.set_range(first, n, true);
-        arena.used_pages += n;
-        self.used_pages += n;
-        // SAFETY: `first + n <= ARENA_PAGES` was checked, so the offset stays inside the mapping.
-        let ptr = unsafe { arena.mapping.ptr.add(first * PAGE_SIZE) };
-        Ok(PageRun {
-            ptr,
-            arena: id,
-            first_page: first as u16,
-            pages: n as u16,
-        })
+        Ok(self.take_run(id as usize, first, n))
     }
 
     /// Returns a run's pages; unmaps its arena if that leaves it empty and the reserve is full.
