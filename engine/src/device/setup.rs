@@ -123,6 +123,17 @@ impl DeviceSetup {
         Ok(())
     }
 
+    /// Keeps the device in `region` (see [`DeviceConfig::region`]).
+    pub fn set_region(&mut self, region: uzram_allocator::Region) {
+        self.config.region = Some(region);
+    }
+
+    /// The device this setup describes that a predecessor left in its region (see
+    /// [`Device::adopt`]).
+    pub fn adopt(self, disksize: u64) -> Result<(Device, super::Adopted), Error> {
+        Device::adopt(self.config, disksize)
+    }
+
     /// zram's `mem_limit` (0 or `None` for none).
     pub fn set_mem_limit(&mut self, bytes: Option<u64>) {
         self.config.mem_limit = bytes.filter(|&b| b > 0);
