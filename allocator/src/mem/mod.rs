@@ -545,7 +545,10 @@ impl ArenaSet {
     /// Marks pages `first..first + n` of arena `id` used and hands them out. The caller checked
     /// that the arena is mapped, that `first + n <= ARENA_PAGES` and that the pages are free.
     fn take_run(&mut self, id: usize, first: usize, n: usize) -> PageRun {
-        assert!(first + n <= ARENA_PAGES, "run {first}+{n} outside its arena");
+        assert!(
+            first + n <= ARENA_PAGES,
+            "run {first}+{n} outside its arena"
+        );
         let arena = self.arenas[id].as_mut().expect("a mapped arena");
         debug_assert!((first..first + n).all(|p| arena.is_free(p)));
         if arena.used_pages == 0 {
