@@ -50,8 +50,8 @@ mod table;
 
 pub use class::{ClassSpec, CLASS_STEP, MAX_OBJECT, MIN_OBJECT};
 pub use mem::{
-    AtomicChunk, Chunk, Region, RegionSize, ARENA_PAGES, CHUNK_TAG_MAX, CHUNK_WORDS, PAGE_SIZE,
-    REGION_VERSION, USER_CHUNK_TAG,
+    in_place_order, AtomicChunk, Chunk, Region, RegionSize, ARENA_PAGES, CHUNK_TAG_MAX,
+    CHUNK_WORDS, PAGE_SIZE, REGION_VERSION, USER_CHUNK_TAG,
 };
 pub use pool::{
     ClassStats, CompactStats, Growth, Handle, Maintenance, Pool, PoolConfig, PoolStats,

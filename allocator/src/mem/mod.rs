@@ -33,8 +33,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 mod region;
 
 pub use region::{
-    AtomicChunk, Chunk, Region, RegionSize, CHUNK_TAG_MAX, CHUNK_WORDS, REGION_VERSION,
-    USER_CHUNK_TAG,
+    in_place_order, AtomicChunk, Chunk, Region, RegionSize, CHUNK_TAG_MAX, CHUNK_WORDS,
+    REGION_VERSION, USER_CHUNK_TAG,
 };
 
 /// Bytes in a page. uzram serves 4 KiB pages only.

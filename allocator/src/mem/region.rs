@@ -239,7 +239,7 @@ fn usable_chunks_in(bytes: usize) -> u32 {
 }
 
 /// [`CHUNK_WORDS`] words of a region's metadata area, owned like a `Box<[u64]>`: handed out
-/// once (by [`Region::claim_chunk`] or [`Region::adopt_chunks`]), tagged in the area by its
+/// once (by [`Region::claim_chunk`] or [`Region::take_adopted_chunks`]), tagged in the area by its
 /// owner's tag so that a successor finds it again.
 pub struct Chunk {
     ptr: NonNull<u64>,
@@ -266,6 +266,16 @@ impl Chunk {
     pub fn into_atomic(self) -> AtomicChunk {
         AtomicChunk(self)
     }
+}
+
+/// A table's chunks in place order, from `(place, chunk)` pairs as a predecessor tagged them;
+/// `Err((found, expected))` names the first place that is missing or taken twice.
+pub fn in_place_order(mut chunks: Vec<(usize, Chunk)>) -> Result<Vec<Chunk>, (usize, usize)> {
+    chunks.sort_by_key(|(place, _)| *place);
+    if let Some((i, (place, _))) = chunks.iter().enumerate().find(|(i, (p, _))| p != i) {
+        return Err((*place, i));
+    }
+    Ok(chunks.into_iter().map(|(_, c)| c).collect())
 }
 
 /// A [`Chunk`] whose words are only ever reached as atomics, so threads may share it.
@@ -745,8 +755,8 @@ impl Region {
     }
 
     /// The table area's words: its user's layout, kept for a successor. A page of it costs
-    /// memory once written (and a read fault on an unwritten page allocates one too: see
-    /// [`Region::table_pages_with_data`] to find the written ones without touching them).
+    /// memory once written (a read fault on an unwritten page allocates one too, so its user
+    /// keeps its own record of which pages it wrote).
     pub fn table(&self) -> &[AtomicU64] {
         let len = self.inner.layout.table_bytes / 8;
         if len == 0 {
@@ -756,40 +766,6 @@ impl Region {
         // lives, and the borrow of `self` keeps it alive. Every access is atomic, so shared
         // access, from this process or another, is no data race.
         unsafe { std::slice::from_raw_parts(self.inner.table.as_ptr(), len) }
-    }
-
-    /// The table area's pages (indexes from its start) that hold memory, found with
-    /// `SEEK_DATA` / `SEEK_HOLE` (nothing is read or faulted in).
-    pub fn table_pages_with_data(&self) -> Result<Vec<usize>, Error> {
-        let l = &self.inner.layout;
-        let (start, end) = (l.table_offset, l.table_offset + l.table_bytes);
-        let fd = self.inner.fd.as_raw_fd();
-        let mut pages = Vec::new();
-        let mut off = start;
-        while off < end {
-            // SAFETY: plain lseek calls on a descriptor we own; results checked.
-            let data = unsafe { libc::lseek(fd, off as libc::off_t, libc::SEEK_DATA) };
-            if data < 0 {
-                let e = errno();
-                if e == libc::ENXIO {
-                    break;
-                }
-                return Err(io("lseek(SEEK_DATA)", e));
-            }
-            let data = data as usize;
-            if data >= end {
-                break;
-            }
-            // SAFETY: as above.
-            let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
-            if hole < 0 {
-                return Err(io("lseek(SEEK_HOLE)", errno()));
-            }
-            let hole = (hole as usize).min(end);
-            pages.extend((data - start) / PAGE_SIZE..(hole - start).div_ceil(PAGE_SIZE));
-            off = hole.max(data + PAGE_SIZE);
-        }
-        Ok(pages)
     }
 
     /// Marks the region as given up by its owner: [`Region::adopt`] refuses it from now on. A
@@ -1081,7 +1057,7 @@ mod tests {
     }
 
     #[test]
-    fn the_table_area_keeps_its_words_and_says_which_pages_hold_memory() {
+    fn the_table_area_keeps_its_words() {
         use std::sync::atomic::Ordering::Relaxed;
         let r = Region::create(
             "uzram-test",
@@ -1094,30 +1070,22 @@ mod tests {
         .unwrap();
         let t = r.table();
         assert_eq!(t.len(), 64 * PAGE_SIZE / 8);
-        assert_eq!(r.table_pages_with_data().unwrap(), Vec::<usize>::new());
         t[0].store(1, Relaxed);
         t[5 * 512 + 7].store(2, Relaxed);
-        t[6 * 512].store(3, Relaxed);
         t[t.len() - 1].store(4, Relaxed);
         let fd = dup(&r);
         drop(r);
         let r = Region::adopt(fd).unwrap();
-        assert_eq!(r.table_pages_with_data().unwrap(), [0, 5, 6, 63]);
         let t = r.table();
         assert_eq!(
             [
                 t[0].load(Relaxed),
                 t[5 * 512 + 7].load(Relaxed),
-                t[6 * 512].load(Relaxed)
+                t[1].load(Relaxed)
             ],
-            [1, 2, 3]
+            [1, 2, 0]
         );
         assert_eq!(t[t.len() - 1].load(Relaxed), 4);
-        assert_eq!(
-            r.table_pages_with_data().unwrap(),
-            [0, 5, 6, 63],
-            "finding them faulted nothing in"
-        );
     }
 
     #[test]

@@ -277,17 +277,13 @@ impl Pool {
             let mut sorted: Vec<[Vec<crate::mem::Chunk>; 2]> = Vec::with_capacity(classes);
             for (class, kinds) in tables.into_iter().enumerate() {
                 let mut out: [Vec<crate::mem::Chunk>; 2] = [Vec::new(), Vec::new()];
-                for (k, mut chunks) in kinds.into_iter().enumerate() {
-                    chunks.sort_by_key(|(seq, _)| *seq);
-                    for (i, (seq, _)) in chunks.iter().enumerate() {
-                        if *seq != i {
-                            let table = ["handle", "zspage location"][k];
-                            return Err(refused(format!(
-                                "class {class}: its {table} table has chunk {seq} where chunk {i} belongs"
-                            )));
-                        }
-                    }
-                    out[k] = chunks.into_iter().map(|(_, c)| c).collect();
+                for (k, chunks) in kinds.into_iter().enumerate() {
+                    out[k] = crate::mem::in_place_order(chunks).map_err(|(seq, i)| {
+                        let table = ["handle", "zspage location"][k];
+                        refused(format!(
+                            "class {class}: its {table} table has chunk {seq} where chunk {i} belongs"
+                        ))
+                    })?;
                 }
                 for chunk in &out[persist::Kind::Zspages as usize] {
                     wanted.extend(

@@ -545,18 +545,18 @@ impl SlotTable {
     /// the middle of undone and every lock it held released. Returns the table and the changes
     /// undone, or why not (a leaf page out of range or given to two leaves).
     pub fn adopt(pages: u64, region: Region) -> Result<(SlotTable, u64), String> {
-        let chunks: Vec<AtomicChunk> = {
-            let mut found = region.take_adopted_chunks(|t| t & !0xffff_ffff == JOURNAL_TAG);
-            found.sort_by_key(|(t, _)| *t);
-            if found
-                .iter()
-                .enumerate()
-                .any(|(i, (t, _))| *t != JOURNAL_TAG | i as u64)
-            {
-                return Err("the slot journal's chunks are out of order".into());
-            }
-            found.into_iter().map(|(_, c)| c.into_atomic()).collect()
-        };
+        let found = region
+            .take_adopted_chunks(|t| t & !0xffff_ffff == JOURNAL_TAG)
+            .into_iter()
+            .map(|(t, c)| ((t & 0xffff_ffff) as usize, c))
+            .collect();
+        let chunks: Vec<AtomicChunk> = uzram_allocator::in_place_order(found)
+            .map_err(|(seq, i)| {
+                format!("the slot journal has chunk {seq} where chunk {i} belongs")
+            })?
+            .into_iter()
+            .map(uzram_allocator::Chunk::into_atomic)
+            .collect();
         // The directory first, with an empty journal: it decides which slots there are.
         let mut shared = Self::shared(pages, &region, Journal { chunks: Vec::new() }, 0)?;
         let mut used = vec![false; shared.leaves];
