@@ -125,6 +125,64 @@ pub fn dup_fd(fd: std::os::fd::RawFd) -> io::Result<std::fs::File> {
     Ok(std::fs::File::from(borrowed.try_clone_to_owned()?))
 }
 
+/// Takes over descriptor `fd`, inherited from the process that started this one (the daemon's
+/// supervisor hands its worker the device's memory region so), checking that it is open, and
+/// marks it close-on-exec so that no further program inherits it.
+pub fn take_inherited_fd(fd: std::os::fd::RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if fd < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: fcntl with integer arguments on a descriptor number; a closed one fails (EBADF),
+    // and nothing is owned until it succeeded.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is open (checked above) and, by the protocol between supervisor and worker,
+    // nothing else in this process owns it: this is its one owner from here on.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Lets programs this process starts inherit `fd` (clears close-on-exec).
+pub fn set_inheritable(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl with integer arguments on a descriptor `fd` keeps open across the call.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Keeps `fd` from programs this process starts (sets close-on-exec).
+pub fn set_cloexec(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl with integer arguments on a descriptor `fd` keeps open across the call.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sends `signal` to process `pid` (errors ignored: it may have exited meanwhile).
+pub fn kill(pid: u32, signal: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid <= 0 {
+        return;
+    }
+    // SAFETY: kill takes integers only; a pid that no longer exists fails harmlessly (ESRCH).
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// Points fd 2 at `fd`, which it then owns (the caller's `fd` is closed).
+pub fn redirect_stderr(fd: std::os::fd::OwnedFd) -> io::Result<()> {
+    // SAFETY: dup2 of a valid fd (owned here, open across the call) onto fd 2; no memory is
+    // passed.
+    if unsafe { libc::dup2(fd.as_raw_fd(), 2) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Points fd 1 at `file` (the caller has flushed stdout's buffer).
 pub fn redirect_stdout(file: &std::fs::File) -> io::Result<()> {
     // SAFETY: dup2 of a valid fd (`file` lives across the call) onto fd 1; no memory is passed.

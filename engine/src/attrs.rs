@@ -56,6 +56,10 @@ pub struct DaemonInfo {
     pub slot_free_probe: bool,
     /// Pages the probe marked freed.
     pub slot_free_marked: u64,
+    /// Workers the daemon's supervisor replaced because they died.
+    pub restarts: u64,
+    /// Why the last replaced worker ended, one word (`none` before any).
+    pub last_restart: String,
 }
 
 /// Reads an attribute: its exact bytes.
@@ -306,6 +310,7 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
     line("slot_free_probe", u64::from(info.slot_free_probe));
     line("slot_free_marked", info.slot_free_marked);
     line("slot_free_freed", s.notice_freed_pages);
+    line("restarts", info.restarts);
     line("huge_threshold", device.huge_threshold() as u64);
     if let Some(b) = device.backing() {
         let (failed_writes, failed_reads) = b.failures();
@@ -319,6 +324,13 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
             line(&format!("bd_file{i}_direct_io"), u64::from(f.direct));
         }
     }
+    // The one word that is not a number: why the last replaced worker ended.
+    let last = if info.last_restart.is_empty() {
+        "none"
+    } else {
+        &info.last_restart
+    };
+    out.push_str(&format!("last_restart {last}\n"));
     out
 }
 

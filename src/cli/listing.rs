@@ -81,6 +81,16 @@ pub const COLUMNS: &[Column] = &[
         true,
     ),
     col(
+        "RESTARTS",
+        "how often the daemon's supervisor started a successor to a worker that died",
+        true,
+    ),
+    col(
+        "LAST-RESTART",
+        "why the last worker that was replaced ended (killed_by_SIGKILL, exit_status_N), or none",
+        false,
+    ),
+    col(
         "STATE",
         "live, or dead when the daemon is gone (uzram --reset removes it)",
         false,
@@ -140,6 +150,10 @@ pub struct DeviceRow {
     pub slot_free: String,
     /// Pages freed by the probe.
     pub slot_freed: u64,
+    /// Workers the supervisor replaced.
+    pub restarts: u64,
+    /// Why the last replaced worker ended.
+    pub last_restart: String,
     /// `[SWAP]`, a mount point, or empty.
     pub mountpoint: String,
 }
@@ -181,6 +195,8 @@ impl DeviceRow {
                 "recompressed" => row.recompressed = num(k, v)?,
                 "slot_free" => row.slot_free = v.to_string(),
                 "slot_freed" => row.slot_freed = num(k, v)?,
+                "restarts" => row.restarts = num(k, v)?,
+                "last_restart" => row.last_restart = v.to_string(),
                 "mm_stat" => {
                     let fields: Vec<u64> = v
                         .split_whitespace()
@@ -241,6 +257,8 @@ impl DeviceRow {
             "RECOMPRESSED" => self.recompressed.to_string(),
             "SLOT-FREE" => self.slot_free.clone(),
             "SLOT-FREED" => self.slot_freed.to_string(),
+            "RESTARTS" => self.restarts.to_string(),
+            "LAST-RESTART" => self.last_restart.clone(),
             "STATE" => if self.live { "live" } else { "dead" }.into(),
             _ => String::new(),
         }

@@ -17,6 +17,7 @@ pub(super) fn control_thread(
     device: Arc<Device>,
     streams: usize,
     stop: fn(u32),
+    restart: (u64, String),
 ) -> Result<(), ServeError> {
     use std::os::unix::fs::PermissionsExt;
     let setup = |what, source| ServeError::Setup { what, source };
@@ -42,6 +43,8 @@ pub(super) fn control_thread(
                     slot_free_probe: slot_free
                         .is_some_and(|s| matches!(s.mode, super::slotfree::Mode::Probe)),
                     slot_free_marked: slot_free.map_or(0, |s| s.marked()),
+                    restarts: restart.0,
+                    last_restart: restart.1.clone(),
                 }
             };
             control::serve(&listener, |request| {
@@ -66,7 +69,7 @@ pub(super) fn control_thread(
                             .backing()
                             .map_or(0, |b| b.files().iter().map(|f| f.used_bytes).sum());
                         Ok(format!(
-                            "name={}\npid={}\nalgorithm={}\ndisksize={}\nstreams={}\nrss={}\nbd_used={bd_used}\nevicted={}\nrecompressed={}\nwritten_back={}\nslot_free={}\nslot_freed={}\nmm_stat={}",
+                            "name={}\npid={}\nalgorithm={}\ndisksize={}\nstreams={}\nrss={}\nbd_used={bd_used}\nevicted={}\nrecompressed={}\nwritten_back={}\nslot_free={}\nslot_freed={}\nrestarts={}\nlast_restart={}\nmm_stat={}",
                             block_path(id),
                             i.pid,
                             device.algorithm().name(),
@@ -78,6 +81,8 @@ pub(super) fn control_thread(
                             p.age_wb_pages + p.watermark_wb_pages + p.host_wb_pages + p.spilled_pages,
                             if i.slot_free_probe { "probe" } else { "discard" },
                             s.notice_freed_pages,
+                            i.restarts,
+                            i.last_restart,
                             s.mm
                         ))
                     }

@@ -17,6 +17,16 @@ pub fn log(msg: &str) {
     }
 }
 
+/// Writes one message to the kernel's log (`/dev/kmsg`): for what happens while the device is
+/// not served (a worker restarting), when a message to the log file or syslog could wait for
+/// the device itself (their pages may be in swap on it). Errors are ignored.
+pub fn kmsg(msg: &str) {
+    use std::io::Write;
+    if let Ok(mut k) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") {
+        let _ = k.write_all(format!("uzram: {msg}").as_bytes());
+    }
+}
+
 /// Sends later messages to syslog (`/dev/log`) too, if there is one.
 pub(super) fn open_syslog() {
     if let Ok(sock) = UnixDatagram::unbound() {

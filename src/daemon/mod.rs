@@ -26,6 +26,8 @@ mod log;
 mod mailbox;
 pub mod pin;
 pub mod slotfree;
+#[cfg(feature = "ublk")]
+mod supervisor;
 mod swapwatch;
 mod threads;
 #[cfg(feature = "ublk")]
@@ -35,7 +37,7 @@ mod watchdog;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use self::log::log;
+pub use self::log::{kmsg, log};
 #[cfg(feature = "ublk")]
 pub use self::ublk::{remove_dead, serve};
 use crate::common::options::{self, DeviceArgs, OptionsError};
@@ -99,6 +101,23 @@ pub struct ServeArgs {
     /// on stdout, then close it
     #[arg(long, hide = true)]
     pub detached: bool,
+    /// Internal: run as the worker of a supervising `uzram serve` (which holds the device's
+    /// memory region, passed as this descriptor, and restarts the worker if it dies)
+    #[arg(long, hide = true, value_name = "FD")]
+    pub worker_region_fd: Option<i32>,
+    /// Internal, with --worker-region-fd: take over device N, left by a worker that died
+    #[arg(long, hide = true, value_name = "N")]
+    pub recover: Option<u32>,
+    /// Internal: how often the supervisor restarted the worker so far
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub restarts: u64,
+    /// Internal: why the last worker ended
+    #[arg(long, hide = true, default_value = "none")]
+    pub last_restart: String,
+    /// Internal, for a successor: the descriptor its messages go to once it serves (its stderr
+    /// is /dev/null until then: the log file's pages may be in swap on the device)
+    #[arg(long, hide = true, value_name = "FD")]
+    pub log_fd: Option<i32>,
 }
 
 /// Why serving failed.
@@ -126,6 +145,9 @@ pub enum ServeError {
     /// libublk failed.
     #[error("ublk: {0}")]
     Ublk(String),
+    /// The supervisor's worker could not serve the device.
+    #[error("{0}")]
+    Worker(String),
 }
 
 /// The engine's setup and disksize for `args`: what `uzram --find` checks too (through the same
@@ -177,6 +199,12 @@ fn pin_memory() -> Result<(), ServeError> {
 /// What [`start`] hands the rest of serving.
 struct Started {
     device: Arc<Device>,
+    /// Whether the device lives in a region its supervisor holds (then it is added with user
+    /// recovery, so that a successor can take it over).
+    in_region: bool,
+    /// What adopting the device found, to log once the device is served again (not before:
+    /// the log file's pages may be in swap on the device, whose I/O waits for this process).
+    adopted: Option<String>,
     /// SIGTERM and SIGINT, blocked (see [`crate::sys::BlockedSignals`]).
     signals: crate::sys::BlockedSignals,
     /// The slot-free probe, loaded for the device to watch once it exists; or why not.
@@ -202,14 +230,17 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     // answer is read on a thread that then ends.
     let slot_free = match args.device.slot_free {
         options::SlotFree::Discard => Err("turned off (--slot-free discard)".to_string()),
+        // A successor starts while the device's I/O waits for it, often with memory short
+        // and swap held up: loading the probe (a helper process parsing the kernel's BTF)
+        // could wait for memory that only swap would free.
+        options::SlotFree::Probe if args.recover.is_some() => Err(
+            "not loaded by a successor (it would need memory while the device waits for it)"
+                .to_string(),
+        ),
         options::SlotFree::Probe => {
             slotfree::load(disksize.div_ceil(uzram_engine::PAGE_SIZE as u64))
         }
     };
-    let device = Arc::new(setup.init(disksize)?);
-    // A regular backing file: the I/O threads never write to it (its filesystem may wait for
-    // swap); the policy thread evicts for them.
-    device.set_evict_hand_off(device.backing().is_some_and(|b| !b.all_block_devices()));
     let signals =
         crate::sys::BlockedSignals::block(&[libc::SIGTERM, libc::SIGINT]).map_err(|source| {
             ServeError::Setup {
@@ -222,9 +253,19 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
         what: "reserve address space for the I/O heap",
         source,
     })?;
+    // After `mlockall(MCL_CURRENT)`: a region's metadata and table areas are mapped whole but
+    // hold memory only where written; locked then, they would be populated whole.
+    let (device, adopted) = device_for(args, setup, disksize)?;
+    let device = Arc::new(device);
+    let in_region = device.region().is_some();
+    // A regular backing file: the I/O threads never write to it (its filesystem may wait for
+    // swap); the policy thread evicts for them.
+    device.set_evict_hand_off(device.backing().is_some_and(|b| !b.all_block_devices()));
     // Sized for the memory as it is now: a daemon started under pressure starts with the whole
     // reserve and margin, not a second later.
-    threads::note_pressure(&device, &mut None);
+    let short = threads::note_pressure(&device, &mut None);
+    // In a region: the first leaves and metadata chunks resident before the first write.
+    device.prefault_region(short);
     if heap::refill() == 0 {
         log("warning: the I/O heap could not be committed; the I/O path allocates from malloc");
     }
@@ -234,9 +275,69 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     io_flusher()?;
     Ok(Started {
         device,
+        in_region,
+        adopted,
         signals,
         slot_free,
     })
+}
+
+/// The device: in the memory region the supervisor passed (a new one, or, with `--recover`,
+/// the one a dead worker left there, adopted: then also what adopting it found), or in this
+/// process's memory.
+fn device_for(
+    args: &ServeArgs,
+    mut setup: DeviceSetup,
+    disksize: u64,
+) -> Result<(Device, Option<String>), ServeError> {
+    let Some(fd) = args.worker_region_fd else {
+        return Ok((setup.init(disksize)?, None));
+    };
+    let fd = crate::sys::take_inherited_fd(fd).map_err(|source| ServeError::Setup {
+        what: "take the memory region from the supervisor",
+        source,
+    })?;
+    let region = uzram_engine::Region::adopt(fd).map_err(|e| {
+        ServeError::Device(uzram_engine::Error::Region {
+            reason: e.to_string(),
+        })
+    })?;
+    setup.set_region(region);
+    match args.recover {
+        None => Ok((setup.init(disksize)?, None)),
+        Some(id) => {
+            let started = std::time::Instant::now();
+            kmsg(&format!(
+                "{}: successor {} adopting the device",
+                crate::common::block_path(id),
+                std::process::id()
+            ));
+            let (device, found) = setup.adopt(disksize).inspect_err(|e| {
+                kmsg(&format!(
+                    "{}: successor {} refuses the device: {e}",
+                    crate::common::block_path(id),
+                    std::process::id()
+                ))
+            })?;
+            kmsg(&format!(
+                "{}: successor {} adopted {} pages in {} ms",
+                crate::common::block_path(id),
+                std::process::id(),
+                found.pages,
+                started.elapsed().as_millis()
+            ));
+            let said = format!(
+                "{}: adopted from the worker that ended ({}): {} pages, {} changes undone, {} orphaned objects freed, in {} ms",
+                crate::common::block_path(id),
+                args.last_restart,
+                found.pages,
+                found.undone,
+                found.orphans,
+                started.elapsed().as_millis()
+            );
+            Ok((device, Some(said)))
+        }
+    }
 }
 
 /// Starts freeing the pages of swap's freed slots on `block` as the probe reports them, or

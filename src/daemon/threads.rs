@@ -56,6 +56,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             let mut calm_since: Option<Instant> = Some(Instant::now());
             let mut last_commit: Option<Instant> = None;
             let mut swap_outs = Pressure::swap_outs();
+            let mut short = false;
             loop {
                 device.wait_for_maintenance(Duration::from_secs(1));
                 // Pages of swap's freed slots first: what they free may spare the refill.
@@ -64,7 +65,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 // The pool's reserve is kept whole while memory is short or swap is writing:
                 // swap writes then come in a storm, and each arena is slow to map.
                 if !last_pressure.is_some_and(|p| t.duration_since(p) < PRESSURE_EVERY) {
-                    let short = note_pressure(&device, &mut swap_outs);
+                    short = note_pressure(&device, &mut swap_outs);
                     last_pressure = Some(t);
                     calm_since = if short { None } else { calm_since.or(Some(t)) };
                 }
@@ -88,6 +89,10 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                     committed |= heap::refill() > 0;
                 };
                 let maintained = device.maintain_memory_with(&mut top_up);
+                // In a region (a device that outlives its worker) the next slot-table leaves
+                // and metadata chunks are shared memory: faulted in here, not by a write; after
+                // the pool's reserve, which a storm needs first.
+                device.prefault_region(short);
                 if committed {
                     last_commit = Some(Instant::now());
                 }

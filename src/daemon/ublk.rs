@@ -190,15 +190,40 @@ fn stop(id: u32) {
     }
 }
 
-/// Creates the device, prints `/dev/ublkbN` once it serves I/O, and serves until the device is
-/// stopped (SIGTERM/SIGINT delete it).
+/// `uzram serve`: the supervisor, which starts and restarts workers (see `supervisor`); or,
+/// with `--worker-region-fd`, a worker.
 pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
+    if args.worker_region_fd.is_some() {
+        serve_worker(args)
+    } else {
+        super::supervisor::supervise(args)
+    }
+}
+
+/// A worker: creates the device (or, with `--recover N`, takes device N over from a worker that
+/// died, after adopting its state), prints `/dev/ublkbN` once it serves I/O, and serves until
+/// the device is stopped (SIGTERM/SIGINT delete it). Without a region (a device with a backing
+/// store) the device does not outlive this process.
+pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
     let super::Started {
         device,
+        in_region,
+        adopted,
         signals,
         slot_free,
     } = super::start(args)?;
-    let queues = super::queues(args);
+    let recover = args.recover.filter(|_| in_region);
+    let mut log_fd = args
+        .log_fd
+        .and_then(|fd| crate::sys::take_inherited_fd(fd).ok());
+    // A successor serves the device as it was made: the kernel's queue count (libublk needs
+    // it to be the builder's), depth and flags.
+    let queues = match recover {
+        Some(id) => UblkCtrl::new_simple(id as i32)
+            .map(|c| c.dev_info().nr_hw_queues)
+            .map_err(|e| ServeError::Ublk(format!("/dev/ublkc{id}: {e}")))?,
+        None => super::queues(args),
+    };
     let user_copy = kernel_has_user_copy();
     if !user_copy {
         log(&format!(
@@ -208,20 +233,31 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
             MAX_IO_BYTES >> 10
         ));
     }
-    let (ctrl_flags, dev_flags) = if user_copy {
+    // In a region the kernel holds the device's I/O when this process dies, and hands the
+    // requests it had taken to the successor (reissued: a page written twice is the same page).
+    let recovery = if in_region {
+        u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE)
+    } else {
+        0
+    };
+    let (ctrl_flags, mut dev_flags) = if user_copy {
         (
-            u64::from(sys::UBLK_F_USER_COPY),
+            u64::from(sys::UBLK_F_USER_COPY) | recovery,
             UblkFlags::UBLK_DEV_F_ADD_DEV,
         )
     } else {
         (
-            0,
+            recovery,
             UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER,
         )
     };
+    if recover.is_some() {
+        dev_flags.remove(UblkFlags::UBLK_DEV_F_ADD_DEV);
+        dev_flags.insert(UblkFlags::UBLK_DEV_F_RECOVER_DEV);
+    }
     let ctrl = UblkCtrlBuilder::default()
         .name("uzram")
-        .id(args.id.unwrap_or(-1))
+        .id(recover.map_or(args.id.unwrap_or(-1), |id| id as i32))
         .nr_queues(queues)
         .depth(args.depth)
         .io_buf_bytes(MAX_IO_BYTES)
@@ -230,12 +266,39 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         .build()
         .map_err(|e| ServeError::Ublk(format!("cannot add the device: {e}")))?;
     let id = ctrl.dev_info().dev_id;
+    if let Some(id) = recover {
+        // Everything that can fail was done (the state adopted) before this: Linux 6.12 has no
+        // way back from a recovery that fails after it started.
+        match ctrl.start_user_recover() {
+            Ok(r) if r >= 0 => super::kmsg(&format!(
+                "/dev/ublkb{id}: successor {} takes the device over",
+                std::process::id()
+            )),
+            Ok(r) => {
+                return Err(ServeError::Ublk(format!(
+                    "/dev/ublkc{id}: cannot start its recovery: {}",
+                    std::io::Error::from_raw_os_error(-r)
+                )))
+            }
+            Err(e) => {
+                return Err(ServeError::Ublk(format!(
+                    "/dev/ublkc{id}: cannot start its recovery: {e}"
+                )))
+            }
+        }
+    }
     // A signal that arrived since `start` blocked them waits, pending, for this thread.
     std::thread::spawn(move || {
         signals.wait();
         stop(id);
     });
-    let control = super::control::control_thread(id, Arc::clone(&device), queues.into(), stop);
+    let control = super::control::control_thread(
+        id,
+        Arc::clone(&device),
+        queues.into(),
+        stop,
+        (args.restarts, args.last_restart.clone()),
+    );
     if let Err(e) = control {
         let _ = ctrl.del_dev();
         return Err(e);
@@ -257,6 +320,23 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
             }
         },
         move |ctrl: &UblkCtrl| {
+            // Served again: messages may wait for the device now.
+            if let Some(fd) = log_fd.take() {
+                let _ = crate::sys::redirect_stderr(fd);
+            }
+            if let Some(said) = &adopted {
+                log(said);
+            }
+            if in_region {
+                // libublk's description of the device, on tmpfs: a successor would read it
+                // before serving, and its page may be in swap on this very device. The kernel's
+                // own description (GET_DEV_INFO) is what a successor needs.
+                let _ = std::fs::remove_file(format!(
+                    "{}/{:04}.json",
+                    UblkCtrl::run_dir(),
+                    ctrl.dev_info().dev_id
+                ));
+            }
             super::disable_writeback_throttling(ctrl.dev_info().dev_id);
             super::watch_slot_frees(slot_free, &ctrl.get_bdev_path(), &watched);
             // `uzram --find` may have gone: serving goes on without its answer.

@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
@@ -101,6 +101,8 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want badinput && check_badinput
     want sigterm && check_sigterm
     want kill && check_kill
+    want recover1 && check_recover 1
+    want recover10 && check_recover 10
     uzram_reset
 fi
 

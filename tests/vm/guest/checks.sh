@@ -733,41 +733,48 @@ check_sigterm() {
     pass "$name" "daemon $pid exited, /dev/ublkb$id and its socket gone in $((i / 10)).$((i % 10)) s"
 }
 
-# check_kill: SIGKILL under I/O - the writer gets errors (no hang), the listing says dead,
-# --reset removes it, and the same id can be created again.
+# check_kill: SIGKILL to the whole daemon (its supervisor and its worker) under I/O. With no one
+# left to take the device over, its I/O waits (user recovery holds it for a successor); the
+# listing says dead, --reset deletes it, the writer then gets errors (no hang), and the same id
+# can be created again.
 check_kill() {
-    local name=kill log=$UZ_TMP/kill.log pid id i wpid rc out dev
-    note "$name: SIGKILL to the daemon under I/O"
+    local name=kill log=$UZ_TMP/kill.log pid sup id i wpid rc out dev
+    note "$name: SIGKILL to the daemon (supervisor and worker) under I/O"
     uzram_setup lz4 256M || return
     dev=$UZRAM_DEV id=${dev#/dev/ublkb}
     pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>"$log")
+    sup=$(awk '$1 == "PPid:" { print $2 }' /proc/"$pid"/status)
+    echo "worker $pid, supervisor $sup ($(cat /proc/"$sup"/comm 2>/dev/null))" >>"$log"
     fio --name=w --filename="$dev" --direct=1 --ioengine=libaio --iodepth=16 --rw=randwrite --bs=4k \
         --time_based --runtime=60 --buffer_compress_percentage=50 >>"$log" 2>&1 &
     wpid=$!
     sleep 3
-    kill -KILL "$pid"
+    kill -KILL "$sup" "$pid"
+    sleep 2
+    out=$("$UZRAM_BIN" --raw --noheadings -o NAME,STATE 2>>"$log")
+    echo "listing: $out" >>"$log"
+    if ! echo "$out" | grep -q "^$dev dead$"; then
+        kill -KILL $wpid
+        fail_log "$name" "$log" "the listing does not show $dev dead: '$out'"
+        return
+    fi
+    if ! "$UZRAM_BIN" --reset "$dev" >>"$log" 2>&1 || [ -e /sys/class/ublk-char/ublkc$id ]; then
+        kill -KILL $wpid
+        fail_log "$name" "$log" "uzram --reset of the dead $dev failed"
+        return
+    fi
     for i in $(seq 1 300); do
         kill -0 $wpid 2>/dev/null || break
         sleep 0.1
     done
     if kill -0 $wpid 2>/dev/null; then
         kill -KILL $wpid
-        fail_log "$name" "$log" "the writer still runs 30 s after the daemon was killed (I/O hangs)"
+        fail_log "$name" "$log" "the writer still runs 30 s after the dead device was reset (I/O hangs)"
         return
     fi
     wait $wpid
     rc=$?
     echo "fio exit $rc" >>"$log"
-    out=$("$UZRAM_BIN" --raw --noheadings -o NAME,STATE 2>>"$log")
-    echo "listing: $out" >>"$log"
-    if ! echo "$out" | grep -q "^$dev dead$"; then
-        fail_log "$name" "$log" "the listing does not show $dev dead: '$out'"
-        return
-    fi
-    if ! "$UZRAM_BIN" --reset "$dev" >>"$log" 2>&1 || [ -e /sys/class/ublk-char/ublkc$id ]; then
-        fail_log "$name" "$log" "uzram --reset of the dead $dev failed"
-        return
-    fi
     UZRAM_DEV=$(UZRAM_PROGRESS_SECS=5 "$UZRAM_BIN" --size 64M "$dev" --log "$UZRAM_LOG" 2>>"$log")
     if [ "$UZRAM_DEV" != "$dev" ] || ! "$TOOL" write "$dev" 0 1048576 "$SEED" >>"$log" 2>&1 ||
         ! "$TOOL" verify "$dev" 0 1048576 "$SEED" >>"$log" 2>&1; then
@@ -775,7 +782,85 @@ check_kill() {
         return
     fi
     uzram_reset
-    pass "$name" "writer ended (fio exit $rc) $((i / 10)).$((i % 10)) s after SIGKILL; listed dead; --reset removed it; $dev re-created and verified"
+    pass "$name" "listed dead with its I/O held; --reset removed it and the writer ended (fio exit $rc) $((i / 10)).$((i % 10)) s later; $dev re-created and verified"
+}
+
+# check_recover KILLS: swap on uzram under pressure (vmtool swapfill of 2x MemAvailable, every
+# page verified on the way back); while the program runs, SIGKILL to the worker (the listing's
+# PID) KILLS times. Each time the supervisor starts a successor that adopts the device's pages
+# and takes the device over (its I/O held meanwhile): the program must finish with every page
+# verified, no process may be killed, and the device must count KILLS restarts.
+check_recover() {
+    local kills=$1 name=recover$1 log=$UZ_TMP/recover$1.log dev swapsize avail fill tpid o0 i k pid
+    local rc oom0 oom1 times worst wfail
+    note "$name: SIGKILL to the worker $kills time(s) while swap holds 2x RAM"
+    swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
+    uzram_setup lz4 $swapsize || return
+    dev=$UZRAM_DEV
+    : >"$log"
+    if ! mkswap "$dev" >>"$log" 2>&1 || ! swapon --discard=pages -p 32767 "$dev" >>"$log" 2>&1; then
+        fail_log "$name" "$log" "mkswap/swapon failed"
+        return
+    fi
+    SWAP_DEV=$dev
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    avail=${SWAP_AVAIL_MIB:-$(($(meminfo_kb MemAvailable) / 1024))}
+    fill=$((avail * 2))
+    oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
+    o0=$(vmstat_val pswpout)
+    "$TOOL" swapfill $fill "$SEED" 3 >>"$log" 2>&1 &
+    tpid=$!
+    # until a quarter of the fill is out in swap
+    for i in $(seq 1 1200); do
+        [ $(($(vmstat_val pswpout) - o0)) -ge $((fill * 64)) ] && break
+        kill -0 $tpid 2>/dev/null || break
+        sleep 0.5
+    done
+    k=0
+    while [ $k -lt "$kills" ] && kill -0 $tpid 2>/dev/null; do
+        pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>>"$log")
+        kill -KILL "$pid"
+        k=$((k + 1))
+        for i in $(seq 1 600); do
+            [ "$(uzram_stat_field "$dev" restarts)" = "$k" ] && break
+            sleep 0.1
+        done
+        if [ "$(uzram_stat_field "$dev" restarts)" != "$k" ]; then
+            kill -KILL $tpid
+            swapoff "$dev" 2>/dev/null
+            fail_log "$name" "$log" "no successor served $dev 60 s after SIGKILL $k to worker $pid: $(tail -n 3 "$UZRAM_LOG" | tr '\n' ' ')"
+            return
+        fi
+        echo "kill $k: worker $pid; now $("$UZRAM_BIN" attr "$dev" uzram_stat | grep restart | tr '\n' ' ')" >>"$log"
+        sleep 2
+    done
+    wait $tpid
+    rc=$?
+    grep '^vmtool' "$log" | sed 's/^/VM: /'
+    oom1=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
+    wfail=$(dev_failed_writes "$dev")
+    times=$(grep -o '[0-9]* ms after the last one ended' "$UZRAM_LOG" | tail -n "$k" | awk '{ print $1 }' | tr '\n' ' ')
+    worst=$(echo "$times" | tr ' ' '\n' | sort -n | tail -n 1)
+    echo "restart times (ms): $times; failed writes $wfail" >>"$log"
+    swapoff "$dev" >>"$log" 2>&1
+    SWAP_DEV=
+    if [ $rc != 0 ]; then
+        [ $rc -gt 128 ] && dmesg | tail -n 15 >>"$log"
+        fail_log "$name" "$log" "vmtool swapfill $fill MiB exited $rc after $k kill(s) (1: data mismatch, >128: killed)"
+        return
+    fi
+    if [ "$oom1" != "$oom0" ]; then
+        dmesg | grep -e 'Killed process' -e 'SIGBUS' | tail -n 5 >>"$log"
+        fail_log "$name" "$log" "a process was killed while the worker restarted"
+        return
+    fi
+    if [ $k -lt "$kills" ]; then
+        fail_log "$name" "$log" "the program finished after $k of $kills kills: too little to prove anything"
+        return
+    fi
+    uzram_reset
+    pass "$name" "$fill MiB (2x MemAvailable) through swap, worker killed $k time(s) while it ran: every page verified, no process killed, restarts $k, time from the death to serving again: $times ms (worst $worst), failed writes $wfail"
 }
 
 # check_recompress: a device with zstd as its recompression algorithm; written with lz4, all of

@@ -1,0 +1,270 @@
+//! `uzram serve` as a supervisor (issue 15): it makes the device's memory region (a memfd, see
+//! `uzram_engine::Region`), starts a worker (`uzram serve --worker-region-fd N ...`, the daemon
+//! that serves the device) with the region's descriptor, and holds that descriptor for as long
+//! as the device lives. When the worker dies (a bug, `kill -9`), the kernel holds the device's
+//! I/O (the worker added it with `UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE`) and the
+//! supervisor starts a successor with `--recover N`: it adopts the device from the region (every
+//! page as it was) before it takes the device over, and the held I/O is served, the requests
+//! the dead worker had taken reissued.
+//!
+//! The supervisor serves no I/O and allocates nothing on any I/O path; it is locked in memory
+//! and kept from the OOM killer like the worker, because the device's I/O waits for it while no
+//! worker runs. It gives up, and deletes the device (its I/O then fails, it never reads
+//! wrong), when a successor refuses the region (it says why) or when workers die faster than
+//! [`MAX_QUICK_DEATHS`] in [`DEATH_WINDOW`].
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uzram_engine::{Device, Region};
+
+use super::{kmsg, log, ServeArgs, ServeError};
+use crate::common::block_path;
+
+/// Worker deaths within [`DEATH_WINDOW`] after which the supervisor stops restarting.
+const MAX_QUICK_DEATHS: usize = 5;
+/// See [`MAX_QUICK_DEATHS`].
+const DEATH_WINDOW: Duration = Duration::from_secs(60);
+
+/// Why a worker ended, as one word (for `uzram_stat` and the listing).
+fn cause(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit_status_{code}"),
+        (None, Some(sig)) => {
+            let name = match sig {
+                libc::SIGKILL => "SIGKILL".to_string(),
+                libc::SIGSEGV => "SIGSEGV".to_string(),
+                libc::SIGABRT => "SIGABRT".to_string(),
+                libc::SIGBUS => "SIGBUS".to_string(),
+                libc::SIGTERM => "SIGTERM".to_string(),
+                n => format!("signal_{n}"),
+            };
+            format!("killed_by_{name}")
+        }
+        _ => "unknown".to_string(),
+    }
+}
+
+/// Starts a worker: this program with the supervisor's own arguments, the region's descriptor,
+/// and for a successor the device to take over and the restarts so far. Its stdout is a pipe:
+/// its first line says the device it serves, or why it could not.
+fn spawn(
+    region: &OwnedFd,
+    log: &OwnedFd,
+    recover: Option<(u32, u64, &str)>,
+) -> Result<Child, ServeError> {
+    let setup = |what, source| ServeError::Setup { what, source };
+    let exe = std::env::current_exe().map_err(|e| setup("find my own binary", e))?;
+    let own: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut cmd = Command::new(exe);
+    cmd.args(own)
+        .arg("--worker-region-fd")
+        .arg(region.as_raw_fd().to_string());
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    if let Some((id, restarts, last)) = recover {
+        // A successor's messages wait until it serves: until then its stderr is /dev/null, and
+        // the supervisor's stderr is handed over as --log-fd.
+        cmd.args(["--recover", &id.to_string()])
+            .args(["--restarts", &restarts.to_string()])
+            .args(["--last-restart", last])
+            .arg("--log-fd")
+            .arg(log.as_raw_fd().to_string())
+            .stderr(Stdio::null());
+        crate::sys::set_inheritable(log.as_fd()).map_err(|e| setup("pass stderr on", e))?;
+    }
+    crate::sys::set_inheritable(region.as_fd()).map_err(|e| setup("pass the region on", e))?;
+    let child = cmd.spawn().map_err(|e| setup("start the worker", e));
+    // Only the worker inherits them: nothing else this process starts should hold the region.
+    let _ = crate::sys::set_cloexec(region.as_fd());
+    let _ = crate::sys::set_cloexec(log.as_fd());
+    child
+}
+
+/// The worker's first line: the device it serves (`/dev/ublkbN`), or its error.
+fn first_line(child: &mut Child) -> Result<(String, u32), String> {
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    let line = line.trim_end().to_string();
+    let id = line
+        .strip_prefix("/dev/ublkb")
+        .and_then(|n| n.parse::<u32>().ok());
+    match id {
+        Some(id) => Ok((line, id)),
+        None => Err(match line.strip_prefix("error: ") {
+            Some(msg) => msg.to_string(),
+            None => format!(
+                "the worker ended ({}) without serving",
+                child
+                    .try_wait()
+                    .ok()
+                    .flatten()
+                    .map_or("still running".to_string(), cause)
+            ),
+        }),
+    }
+}
+
+/// The device has to go: its I/O fails from now on (no worker can serve it right).
+fn give_up(id: u32, why: &str) {
+    // The device first: until it is gone, a log line could wait for it (the log file's pages
+    // may be in swap on it).
+    let removed = super::ublk::remove_dead(id);
+    log(&format!(
+        "{}: not restarting its worker: {why}; deleted the device (its I/O fails)",
+        block_path(id)
+    ));
+    if let Err(e) = removed {
+        log(&format!("{}: {e}", block_path(id)));
+    }
+}
+
+/// `uzram serve`: supervises workers until the device is deleted (a worker ended cleanly: a
+/// reset, SIGTERM) or the supervisor gives up.
+pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
+    if !crate::common::have_ublk_driver() {
+        return Err(ServeError::NoDriver);
+    }
+    if args.detached && args.log.is_none() {
+        super::log::open_syslog();
+    }
+    let (setup, disksize) = super::configure(args)?;
+    if !setup.config().backing_devs.is_empty() {
+        log("a device with a backing store does not survive its daemon yet (the records' key lives only in the daemon): served without a supervisor");
+        return super::ublk::serve_worker(args);
+    }
+    let size = Device::region_size(disksize)?;
+    // Only its descriptor is kept: the supervisor maps nothing of it (locked below, a mapping
+    // would be populated whole).
+    let region: OwnedFd = {
+        let region = Region::create("uzram", size).map_err(|e| {
+            ServeError::Device(uzram_engine::Error::Region {
+                reason: e.to_string(),
+            })
+        })?;
+        region
+            .fd()
+            .try_clone_to_owned()
+            .map_err(|source| ServeError::Setup {
+                what: "hold the memory region",
+                source,
+            })?
+        // `region` (its mappings) goes here; the descriptor stays.
+    };
+    let signals =
+        crate::sys::BlockedSignals::block(&[libc::SIGTERM, libc::SIGINT]).map_err(|source| {
+            ServeError::Setup {
+                what: "block SIGTERM/SIGINT",
+                source,
+            }
+        })?;
+    super::pin_memory()?;
+    let worker = Arc::new(AtomicU32::new(0));
+    let stopping = Arc::new(AtomicBool::new(false));
+    {
+        let (worker, stopping) = (Arc::clone(&worker), Arc::clone(&stopping));
+        // A signal to the supervisor ends the device as one to the worker does: the worker
+        // deletes it and exits, and the supervisor with it.
+        std::thread::Builder::new()
+            .name("uzram-signals".into())
+            .spawn(move || loop {
+                let sig = signals.wait();
+                stopping.store(true, Ordering::SeqCst);
+                crate::sys::kill(worker.load(Ordering::SeqCst), sig);
+            })
+            .map_err(|source| ServeError::Setup {
+                what: "start the signal thread",
+                source,
+            })?;
+    }
+
+    // The supervisor's stderr, for successors (see `spawn`).
+    let stderr = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| ServeError::Setup {
+            what: "keep stderr for successors",
+            source,
+        })?;
+    let mut child = spawn(&region, &stderr, None)?;
+    worker.store(child.id(), Ordering::SeqCst);
+    let (path, id) = match first_line(&mut child) {
+        Ok(served) => served,
+        Err(msg) => {
+            let _ = child.wait();
+            return Err(ServeError::Worker(msg));
+        }
+    };
+    // `uzram --find` may have gone: serving goes on without its answer.
+    let _ = crate::common::output::outln(&path);
+    if args.detached {
+        super::redirect_stdout_to_null();
+    }
+    let mut restarts = 0u64;
+    let mut deaths: VecDeque<Instant> = VecDeque::new();
+    loop {
+        let status = child.wait().map_err(|source| ServeError::Setup {
+            what: "wait for the worker",
+            source,
+        })?;
+        worker.store(0, Ordering::SeqCst);
+        if status.success() || stopping.load(Ordering::SeqCst) {
+            // The worker deleted the device (a reset, SIGTERM): nothing left to hold.
+            return Ok(());
+        }
+        let died = Instant::now();
+        let why = cause(status);
+        deaths.push_back(died);
+        while deaths
+            .front()
+            .is_some_and(|&t| died.duration_since(t) > DEATH_WINDOW)
+        {
+            deaths.pop_front();
+        }
+        if deaths.len() > MAX_QUICK_DEATHS {
+            give_up(
+                id,
+                &format!(
+                    "{} workers ended within {} s, the last {why}",
+                    deaths.len(),
+                    DEATH_WINDOW.as_secs()
+                ),
+            );
+            return Err(ServeError::Worker(format!("{path}: workers keep dying ({why})")));
+        }
+        restarts += 1;
+        let dead = child.id();
+        // Nothing between the death and the successor serving may wait for the device: not even
+        // a log line (the log file's pages may be in swap on it). So the successor first.
+        child = spawn(&region, &stderr, Some((id, restarts, &why)))?;
+        kmsg(&format!(
+            "{path}: worker {dead} ended ({why}); successor {} started",
+            child.id()
+        ));
+        worker.store(child.id(), Ordering::SeqCst);
+        if stopping.load(Ordering::SeqCst) {
+            crate::sys::kill(child.id(), libc::SIGTERM);
+        }
+        match first_line(&mut child) {
+            Ok(_) => log(&format!(
+                "{path}: its worker (pid {dead}) ended ({why}); a successor (pid {}, restart {restarts}) serves it again, {} ms after the last one ended",
+                child.id(),
+                died.elapsed().as_millis()
+            )),
+            Err(msg) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                give_up(id, &format!("its successor refused: {msg}"));
+                return Err(ServeError::Worker(format!("{path}: {msg}")));
+            }
+        }
+    }
+}
