@@ -118,6 +118,35 @@ pub struct ServeArgs {
     /// is /dev/null until then: the log file's pages may be in swap on the device)
     #[arg(long, hide = true, value_name = "FD")]
     pub log_fd: Option<i32>,
+    /// Internal: a successor started ahead of need, which waits (pinned, its heap committed)
+    /// for the supervisor's `go ID RESTARTS CAUSE` on stdin before it takes device ID over
+    #[arg(long, hide = true)]
+    pub standby: bool,
+}
+
+/// What a standby is told when it takes over: the device, the restarts so far, why the last
+/// worker ended.
+#[derive(Debug, Clone)]
+struct Go {
+    id: u32,
+    restarts: u64,
+    cause: String,
+}
+
+/// A standby's wait for its `go` line (see `ServeArgs::standby`); `None` when the supervisor
+/// closed the pipe instead (it ended: nothing to take over).
+fn wait_for_go() -> Option<Go> {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).ok()?;
+    let mut words = line.split_whitespace();
+    if words.next()? != "go" {
+        return None;
+    }
+    Some(Go {
+        id: words.next()?.parse().ok()?,
+        restarts: words.next()?.parse().ok()?,
+        cause: words.next().unwrap_or("unknown").to_string(),
+    })
 }
 
 /// Why serving failed.
@@ -205,6 +234,8 @@ struct Started {
     /// What adopting the device found, to log once the device is served again (not before:
     /// the log file's pages may be in swap on the device, whose I/O waits for this process).
     adopted: Option<String>,
+    /// The device to take over (`--recover`, or a standby's `go`) and the restarts so far.
+    recover: Option<(u32, u64, String)>,
     /// SIGTERM and SIGINT, blocked (see [`crate::sys::BlockedSignals`]).
     signals: crate::sys::BlockedSignals,
     /// The slot-free probe, loaded for the device to watch once it exists; or why not.
@@ -233,7 +264,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
         // A successor starts while the device's I/O waits for it, often with memory short
         // and swap held up: loading the probe (a helper process parsing the kernel's BTF)
         // could wait for memory that only swap would free.
-        options::SlotFree::Probe if args.recover.is_some() => Err(
+        options::SlotFree::Probe if args.recover.is_some() || args.standby => Err(
             "not loaded by a successor (it would need memory while the device waits for it)"
                 .to_string(),
         ),
@@ -255,7 +286,21 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     })?;
     // After `mlockall(MCL_CURRENT)`: a region's metadata and table areas are mapped whole but
     // hold memory only where written; locked then, they would be populated whole.
-    let (device, adopted) = device_for(args, setup, disksize)?;
+    if args.standby && heap::refill() == 0 {
+        log("warning: the I/O heap could not be committed; the I/O path allocates from malloc");
+    }
+    // A standby has everything that needs memory done (pinned, its heap committed): it waits
+    // here, until a worker dies, for the supervisor's word.
+    let recover = if args.standby {
+        match wait_for_go() {
+            Some(go) => Some((go.id, go.restarts, go.cause)),
+            None => std::process::exit(0),
+        }
+    } else {
+        args.recover
+            .map(|id| (id, args.restarts, args.last_restart.clone()))
+    };
+    let (device, adopted) = device_for(args, recover.as_ref(), setup, disksize)?;
     let device = Arc::new(device);
     let in_region = device.region().is_some();
     // A regular backing file: the I/O threads never write to it (its filesystem may wait for
@@ -277,6 +322,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
         device,
         in_region,
         adopted,
+        recover,
         signals,
         slot_free,
     })
@@ -287,6 +333,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
 /// process's memory.
 fn device_for(
     args: &ServeArgs,
+    recover: Option<&(u32, u64, String)>,
     mut setup: DeviceSetup,
     disksize: u64,
 ) -> Result<(Device, Option<String>), ServeError> {
@@ -303,9 +350,9 @@ fn device_for(
         })
     })?;
     setup.set_region(region);
-    match args.recover {
+    match recover {
         None => Ok((setup.init(disksize)?, None)),
-        Some(id) => {
+        Some(&(id, _, ref cause)) => {
             let started = std::time::Instant::now();
             kmsg(&format!(
                 "{}: successor {} adopting the device",
@@ -329,7 +376,7 @@ fn device_for(
             let said = format!(
                 "{}: adopted from the worker that ended ({}): {} pages, {} changes undone, {} orphaned objects freed, in {} ms",
                 crate::common::block_path(id),
-                args.last_restart,
+                cause,
                 found.pages,
                 found.undone,
                 found.orphans,

@@ -52,14 +52,20 @@ fn cause(status: ExitStatus) -> String {
     }
 }
 
+/// How a worker starts.
+enum Role<'a> {
+    /// The first: it adds the device.
+    First,
+    /// A successor ahead of need: it waits, pinned, for `go` on its stdin (a pipe).
+    Standby,
+    /// A successor started after the death (when no standby was there).
+    Successor(u32, u64, &'a str),
+}
+
 /// Starts a worker: this program with the supervisor's own arguments, the region's descriptor,
 /// and for a successor the device to take over and the restarts so far. Its stdout is a pipe:
 /// its first line says the device it serves, or why it could not.
-fn spawn(
-    region: &OwnedFd,
-    log: &OwnedFd,
-    recover: Option<(u32, u64, &str)>,
-) -> Result<Child, ServeError> {
+fn spawn(region: &OwnedFd, log: &OwnedFd, role: Role<'_>) -> Result<Child, ServeError> {
     let setup = |what, source| ServeError::Setup { what, source };
     let exe = std::env::current_exe().map_err(|e| setup("find my own binary", e))?;
     let own: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -68,13 +74,23 @@ fn spawn(
         .arg("--worker-region-fd")
         .arg(region.as_raw_fd().to_string());
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-    if let Some((id, restarts, last)) = recover {
+    let successor = match role {
+        Role::First => false,
+        Role::Standby => {
+            cmd.arg("--standby").stdin(Stdio::piped());
+            true
+        }
+        Role::Successor(id, restarts, last) => {
+            cmd.args(["--recover", &id.to_string()])
+                .args(["--restarts", &restarts.to_string()])
+                .args(["--last-restart", last]);
+            true
+        }
+    };
+    if successor {
         // A successor's messages wait until it serves: until then its stderr is /dev/null, and
         // the supervisor's stderr is handed over as --log-fd.
-        cmd.args(["--recover", &id.to_string()])
-            .args(["--restarts", &restarts.to_string()])
-            .args(["--last-restart", last])
-            .arg("--log-fd")
+        cmd.arg("--log-fd")
             .arg(log.as_raw_fd().to_string())
             .stderr(Stdio::null());
         crate::sys::set_inheritable(log.as_fd()).map_err(|e| setup("pass stderr on", e))?;
@@ -194,7 +210,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             what: "keep stderr for successors",
             source,
         })?;
-    let mut child = spawn(&region, &stderr, None)?;
+    let mut child = spawn(&region, &stderr, Role::First)?;
     worker.store(child.id(), Ordering::SeqCst);
     let (path, id) = match first_line(&mut child) {
         Ok(served) => served,
@@ -208,6 +224,9 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     if args.detached {
         super::redirect_stdout_to_null();
     }
+    // A successor waits, started and pinned, so that taking over needs little new memory: when
+    // a worker dies the device's I/O (swap's too) waits, and memory may be short.
+    let mut standby = spawn(&region, &stderr, Role::Standby).ok();
     let mut restarts = 0u64;
     let mut deaths: VecDeque<Instant> = VecDeque::new();
     loop {
@@ -244,7 +263,15 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         let dead = child.id();
         // Nothing between the death and the successor serving may wait for the device: not even
         // a log line (the log file's pages may be in swap on it). So the successor first.
-        child = spawn(&region, &stderr, Some((id, restarts, &why)))?;
+        child = match standby.take().and_then(|mut s| {
+            let mut pipe = s.stdin.take()?;
+            use std::io::Write;
+            writeln!(pipe, "go {id} {restarts} {why}").ok()?;
+            Some(s)
+        }) {
+            Some(s) => s,
+            None => spawn(&region, &stderr, Role::Successor(id, restarts, &why))?,
+        };
         kmsg(&format!(
             "{path}: worker {dead} ended ({why}); successor {} started",
             child.id()
@@ -254,11 +281,14 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             crate::sys::kill(child.id(), libc::SIGTERM);
         }
         match first_line(&mut child) {
-            Ok(_) => log(&format!(
-                "{path}: its worker (pid {dead}) ended ({why}); a successor (pid {}, restart {restarts}) serves it again, {} ms after the last one ended",
-                child.id(),
-                died.elapsed().as_millis()
-            )),
+            Ok(_) => {
+                let took = died.elapsed().as_millis();
+                log(&format!(
+                    "{path}: its worker (pid {dead}) ended ({why}); a successor (pid {}, restart {restarts}) serves it again, {took} ms after the last one ended",
+                    child.id()
+                ));
+                standby = spawn(&region, &stderr, Role::Standby).ok();
+            }
             Err(msg) => {
                 let _ = child.kill();
                 let _ = child.wait();

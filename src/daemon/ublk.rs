@@ -209,10 +209,14 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
         device,
         in_region,
         adopted,
+        recover,
         signals,
         slot_free,
     } = super::start(args)?;
-    let recover = args.recover.filter(|_| in_region);
+    let (recover, restart) = match recover.filter(|_| in_region) {
+        Some((id, restarts, cause)) => (Some(id), (restarts, cause)),
+        None => (None, (0, "none".to_string())),
+    };
     let mut log_fd = args
         .log_fd
         .and_then(|fd| crate::sys::take_inherited_fd(fd).ok());
@@ -297,7 +301,7 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
         Arc::clone(&device),
         queues.into(),
         stop,
-        (args.restarts, args.last_restart.clone()),
+        restart,
     );
     if let Err(e) = control {
         let _ = ctrl.del_dev();
