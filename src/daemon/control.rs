@@ -32,8 +32,8 @@ pub(super) fn control_thread(
     std::thread::Builder::new()
         .name("uzram-control".into())
         .spawn(move || {
-            // This thread serves no I/O.
-            let _ = crate::sys::set_io_flusher(false);
+            // An I/O flusher though it serves no I/O, as every thread of the daemon is (see
+            // `super::io_flusher`).
             let info = || {
                 let slot_free = super::slotfree::status();
                 DaemonInfo {

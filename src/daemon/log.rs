@@ -23,7 +23,8 @@ pub fn log(msg: &str) {
 pub fn kmsg(msg: &str) {
     use std::io::Write;
     if let Ok(mut k) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") {
-        let _ = k.write_all(format!("uzram: {msg}").as_bytes());
+        // "<4>": a warning, so that it reaches the console as the kernel's own do.
+        let _ = k.write_all(format!("<4>uzram: {msg}").as_bytes());
     }
 }
 

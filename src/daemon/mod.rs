@@ -205,12 +205,33 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
     Ok((setup, disksize))
 }
 
-/// Marks the calling thread an I/O flusher (see `sys::set_io_flusher`).
+/// Marks the calling thread an I/O flusher (see `sys::set_io_flusher`), and so every thread it
+/// starts later. Every thread of a worker is one, those that serve no I/O too: a worker killed
+/// with I/O in flight ends thread by thread, and each allocates as it ends (the kernel's
+/// task statistics); one that reclaimed by writing swap to the device would wait for a tag the
+/// dying worker still holds, the worker would never end, and no successor could take the device
+/// over (the kernel hands it over only once the old worker's descriptors are closed).
 fn io_flusher() -> Result<(), ServeError> {
     crate::sys::set_io_flusher(true).map_err(|source| ServeError::Setup {
         what: "mark the I/O thread PR_SET_IO_FLUSHER",
         source,
     })
+}
+
+/// Starts a thread and waits for it to end, so that the kernel allocates the process's task
+/// statistics now (it does when the first thread of a process ends): otherwise the first thread
+/// to end when a worker is killed allocates them, and with memory short and the device's I/O
+/// held by the dying worker that allocation can wait for good (the worker never ends, and no
+/// successor can take the device over).
+fn end_a_thread() {
+    let ended = std::thread::Builder::new()
+        .name("uzram-start".into())
+        .stack_size(64 << 10)
+        .spawn(|| {})
+        .map(|t| t.join());
+    if ended.is_err() {
+        log("warning: could not start a thread at startup");
+    }
 }
 
 /// Locks the daemon's memory and keeps the OOM killer away from it.
@@ -255,6 +276,10 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     if args.detached && args.log.is_none() {
         self::log::open_syslog();
     }
+    // An I/O flusher from the start: a successor starts, and adopts the device, while the
+    // device's I/O waits for it, and an allocation that reclaimed by writing swap could wait
+    // on that very I/O.
+    io_flusher()?;
     pin::tune_malloc();
     let (setup, disksize) = configure(args)?;
     // Before memory is locked: the helper that loads it is a process of its own, and its
@@ -280,6 +305,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
             }
         })?;
     pin_memory()?;
+    end_a_thread();
     heap::init(disksize, true).map_err(|source| ServeError::Setup {
         what: "reserve address space for the I/O heap",
         source,
@@ -301,6 +327,13 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
             .map(|id| (id, args.restarts, args.last_restart.clone()))
     };
     let (device, adopted) = device_for(args, recover.as_ref(), setup, disksize)?;
+    // Whatever building or adopting the device allocated from malloc after `mlockall`, faulted
+    // in now: an I/O thread that wrote a page of it first would fault while memory is short.
+    if let Err(e) = crate::sys::populate_heap() {
+        log(&format!(
+            "warning: malloc's heap could not be made resident ({e}): a page fault on the I/O path may wait for memory"
+        ));
+    }
     let device = Arc::new(device);
     let in_region = device.region().is_some();
     // A regular backing file: the I/O threads never write to it (its filesystem may wait for
@@ -317,7 +350,6 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     threads::memory_thread(Arc::clone(&device))?;
     threads::policy_thread(Arc::clone(&device))?;
     watchdog::progress_log(Arc::clone(&device));
-    io_flusher()?;
     Ok(Started {
         device,
         in_region,

@@ -182,6 +182,9 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                 source,
             }
         })?;
+    // Never waits for the device's I/O to reclaim memory: while no worker runs, that I/O
+    // waits for the supervisor (and its signal thread, started below, is one too).
+    super::io_flusher()?;
     super::pin_memory()?;
     let worker = Arc::new(AtomicU32::new(0));
     let stopping = Arc::new(AtomicBool::new(false));
@@ -257,7 +260,9 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                     DEATH_WINDOW.as_secs()
                 ),
             );
-            return Err(ServeError::Worker(format!("{path}: workers keep dying ({why})")));
+            return Err(ServeError::Worker(format!(
+                "{path}: workers keep dying ({why})"
+            )));
         }
         restarts += 1;
         let dead = child.id();

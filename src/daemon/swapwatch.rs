@@ -22,8 +22,8 @@ pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
     let spawned = std::thread::Builder::new()
         .name("uzram-swapwatch".into())
         .spawn(move || {
-            // This thread serves no I/O.
-            let _ = crate::sys::set_io_flusher(false);
+            // An I/O flusher though it serves no I/O, as every thread of the daemon is (see
+            // `super::io_flusher`).
             let path = block_path(id);
             // The device clock's second when the device was last seen as swap: every page the
             // swap area wrote is older; anything written after the swapoff is not.

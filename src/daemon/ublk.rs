@@ -296,13 +296,8 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
         signals.wait();
         stop(id);
     });
-    let control = super::control::control_thread(
-        id,
-        Arc::clone(&device),
-        queues.into(),
-        stop,
-        restart,
-    );
+    let control =
+        super::control::control_thread(id, Arc::clone(&device), queues.into(), stop, restart);
     if let Err(e) = control {
         let _ = ctrl.del_dev();
         return Err(e);
@@ -324,6 +319,7 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
             }
         },
         move |ctrl: &UblkCtrl| {
+            super::watchdog::SERVING.store(true, std::sync::atomic::Ordering::Relaxed);
             // Served again: messages may wait for the device now.
             if let Some(fd) = log_fd.take() {
                 let _ = crate::sys::redirect_stderr(fd);

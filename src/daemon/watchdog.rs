@@ -2,13 +2,17 @@
 //! the kernel log, without locks or allocation in its loop.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use uzram_engine::Device;
 
 use super::io::{FINISHED, STARTED};
 use super::threads::{REFILLED_ARENAS, SLOWEST_REFILL_MS};
+
+/// Whether the device is served: added and started, or, for a successor, taken over. Until
+/// then the progress line says so, and counts as a stall.
+pub static SERVING: AtomicBool = AtomicBool::new(false);
 
 /// With `UZRAM_PROGRESS_SECS=N`, a thread that writes the request counters to the kernel log
 /// every N seconds: a diagnostic for stalls, readable even when user space is stuck on memory
@@ -44,7 +48,9 @@ pub(super) fn progress_log(device: Arc<Device>) {
             std::thread::sleep(std::time::Duration::from_secs(secs));
             let sum = |c: &[AtomicU64; 5]| c.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
             let (started, finished) = (sum(&STARTED), sum(&FINISHED));
-            if started != finished && finished == last_finished {
+            // A successor that has not taken the device over yet: its I/O waits for it.
+            let waiting = !SERVING.load(Ordering::Relaxed);
+            if (started != finished && finished == last_finished) || waiting {
                 stalled_secs += secs;
             } else {
                 (stalled_secs, dumped) = (0, false);
@@ -95,10 +101,10 @@ pub(super) fn progress_log(device: Arc<Device>) {
                 },
                 REFILLED_ARENAS.load(Ordering::Relaxed),
                 SLOWEST_REFILL_MS.load(Ordering::Relaxed),
-                if stalled_secs > 0 {
-                    ", NO PROGRESS"
-                } else {
-                    ""
+                match (stalled_secs > 0, waiting) {
+                    (true, true) => ", NOT SERVING YET",
+                    (true, false) => ", NO PROGRESS",
+                    (false, _) => "",
                 }
             );
             let len = w.position() as usize;

@@ -292,15 +292,17 @@ impl Device {
     }
 
     /// In a region: makes the next slot-table leaves and metadata chunks resident ahead of the
-    /// writes that will take them (8 leaves and 64 chunks, 64 and 512 while `memory_short`),
-    /// so that an I/O thread's first write of a new page of shared memory does not fault. For
-    /// the thread that keeps the pool's reserve (it may wait for reclaim). Returns the leaves
-    /// and chunks made resident now; nothing outside a region.
+    /// writes that will take them (64 leaves and 512 chunks, 256 KiB and 128 KiB; 256 and 4096,
+    /// 1 MiB each, while `memory_short`), so that an I/O thread's first write of a new page of
+    /// shared memory does not fault: a fault there waits for reclaim, and while memory is short
+    /// reclaim waits for swap writes to this very device (the I/O path's heap keeps 4 MiB
+    /// ahead for the same reason). For the thread that keeps the pool's reserve (it may wait
+    /// for reclaim). Returns the leaves and chunks made resident now; nothing outside a region.
     pub fn prefault_region(&self, memory_short: bool) -> (usize, u32) {
         let Some(region) = self.region() else {
             return (0, 0);
         };
-        let (leaves, chunks) = if memory_short { (64, 512) } else { (8, 64) };
+        let (leaves, chunks) = if memory_short { (256, 4096) } else { (64, 512) };
         (self.slots.prefault(leaves), region.prefault_chunks(chunks))
     }
 
