@@ -129,6 +129,30 @@ fn first_line(child: &mut Child) -> Result<(String, u32), String> {
     }
 }
 
+/// Whether this process's memory cgroup, or one above it, forbids swap (`memory.swap.max` 0):
+/// then the region's pages are never swapped out, also while no worker maps them (locked).
+/// Otherwise, why not.
+fn swap_forbidden() -> Result<(), String> {
+    let cgroups = crate::common::read_text(std::path::Path::new("/proc/self/cgroup"), 1 << 16)
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let Some(own) = cgroups.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return Err("it is in no cgroup v2 hierarchy".to_string());
+    };
+    let mut dir = std::path::PathBuf::from("/sys/fs/cgroup");
+    dir.push(own.trim_start_matches('/'));
+    loop {
+        let max = std::fs::read_to_string(dir.join("memory.swap.max")).unwrap_or_default();
+        if max.trim() == "0" {
+            return Ok(());
+        }
+        if dir == std::path::Path::new("/sys/fs/cgroup") || !dir.pop() {
+            return Err(format!(
+                "its cgroup {own} lets its memory be swapped (memory.swap.max is not 0 there or above)"
+            ));
+        }
+    }
+}
+
 /// The device has to go: its I/O fails from now on (no worker can serve it right).
 fn give_up(id: u32, why: &str) {
     // The device first: until it is gone, a log line could wait for it (the log file's pages
@@ -156,6 +180,11 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     if !setup.config().backing_devs.is_empty() {
         log("a device with a backing store does not survive its daemon yet (the records' key lives only in the daemon): served without a supervisor");
         return super::ublk::serve_worker(args);
+    }
+    if let Err(why) = swap_forbidden() {
+        log(&format!(
+            "warning: {why}: while no worker maps the device's memory, reclaim could swap it out to the device itself, and a successor would wait for it forever; run uzram with memory.swap.max=0 (systemd: MemorySwapMax=0, as contrib/systemd/uzram-setup.service has)"
+        ));
     }
     let size = Device::region_size(disksize)?;
     // Only its descriptor is kept: the supervisor maps nothing of it (locked below, a mapping

@@ -792,11 +792,24 @@ check_kill() {
 # verified, no process may be killed, and the device must count KILLS restarts.
 check_recover() {
     local kills=$1 name=recover$1 log=$UZ_TMP/recover$1.log dev swapsize avail fill tpid o0 i k pid
-    local rc oom0 oom1 times worst wfail
+    local rc oom0 oom1 times worst wfail cg
     note "$name: SIGKILL to the worker $kills time(s) while swap holds 2x RAM"
     swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
-    uzram_setup lz4 $swapsize || return
+    # The daemon in a cgroup that is never swapped (as the systemd unit puts it): while no
+    # worker maps the device's region its pages are not locked, and swapped out to the device
+    # itself they would wait for the successor that reads them.
+    cg=$(noswap_cgroup)
+    if [ -z "$cg" ]; then
+        fail "$name" "no memory cgroup with memory.swap.max here: cannot run uzram as its unit would"
+        return
+    fi
+    echo $$ >"$cg/cgroup.procs"
+    uzram_setup lz4 $swapsize
+    rc=$?
+    echo $$ >/sys/fs/cgroup/cgroup.procs
+    [ $rc = 0 ] || return
     dev=$UZRAM_DEV
+    grep -q 'lets its memory be swapped' "$UZRAM_LOG" && note "$name: $(grep 'lets its memory be swapped' "$UZRAM_LOG" | tail -n 1)"
     : >"$log"
     if ! mkswap "$dev" >>"$log" 2>&1 || ! swapon --discard=pages -p 32767 "$dev" >>"$log" 2>&1; then
         fail_log "$name" "$log" "mkswap/swapon failed"

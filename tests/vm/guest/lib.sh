@@ -191,6 +191,18 @@ uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
     fi
 }
 
+# noswap_cgroup: a memory cgroup whose pages are never swapped out (memory.swap.max 0), as
+# contrib/systemd/uzram-setup.service's MemorySwapMax=0 puts uzram's daemons in; prints its path,
+# or nothing if the kernel has none (cgroup v2 mounted here if it is not).
+noswap_cgroup() {
+    _cg=/sys/fs/cgroup/uzram-noswap
+    [ -f /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
+    grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null ||
+        echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    [ -d $_cg ] || mkdir $_cg 2>/dev/null
+    echo 0 >$_cg/memory.swap.max 2>/dev/null && echo $_cg
+}
+
 uzram_reset() { # uzram --reset: the daemon deletes its device and exits
     [ -n "$UZRAM_DEV" ] || return 0
     # a check that failed half way may have left the device mounted or as swap
