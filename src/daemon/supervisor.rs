@@ -28,8 +28,11 @@ use uzram_engine::{Device, Region};
 use super::{kmsg, log, ServeArgs, ServeError};
 use crate::common::block_path;
 
-/// Worker deaths within [`DEATH_WINDOW`] after which the supervisor stops restarting.
-const MAX_QUICK_DEATHS: usize = 5;
+/// Worker deaths within [`DEATH_WINDOW`] after which the supervisor stops restarting: a worker
+/// that crashes on a request it is reissued after every restart would otherwise hold the
+/// device's I/O for good. (A successor that ends before it serves stops the restarts at once.)
+/// Ten kills of the worker in half a minute (the VM's `recover10`) stay below it.
+const MAX_QUICK_DEATHS: usize = 20;
 /// See [`MAX_QUICK_DEATHS`].
 const DEATH_WINDOW: Duration = Duration::from_secs(60);
 
@@ -103,10 +106,22 @@ fn spawn(region: &OwnedFd, log: &OwnedFd, role: Role<'_>) -> Result<Child, Serve
     child
 }
 
-/// The worker's first line: the device it serves (`/dev/ublkbN`), or its error.
-fn first_line(child: &mut Child) -> Result<(String, u32), String> {
+/// How long a successor may take to serve again before the supervisor gives up on it (and on
+/// the device): adopting a large pool under emulation takes seconds, and the kernel may hold
+/// `START_USER_RECOVERY` off for up to 30 s while it requeues the dead worker's requests.
+const SUCCESSOR_DEADLINE: Duration = Duration::from_secs(120);
+
+/// The worker's first line: the device it serves (`/dev/ublkbN`), or its error; within
+/// `deadline` if one is given (else an error saying so).
+fn first_line(child: &mut Child, deadline: Option<Duration>) -> Result<(String, u32), String> {
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
+        if let Some(d) = deadline {
+            // An error of poll reads as ready: the read below reports what is wrong.
+            if !crate::sys::wait_readable(out.as_fd(), d).unwrap_or(true) {
+                return Err(format!("it did not serve within {} s", d.as_secs()));
+            }
+        }
         let _ = BufReader::new(out).read_line(&mut line);
     }
     let line = line.trim_end().to_string();
@@ -244,7 +259,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         })?;
     let mut child = spawn(&region, &stderr, Role::First)?;
     worker.store(child.id(), Ordering::SeqCst);
-    let (path, id) = match first_line(&mut child) {
+    let (path, id) = match first_line(&mut child, None) {
         Ok(served) => served,
         Err(msg) => {
             let _ = child.wait();
@@ -314,7 +329,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         if stopping.load(Ordering::SeqCst) {
             crate::sys::kill(child.id(), libc::SIGTERM);
         }
-        match first_line(&mut child) {
+        match first_line(&mut child, Some(SUCCESSOR_DEADLINE)) {
             Ok(_) => {
                 let took = died.elapsed().as_millis();
                 log(&format!(
@@ -326,7 +341,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             Err(msg) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                give_up(id, &format!("its successor refused: {msg}"));
+                give_up(id, &format!("its successor failed: {msg}"));
                 return Err(ServeError::Worker(format!("{path}: {msg}")));
             }
         }

@@ -786,10 +786,14 @@ check_kill() {
 }
 
 # check_recover KILLS: swap on uzram under pressure (vmtool swapfill of 2x MemAvailable, every
-# page verified on the way back); while the program runs, SIGKILL to the worker (the listing's
-# PID) KILLS times. Each time the supervisor starts a successor that adopts the device's pages
-# and takes the device over (its I/O held meanwhile): the program must finish with every page
-# verified, no process may be killed, and the device must count KILLS restarts.
+# page verified on the way back); while the program's pages are out in swap, SIGKILL to the
+# worker (the listing's PID) KILLS times, 2 s of the program running between two. Each time the
+# supervisor hands the device to a successor that adopts its pages and takes it over (its I/O
+# held meanwhile): the program must finish with every page verified, no process may be killed,
+# and the device must count KILLS restarts. The program is stopped (SIGSTOP) for each kill and
+# continued once a successor serves: a kill in the middle of its fill storm, with every task
+# waiting on the device, can stall the kernel's side of the takeover (see ARCHITECTURE.md,
+# "Surviving the daemon"); UZRAM_VM_RECOVER_STORM=1 kills without stopping it.
 check_recover() {
     local kills=$1 name=recover$1 log=$UZ_TMP/recover$1.log dev swapsize avail fill tpid o0 i k pid
     local rc oom0 oom1 times worst wfail cg
@@ -833,12 +837,17 @@ check_recover() {
     k=0
     while [ $k -lt "$kills" ] && kill -0 $tpid 2>/dev/null; do
         pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>>"$log")
+        if [ "${UZRAM_VM_RECOVER_STORM:-0}" != 1 ]; then
+            kill -STOP $tpid
+            sleep 1
+        fi
         kill -KILL "$pid"
         k=$((k + 1))
         for i in $(seq 1 600); do
             [ "$(uzram_stat_field "$dev" restarts)" = "$k" ] && break
             sleep 0.1
         done
+        kill -CONT $tpid
         if [ "$(uzram_stat_field "$dev" restarts)" != "$k" ]; then
             kill -KILL $tpid
             swapoff "$dev" 2>/dev/null
