@@ -206,6 +206,19 @@ pub fn kill(pid: u32, signal: libc::c_int) {
     unsafe { libc::kill(pid, signal) };
 }
 
+/// Sends `signal` to process `pid`; the kernel's error if it refuses (ESRCH, EPERM).
+pub fn send_signal(pid: u32, signal: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: kill takes integers only; the result is checked.
+    if unsafe { libc::kill(pid, signal) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Points fd 2 at `fd`, which it then owns (the caller's `fd` is closed).
 pub fn redirect_stderr(fd: std::os::fd::OwnedFd) -> io::Result<()> {
     // SAFETY: dup2 of a valid fd (owned here, open across the call) onto fd 2; no memory is

@@ -135,6 +135,14 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         root: Option<std::path::PathBuf>,
     },
+    /// Hand a device over to the uzram binary now installed (after a package upgrade): the
+    /// daemon's supervisor asks the new binary whether it can take the device over, and only then
+    /// stops the running worker; the new one adopts every page, and requests in flight are
+    /// reissued (none fails). Waits until the new worker serves.
+    Upgrade {
+        /// The device, /dev/ublkbN
+        device: String,
+    },
     /// Undo `uzram setup` for the same configuration: swapoff or umount, then reset each device
     Teardown {
         /// The configuration file (as for setup)
@@ -173,6 +181,10 @@ pub fn run(cli: Cli) -> Outcome {
             root,
         }) => setup(dry_run, config.as_deref(), ram_mib, root.as_deref()),
         Some(Command::Teardown { config }) => teardown(config.as_deref()),
+        Some(Command::Upgrade { device }) => ctl::parse_device(&device)
+            .and_then(ctl::upgrade)
+            .map_err(Box::<dyn std::error::Error>::from)
+            .and_then(|text| Ok(outln(&text)?)),
         Some(Command::Bench(args)) => {
             let r = crate::tools::bench::run(&args)?;
             if args.json {

@@ -122,6 +122,11 @@ pub struct ServeArgs {
     /// for the supervisor's `go ID RESTARTS CAUSE` on stdin before it takes device ID over
     #[arg(long, hide = true)]
     pub standby: bool,
+    /// Internal, with --worker-region-fd: check that this binary could take the device in the
+    /// region over (its options, the region's header), print `ok` and exit; changes nothing.
+    /// What a supervisor asks of a new binary before an upgrade stops the running worker.
+    #[arg(long, hide = true)]
+    pub check_region: bool,
 }
 
 /// What a standby is told when it takes over: the device, the restarts so far, why the last

@@ -18,6 +18,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -68,9 +69,8 @@ enum Role<'a> {
 /// Starts a worker: this program with the supervisor's own arguments, the region's descriptor,
 /// and for a successor the device to take over and the restarts so far. Its stdout is a pipe:
 /// its first line says the device it serves, or why it could not.
-fn spawn(region: &OwnedFd, log: &OwnedFd, role: Role<'_>) -> Result<Child, ServeError> {
+fn spawn(exe: &Path, region: &OwnedFd, log: &OwnedFd, role: Role<'_>) -> Result<Child, ServeError> {
     let setup = |what, source| ServeError::Setup { what, source };
-    let exe = std::env::current_exe().map_err(|e| setup("find my own binary", e))?;
     let own: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut cmd = Command::new(exe);
     cmd.args(own)
@@ -168,6 +168,62 @@ fn swap_forbidden() -> Result<(), String> {
     }
 }
 
+/// Asks the binary at `exe` (`--check-region`) whether it could take the device in `region`
+/// over: its answer, or why not. It changes nothing; the worker keeps serving either way.
+fn check_binary(exe: &Path, region: &OwnedFd) -> Result<(), String> {
+    let own: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut cmd = Command::new(exe);
+    cmd.args(own)
+        .arg("--worker-region-fd")
+        .arg(region.as_raw_fd().to_string())
+        .arg("--check-region")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    crate::sys::set_inheritable(region.as_fd())
+        .map_err(|e| format!("cannot pass the region on: {e}"))?;
+    let out = cmd.output();
+    let _ = crate::sys::set_cloexec(region.as_fd());
+    let out = out.map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    let first = said.lines().next().unwrap_or("");
+    if out.status.success() && first == "ok" {
+        return Ok(());
+    }
+    let why = match first.strip_prefix("error: ") {
+        Some(msg) => msg.to_string(),
+        None => String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .trim_start_matches("uzram: ")
+            .to_string(),
+    };
+    Err(format!(
+        "{} ({}): {why}",
+        exe.display(),
+        cause(out.status).replace('_', " ")
+    ))
+}
+
+/// `--check-region` (see [`ServeArgs::check_region`]): whether this binary could take the device
+/// in the region over; prints `ok`.
+pub fn check_region(args: &ServeArgs) -> Result<(), ServeError> {
+    super::configure(args)?;
+    let fd = args
+        .worker_region_fd
+        .ok_or_else(|| ServeError::Worker("--check-region needs --worker-region-fd".to_string()))?;
+    let fd = crate::sys::take_inherited_fd(fd).map_err(|source| ServeError::Setup {
+        what: "take the memory region from the supervisor",
+        source,
+    })?;
+    Region::check(fd.as_fd()).map_err(|e| {
+        ServeError::Device(uzram_engine::Error::Region {
+            reason: e.to_string(),
+        })
+    })?;
+    let _ = crate::common::output::outln("ok");
+    Ok(())
+}
+
 /// The device has to go: its I/O fails from now on (no worker can serve it right).
 fn give_up(id: u32, why: &str) {
     // The device first: until it is gone, a log line could wait for it (the log file's pages
@@ -219,12 +275,16 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             })?
         // `region` (its mappings) goes here; the descriptor stays.
     };
-    let signals =
-        crate::sys::BlockedSignals::block(&[libc::SIGTERM, libc::SIGINT]).map_err(|source| {
-            ServeError::Setup {
-                what: "block SIGTERM/SIGINT",
-                source,
-            }
+    // This binary as it was started: after a package upgrade replaced the file, the path names
+    // the new one (what `uzram upgrade` and later restarts start), `/proc/self/exe` the old.
+    let exe: PathBuf = std::env::current_exe().map_err(|source| ServeError::Setup {
+        what: "find my own binary",
+        source,
+    })?;
+    let signals = crate::sys::BlockedSignals::block(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])
+        .map_err(|source| ServeError::Setup {
+            what: "block SIGTERM/SIGINT/SIGUSR1",
+            source,
         })?;
     // Never waits for the device's I/O to reclaim memory: while no worker runs, that I/O
     // waits for the supervisor (and its signal thread, started below, is one too).
@@ -232,16 +292,51 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     super::pin_memory()?;
     let worker = Arc::new(AtomicU32::new(0));
     let stopping = Arc::new(AtomicBool::new(false));
+    let upgrading = Arc::new(AtomicBool::new(false));
     {
-        let (worker, stopping) = (Arc::clone(&worker), Arc::clone(&stopping));
-        // A signal to the supervisor ends the device as one to the worker does: the worker
-        // deletes it and exits, and the supervisor with it.
+        let (worker, stopping, upgrading) = (
+            Arc::clone(&worker),
+            Arc::clone(&stopping),
+            Arc::clone(&upgrading),
+        );
+        let (exe, region) = (
+            exe.clone(),
+            region.try_clone().map_err(|source| ServeError::Setup {
+                what: "hold the memory region",
+                source,
+            })?,
+        );
+        // SIGTERM or SIGINT to the supervisor ends the device as one to the worker does: the
+        // worker deletes it and exits, and the supervisor with it. SIGUSR1 (`uzram upgrade`)
+        // hands the device to the binary now at this program's path: checked first, then the
+        // worker is stopped, and the main loop starts that binary as its successor.
         std::thread::Builder::new()
             .name("uzram-signals".into())
             .spawn(move || loop {
                 let sig = signals.wait();
-                stopping.store(true, Ordering::SeqCst);
-                crate::sys::kill(worker.load(Ordering::SeqCst), sig);
+                if sig != libc::SIGUSR1 {
+                    stopping.store(true, Ordering::SeqCst);
+                    crate::sys::kill(worker.load(Ordering::SeqCst), sig);
+                    continue;
+                }
+                let pid = worker.load(Ordering::SeqCst);
+                if pid == 0 || upgrading.load(Ordering::SeqCst) {
+                    log("upgrade: not now (a worker is starting, or an upgrade is under way)");
+                    continue;
+                }
+                match check_binary(&exe, &region) {
+                    Ok(()) => {
+                        log(&format!(
+                            "upgrade: {} can take the device over; stopping worker {pid}",
+                            exe.display()
+                        ));
+                        upgrading.store(true, Ordering::SeqCst);
+                        crate::sys::kill(pid, libc::SIGKILL);
+                    }
+                    Err(why) => log(&format!(
+                        "upgrade refused, worker {pid} goes on serving: {why}"
+                    )),
+                }
             })
             .map_err(|source| ServeError::Setup {
                 what: "start the signal thread",
@@ -257,7 +352,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             what: "keep stderr for successors",
             source,
         })?;
-    let mut child = spawn(&region, &stderr, Role::First)?;
+    let mut child = spawn(&exe, &region, &stderr, Role::First)?;
     worker.store(child.id(), Ordering::SeqCst);
     let (path, id) = match first_line(&mut child, None) {
         Ok(served) => served,
@@ -273,7 +368,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     }
     // A successor waits, started and pinned, so that taking over needs little new memory: when
     // a worker dies the device's I/O (swap's too) waits, and memory may be short.
-    let mut standby = spawn(&region, &stderr, Role::Standby).ok();
+    let mut standby = spawn(&exe, &region, &stderr, Role::Standby).ok();
     let mut restarts = 0u64;
     let mut deaths: VecDeque<Instant> = VecDeque::new();
     loop {
@@ -287,8 +382,21 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             return Ok(());
         }
         let died = Instant::now();
-        let why = cause(status);
-        deaths.push_back(died);
+        let upgrade = upgrading.load(Ordering::SeqCst);
+        let why = if upgrade {
+            "upgrade".to_string()
+        } else {
+            cause(status)
+        };
+        if upgrade {
+            // The standby runs the old binary: the new one takes over.
+            if let Some(mut old) = standby.take() {
+                let _ = old.kill();
+                let _ = old.wait();
+            }
+        } else {
+            deaths.push_back(died);
+        }
         while deaths
             .front()
             .is_some_and(|&t| died.duration_since(t) > DEATH_WINDOW)
@@ -319,7 +427,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             Some(s)
         }) {
             Some(s) => s,
-            None => spawn(&region, &stderr, Role::Successor(id, restarts, &why))?,
+            None => spawn(&exe, &region, &stderr, Role::Successor(id, restarts, &why))?,
         };
         kmsg(&format!(
             "{path}: worker {dead} ended ({why}); successor {} started",
@@ -336,7 +444,8 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                     "{path}: its worker (pid {dead}) ended ({why}); a successor (pid {}, restart {restarts}) serves it again, {took} ms after the last one ended",
                     child.id()
                 ));
-                standby = spawn(&region, &stderr, Role::Standby).ok();
+                upgrading.store(false, Ordering::SeqCst);
+                standby = spawn(&exe, &region, &stderr, Role::Standby).ok();
             }
             Err(msg) => {
                 let _ = child.kill();

@@ -193,7 +193,9 @@ fn stop(id: u32) {
 /// `uzram serve`: the supervisor, which starts and restarts workers (see `supervisor`); or,
 /// with `--worker-region-fd`, a worker.
 pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
-    if args.worker_region_fd.is_some() {
+    if args.check_region {
+        super::supervisor::check_region(args)
+    } else if args.worker_region_fd.is_some() {
         serve_worker(args)
     } else {
         super::supervisor::supervise(args)

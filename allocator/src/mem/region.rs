@@ -625,6 +625,45 @@ impl Region {
             .collect())
     }
 
+    /// Whether this build could take over the region in `fd`: its seals, its header (magic,
+    /// format version, checksum, sizes, layout) and its state, as [`Region::adopt`] checks them
+    /// first. Reads the header only; maps and writes nothing. For a new binary asked to take a
+    /// device over from a running one (an upgrade): a refusal here leaves the old one serving.
+    pub fn check(fd: BorrowedFd<'_>) -> Result<(), Error> {
+        // SAFETY: an fstat into a zeroed struct on a borrowed descriptor; result checked.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(io("fstat", errno()));
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        // SAFETY: plain call on a borrowed descriptor; result checked.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) == 0 {
+            return Err(refused(format!(
+                "not a memfd sealed against resizing (seals {seals:#x})"
+            )));
+        }
+        let mut words = [0u64; H_STATE + 1];
+        let bytes = bytemuck_words(&mut words);
+        // SAFETY: a pread into the buffer just made, of its length, on a borrowed descriptor.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        if usize::try_from(n).ok() != Some(bytes.len()) {
+            return Err(refused(format!(
+                "its header cannot be read ({size} bytes in the file)"
+            )));
+        }
+        let mut fixed = [0u64; H_FIXED + 1];
+        fixed.copy_from_slice(&words[..=H_FIXED]);
+        Self::check_header(&fixed, size)?;
+        if words[H_STATE] == STATE_CLOSED {
+            return Err(refused(
+                "its owner closed it (the pool was dropped, not left): nothing to adopt".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Takes over a region a predecessor made, after checking everything its header says against
     /// this build and the file. Any doubt is a refusal that names the value; nothing is written.
     pub fn adopt(fd: OwnedFd) -> Result<Region, Error> {
@@ -1107,10 +1146,24 @@ mod tests {
             (H_CHECKSUM, 63, "checksum"),
         ] {
             let r = Region::create("uzram-test", size(2, 0)).unwrap();
+            assert!(Region::check(r.fd()).is_ok());
             r.corrupt_header(word, bit);
+            let checked = Region::check(r.fd()).unwrap_err().to_string();
+            assert!(checked.contains(says), "word {word}: {checked}");
             let err = Region::adopt(dup(&r)).unwrap_err().to_string();
             assert!(err.contains(says), "word {word}: {err}");
         }
+    }
+
+    #[test]
+    fn check_refuses_a_closed_region_and_a_file_that_is_not_one() {
+        let r = Region::create("uzram-test", size(2, 0)).unwrap();
+        r.close();
+        let err = Region::check(r.fd()).unwrap_err().to_string();
+        assert!(err.contains("closed"), "{err}");
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        let err = Region::check(f.as_fd()).unwrap_err().to_string();
+        assert!(err.contains("memfd"), "{err}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
@@ -103,6 +103,8 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want kill && check_kill
     want recover1 && check_recover 1
     want recover10 && check_recover 10
+    want upgrade && check_upgrade
+    want corrupt && check_corrupt
     uzram_reset
 fi
 

@@ -885,6 +885,135 @@ check_recover() {
     pass "$name" "$fill MiB (2x MemAvailable) through swap, worker killed $k time(s) while it ran: every page verified, no process killed, restarts $k, time from the death to serving again: $times ms (worst $worst), failed writes $wfail"
 }
 
+# check_upgrade: `uzram upgrade` during a fio verify job (qd32, 2 jobs). The device is started
+# from a copy of the binary on tmpfs, which is then replaced as a package upgrade replaces it (a
+# new file renamed over the old path); `uzram upgrade` must hand the device to a worker running
+# the new file while fio writes, and fio must end with 0 I/O errors and 0 verify mismatches.
+check_upgrade() {
+    local name=upgrade log=$UZ_TMP/upgrade.log bin=$UZ_TMP/uzram-installed dev pid0 pid1 fpid
+    local rc frc out t0 ino1 ino2
+    note "$name: uzram upgrade during fio verify (qd32, 2 jobs)"
+    uzram_reset
+    : >"$log"
+    cp "$UZRAM_BIN" "$bin" || { fail_log "$name" "$log" "cannot copy $UZRAM_BIN"; return; }
+    UZRAM_DEV=$(UZRAM_PROGRESS_SECS=5 "$bin" --find --size 512M --algorithm lz4 --slot-free discard \
+        --log "$UZRAM_LOG" 2>>"$log")
+    dev=$UZRAM_DEV
+    if [ ! -b "$dev" ]; then
+        UZRAM_DEV=
+        fail_log "$name" "$log" "$bin --find failed: $dev"
+        return
+    fi
+    pid0=$("$bin" --raw --noheadings -o PID "$dev" 2>>"$log")
+    fio --name=v --filename="$dev" --direct=1 --ioengine=libaio --iodepth=32 --numjobs=2 \
+        --size=192M --offset_increment=192M --rw=randwrite --bs=4k --verify=crc32c \
+        --verify_fatal=1 --buffer_compress_percentage=50 >"$log.fio" 2>&1 &
+    fpid=$!
+    sleep 2
+    cp "$UZRAM_BIN" "$bin.new" && mv "$bin.new" "$bin"
+    ino1=$(stat -c %i "$bin")
+    t0=$(uptime_s)
+    out=$("$bin" upgrade "$dev" 2>&1)
+    rc=$?
+    echo "uzram upgrade: exit $rc in $(elapsed "$t0") s: $out" >>"$log"
+    wait $fpid
+    frc=$?
+    cat "$log.fio" >>"$log"
+    pid1=$("$bin" --raw --noheadings -o PID "$dev" 2>>"$log")
+    ino2=$(stat -L -c %i /proc/"$pid1"/exe 2>/dev/null)
+    if [ $rc != 0 ]; then
+        fail_log "$name" "$log" "uzram upgrade $dev exited $rc: $out"
+        return
+    fi
+    if [ $frc != 0 ] || grep -q 'err= *[1-9]' "$log.fio"; then
+        fail_log "$name" "$log" "fio exited $frc across the upgrade (I/O errors or verify mismatches)"
+        return
+    fi
+    if [ "$pid1" = "$pid0" ] || [ "$ino2" != "$ino1" ]; then
+        fail_log "$name" "$log" "the worker after the upgrade ($pid1, inode $ino2) is not a new one running the new file (inode $ino1; before: $pid0)"
+        return
+    fi
+    if [ "$(uzram_stat_field "$dev" last_restart)" != upgrade ]; then
+        fail_log "$name" "$log" "last_restart is $(uzram_stat_field "$dev" last_restart), not upgrade"
+        return
+    fi
+    pass "$name" "worker $pid0 handed $dev to $pid1 (the new file) in $(elapsed "$t0") s while fio wrote and verified (2 jobs, qd32): fio exit 0, no I/O error, no mismatch; $(grep -o 'serves it again, [0-9]* ms after the last one ended' "$UZRAM_LOG" | tail -n 1)"
+}
+
+# check_corrupt: a state corrupted on purpose. 8 MiB of random bytes written to a fresh device
+# and read back; fio reading it (random 4 KiB reads, 8 in flight); one bit of the header of the
+# device's memory region (the memfd its supervisor holds, opened through /proc/SUPERVISOR/fd)
+# flipped; the worker killed. The successor must refuse the region and say why, and the
+# supervisor delete the device: the reads held meanwhile must fail with EIO, and a descriptor
+# opened before must read no byte.
+check_corrupt() {
+    local name=corrupt log=$UZ_TMP/corrupt.log dev pid sup f fd v err i fpid frc
+    note "$name: a bit of the device's memory region flipped, then the worker killed"
+    uzram_setup lz4 64M || return
+    dev=$UZRAM_DEV
+    : >"$log"
+    head -c 8388608 /dev/urandom >"$UZ_TMP/corrupt.in"
+    dd if="$UZ_TMP/corrupt.in" of="$dev" bs=1M oflag=direct 2>>"$log" &&
+        dd if="$dev" of="$UZ_TMP/corrupt.out" bs=1M count=8 iflag=direct 2>>"$log" &&
+        cmp "$UZ_TMP/corrupt.in" "$UZ_TMP/corrupt.out" >>"$log" 2>&1 || {
+        fail_log "$name" "$log" "8 MiB written to $dev did not read back the same"
+        return
+    }
+    pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>>"$log")
+    sup=$(awk '$1 == "PPid:" { print $2 }' /proc/"$pid"/status)
+    fd=
+    for f in /proc/"$sup"/fd/*; do
+        case $(readlink "$f") in /memfd:uzram*) fd=$f ;; esac
+    done
+    if [ -z "$fd" ]; then
+        fail_log "$name" "$log" "supervisor $sup of worker $pid holds no memfd: $(ls -l /proc/"$sup"/fd | tr '\n' ' ')"
+        return
+    fi
+    exec 3<"$dev"
+    fio --name=r --filename="$dev" --direct=1 --ioengine=libaio --iodepth=8 --rw=randread \
+        --bs=4k --size=8M --time_based --runtime=60 >"$log.fio" 2>&1 &
+    fpid=$!
+    sleep 2
+    # header word 4 (the arena count): covered by the header's checksum
+    v=$(dd if="$fd" bs=1 skip=32 count=1 2>/dev/null | od -An -tu1 | tr -d ' ')
+    printf "\\$(printf %o $((v ^ 1)))" | dd of="$fd" bs=1 seek=32 count=1 conv=notrunc 2>>"$log"
+    echo "flipped bit 0 of byte 32 of $fd (was $v)" >>"$log"
+    kill -KILL "$pid"
+    for i in $(seq 1 600); do
+        [ -b "$dev" ] || break
+        sleep 0.1
+    done
+    for i in $(seq 1 100); do
+        kill -0 $fpid 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL $fpid 2>/dev/null
+    wait $fpid
+    frc=$?
+    cat "$log.fio" >>"$log"
+    err=$(dd bs=4096 count=1 iflag=direct of="$UZ_TMP/corrupt.got" <&3 2>&1)
+    exec 3<&-
+    echo "read through the descriptor opened before: $err" >>"$log"
+    UZRAM_DEV=
+    if [ -b "$dev" ]; then
+        fail_log "$name" "$log" "$dev still there 60 s after its worker was killed with its region corrupted"
+        return
+    fi
+    if [ $frc = 0 ] || ! grep -q 'Input/output error' "$log.fio"; then
+        fail_log "$name" "$log" "fio's reads across the refusal did not fail with EIO (fio exit $frc)"
+        return
+    fi
+    if [ -s "$UZ_TMP/corrupt.got" ]; then
+        fail_log "$name" "$log" "a descriptor opened before read bytes of the deleted $dev: $err"
+        return
+    fi
+    if ! grep -q "checksum" "$UZRAM_LOG"; then
+        fail_log "$name" "$log" "the log does not say why the region was refused: $(tail -n 3 "$UZRAM_LOG" | tr '\n' ' ')"
+        return
+    fi
+    pass "$name" "$(grep -o 'not restarting its worker.*' "$UZRAM_LOG" | tail -n 1); fio's held reads: $(grep -o 'Input/output error[^,]*' "$log.fio" | head -n 1) (fio exit $frc); a descriptor opened before reads no byte"
+}
+
 # check_recompress: a device with zstd as its recompression algorithm; written with lz4, all of
 # it marked idle and recompressed through zram's attributes; less memory, every byte intact.
 check_recompress() {
