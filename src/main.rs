@@ -61,7 +61,10 @@ fn main() -> ExitCode {
         }
     };
     #[cfg(feature = "ublk")]
-    let detached = matches!(&cli.command, Some(uzram::cli::Command::Serve(a)) if a.detached);
+    // A detached daemon, and a supervisor's worker, say their error on stdout too: `uzram
+    // --find` and the supervisor read it there (a successor's stderr is /dev/null).
+    let detached = matches!(&cli.command,
+        Some(uzram::cli::Command::Serve(a)) if a.detached || a.worker_region_fd.is_some());
     #[cfg(not(feature = "ublk"))]
     let detached = false;
     let result = uzram::cli::run(cli);

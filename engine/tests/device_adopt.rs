@@ -4,7 +4,7 @@
 //! read back the same after each adoption, and the statistics must add up again.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use uzram_codecs::{Algorithm, CodecParams};
 use uzram_engine::testing::fuzzing::PageKind;
@@ -216,6 +216,34 @@ fn other_settings_are_refused_and_the_region_is_left_whole() {
     assert!(err.to_string().contains("disksize"), "{err}");
     drop(r);
 
+    let (d, _) = adopt(fd);
+    let mut ctx = d.context().unwrap();
+    model.verify(&d, &mut ctx);
+}
+
+#[test]
+fn check_adoptable_answers_as_adopt_would_while_the_device_serves() {
+    let (d, region) = new_device();
+    let mut ctx = d.context().unwrap();
+    let mut model = Model::default();
+    model.churn(&d, &mut ctx, 7);
+    let fd = fd_of(&region);
+    // Asked while the device still serves (as a new binary is, before an upgrade).
+    Device::check_adoptable(&config(&region), PAGES * PAGE, fd.as_fd()).unwrap();
+    let zstd = DeviceConfig {
+        algorithm: Algorithm::Zstd,
+        ..config(&region)
+    };
+    let err = Device::check_adoptable(&zstd, PAGES * PAGE, fd.as_fd()).unwrap_err();
+    assert!(err.to_string().contains("codecs"), "{err}");
+    let err = Device::check_adoptable(&config(&region), 2 * PAGES * PAGE, fd.as_fd()).unwrap_err();
+    assert!(err.to_string().contains("disksize"), "{err}");
+    // Nothing changed: the device goes on serving, then a successor adopts every page.
+    model.churn(&d, &mut ctx, 8);
+    model.verify(&d, &mut ctx);
+    drop(ctx);
+    drop(region);
+    std::mem::forget(d);
     let (d, _) = adopt(fd);
     let mut ctx = d.context().unwrap();
     model.verify(&d, &mut ctx);

@@ -364,11 +364,13 @@ pub fn upgrade(id: u32) -> Result<String, CtlError> {
         .unwrap_or(0);
     // The supervisor runs `uzram serve` without --worker-region-fd; a daemon without one (a
     // device with a backing store) has no successor to hand over to.
-    let cmdline = std::fs::read(format!("/proc/{sup}/cmdline")).unwrap_or_default();
-    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let args_of = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let has = |cmdline: &[u8], arg: &[u8]| cmdline.split(|&b| b == 0).any(|a| a == arg);
+    let (worker_args, sup_args) = (args_of(before.pid), args_of(sup));
     let supervised = sup > 1
-        && args.iter().any(|a| *a == b"serve")
-        && !args.iter().any(|a| *a == b"--worker-region-fd");
+        && has(&worker_args, b"--worker-region-fd")
+        && has(&sup_args, b"serve")
+        && !has(&sup_args, b"--worker-region-fd");
     if !supervised {
         return Err(err(format!(
             "{dev}: its daemon (pid {}) has no supervisor to hand the device over (a device with a backing store is served by one process, and does not survive it yet)",

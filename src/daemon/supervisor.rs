@@ -168,6 +168,9 @@ fn swap_forbidden() -> Result<(), String> {
     }
 }
 
+/// How long a new binary may take to say whether it could take the device over.
+const CHECK_DEADLINE: Duration = Duration::from_secs(30);
+
 /// Asks the binary at `exe` (`--check-region`) whether it could take the device in `region`
 /// over: its answer, or why not. It changes nothing; the worker keeps serving either way.
 fn check_binary(exe: &Path, region: &OwnedFd) -> Result<(), String> {
@@ -182,9 +185,27 @@ fn check_binary(exe: &Path, region: &OwnedFd) -> Result<(), String> {
         .stderr(Stdio::piped());
     crate::sys::set_inheritable(region.as_fd())
         .map_err(|e| format!("cannot pass the region on: {e}"))?;
-    let out = cmd.output();
+    let child = cmd.spawn();
     let _ = crate::sys::set_cloexec(region.as_fd());
-    let out = out.map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let mut child = child.map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    // Its answer within CHECK_DEADLINE: the signal thread that asks is also the one that
+    // handles SIGTERM.
+    let answered = child
+        .stdout
+        .as_ref()
+        .is_some_and(|o| crate::sys::wait_readable(o.as_fd(), CHECK_DEADLINE).unwrap_or(true));
+    if !answered {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!(
+            "{} did not answer within {} s",
+            exe.display(),
+            CHECK_DEADLINE.as_secs()
+        ));
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("cannot hear {}: {e}", exe.display()))?;
     let said = String::from_utf8_lossy(&out.stdout);
     let first = said.lines().next().unwrap_or("");
     if out.status.success() && first == "ok" {
@@ -207,7 +228,7 @@ fn check_binary(exe: &Path, region: &OwnedFd) -> Result<(), String> {
 /// `--check-region` (see [`ServeArgs::check_region`]): whether this binary could take the device
 /// in the region over; prints `ok`.
 pub fn check_region(args: &ServeArgs) -> Result<(), ServeError> {
-    super::configure(args)?;
+    let (setup, disksize) = super::configure(args)?;
     let fd = args
         .worker_region_fd
         .ok_or_else(|| ServeError::Worker("--check-region needs --worker-region-fd".to_string()))?;
@@ -215,11 +236,7 @@ pub fn check_region(args: &ServeArgs) -> Result<(), ServeError> {
         what: "take the memory region from the supervisor",
         source,
     })?;
-    Region::check(fd.as_fd()).map_err(|e| {
-        ServeError::Device(uzram_engine::Error::Region {
-            reason: e.to_string(),
-        })
-    })?;
+    Device::check_adoptable(setup.config(), disksize, fd.as_fd())?;
     let _ = crate::common::output::outln("ok");
     Ok(())
 }
@@ -290,12 +307,16 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     // waits for the supervisor (and its signal thread, started below, is one too).
     super::io_flusher()?;
     super::pin_memory()?;
+    // The running worker (0 between two), for signals; the one that serves (0 while one starts),
+    // for upgrades.
     let worker = Arc::new(AtomicU32::new(0));
+    let serving = Arc::new(AtomicU32::new(0));
     let stopping = Arc::new(AtomicBool::new(false));
     let upgrading = Arc::new(AtomicBool::new(false));
     {
-        let (worker, stopping, upgrading) = (
+        let (worker, serving, stopping, upgrading) = (
             Arc::clone(&worker),
+            Arc::clone(&serving),
             Arc::clone(&stopping),
             Arc::clone(&upgrading),
         );
@@ -319,20 +340,31 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                     crate::sys::kill(worker.load(Ordering::SeqCst), sig);
                     continue;
                 }
-                let pid = worker.load(Ordering::SeqCst);
-                if pid == 0 || upgrading.load(Ordering::SeqCst) {
-                    log("upgrade: not now (a worker is starting, or an upgrade is under way)");
+                // Only a worker that serves is stopped for an upgrade: one still starting (a
+                // successor adopting the device) is left to finish.
+                let pid = serving.load(Ordering::SeqCst);
+                if pid == 0 || upgrading.load(Ordering::SeqCst) || stopping.load(Ordering::SeqCst)
+                {
+                    log("upgrade: not now (a worker is starting, the device is stopping, or an upgrade is under way)");
                     continue;
                 }
                 match check_binary(&exe, &region) {
-                    Ok(()) => {
+                    // The same worker still serves (it did not die, and no other took over,
+                    // while the new binary was asked).
+                    Ok(()) if serving.load(Ordering::SeqCst) == pid => {
                         log(&format!(
                             "upgrade: {} can take the device over; stopping worker {pid}",
                             exe.display()
                         ));
                         upgrading.store(true, Ordering::SeqCst);
-                        crate::sys::kill(pid, libc::SIGKILL);
+                        if let Err(e) = crate::sys::send_signal(pid, libc::SIGKILL) {
+                            upgrading.store(false, Ordering::SeqCst);
+                            log(&format!("upgrade: cannot stop worker {pid}: {e}"));
+                        }
                     }
+                    Ok(()) => log(&format!(
+                        "upgrade: worker {pid} ended while the new binary was asked; not now"
+                    )),
                     Err(why) => log(&format!(
                         "upgrade refused, worker {pid} goes on serving: {why}"
                     )),
@@ -361,6 +393,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             return Err(ServeError::Worker(msg));
         }
     };
+    serving.store(child.id(), Ordering::SeqCst);
     // `uzram --find` may have gone: serving goes on without its answer.
     let _ = crate::common::output::outln(&path);
     if args.detached {
@@ -377,8 +410,21 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             source,
         })?;
         worker.store(0, Ordering::SeqCst);
-        if status.success() || stopping.load(Ordering::SeqCst) {
+        serving.store(0, Ordering::SeqCst);
+        if status.success() {
             // The worker deleted the device (a reset, SIGTERM): nothing left to hold.
+            return Ok(());
+        }
+        if stopping.load(Ordering::SeqCst) {
+            // Asked to stop, but the worker did not delete the device (it was killed, or
+            // crashed, first): no successor is wanted, and its I/O must not wait for one.
+            give_up(
+                id,
+                &format!(
+                    "the supervisor was stopping and the worker ended ({})",
+                    cause(status)
+                ),
+            );
             return Ok(());
         }
         let died = Instant::now();
@@ -420,14 +466,30 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         let dead = child.id();
         // Nothing between the death and the successor serving may wait for the device: not even
         // a log line (the log file's pages may be in swap on it). So the successor first.
-        child = match standby.take().and_then(|mut s| {
-            let mut pipe = s.stdin.take()?;
+        let told = standby.take().and_then(|mut s| {
             use std::io::Write;
-            writeln!(pipe, "go {id} {restarts} {why}").ok()?;
-            Some(s)
-        }) {
+            let told = s
+                .stdin
+                .take()
+                .is_some_and(|mut pipe| writeln!(pipe, "go {id} {restarts} {why}").is_ok());
+            if told {
+                Some(s)
+            } else {
+                // A standby that cannot be told (it died): reaped, not left a zombie.
+                let _ = s.kill();
+                let _ = s.wait();
+                None
+            }
+        });
+        child = match told {
             Some(s) => s,
-            None => spawn(&exe, &region, &stderr, Role::Successor(id, restarts, &why))?,
+            None => match spawn(&exe, &region, &stderr, Role::Successor(id, restarts, &why)) {
+                Ok(c) => c,
+                Err(e) => {
+                    give_up(id, &format!("no successor could be started: {e}"));
+                    return Err(e);
+                }
+            },
         };
         kmsg(&format!(
             "{path}: worker {dead} ended ({why}); successor {} started",
@@ -445,6 +507,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                     child.id()
                 ));
                 upgrading.store(false, Ordering::SeqCst);
+                serving.store(child.id(), Ordering::SeqCst);
                 standby = spawn(&exe, &region, &stderr, Role::Standby).ok();
             }
             Err(msg) => {

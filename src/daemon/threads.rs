@@ -85,16 +85,17 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 // Between arenas too: under pressure each one is slow to map, and the I/O
                 // path's metadata keeps drawing on its heap meanwhile.
                 // In a region (a device that outlives its worker) the next slot-table leaves
-                // and metadata chunks are shared memory: faulted in here, not by a write. First,
-                // and between arenas too: a page or two each, and a write that found one not
-                // resident would wait for reclaim, as an arena's mapping may.
-                device.prefault_region(short);
+                // and metadata chunks are shared memory: faulted in here, not by a write (a
+                // write that found one not resident would wait for reclaim). Between arenas, to
+                // the calm margin (a few pages: the arenas a storm waits for come first); after
+                // them, to the whole margin.
                 let mut committed = false;
                 let mut top_up = || {
                     committed |= heap::refill() > 0;
-                    device.prefault_region(short);
+                    device.prefault_region(false);
                 };
                 let maintained = device.maintain_memory_with(&mut top_up);
+                device.prefault_region(short);
                 if committed {
                     last_commit = Some(Instant::now());
                 }

@@ -639,7 +639,10 @@ impl Region {
         let size = u64::try_from(st.st_size).unwrap_or(0);
         // SAFETY: plain call on a borrowed descriptor; result checked.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) == 0 {
+        if seals < 0
+            || seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+                != libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+        {
             return Err(refused(format!(
                 "not a memfd sealed against resizing (seals {seals:#x})"
             )));

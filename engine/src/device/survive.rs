@@ -129,6 +129,38 @@ fn check_settings(region: &Region, config: &DeviceConfig, disksize: u64) -> Resu
 }
 
 impl Device {
+    /// Whether a device of `config` and `disksize` could take over the device kept in the
+    /// region `fd` holds: the region's header and metadata descriptors, the device's settings
+    /// (disksize, zspage length, the codecs' fingerprint) and the codecs themselves, checked as
+    /// [`Device::adopt`] checks them first. Changes nothing: it maps the region to read it and
+    /// writes no byte. For a new binary asked to take a device over from a running one (an
+    /// upgrade): a refusal here leaves the old one serving. (The tables and slots are checked
+    /// only by the adoption itself, which needs the running one gone.)
+    pub fn check_adoptable(
+        config: &DeviceConfig,
+        disksize: u64,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), Error> {
+        let not = |reason: String| Error::NotAdopted { reason };
+        if !config.backing_devs.is_empty() {
+            return Err(not(
+                "the device has a backing store, which does not survive a restart yet".into(),
+            ));
+        }
+        if disksize == 0 {
+            return Err(Error::InvalidSize { text: "0".into() });
+        }
+        Region::check(fd).map_err(|e| not(e.to_string()))?;
+        let fd = fd
+            .try_clone_to_owned()
+            .map_err(|e| not(format!("cannot open the region again: {e}")))?;
+        let region = Region::adopt(fd).map_err(|e| not(e.to_string()))?;
+        let disksize = disksize.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
+        check_settings(&region, config, disksize).map_err(not)?;
+        Self::codecs(config)?;
+        Ok(())
+    }
+
     /// The objects the slots name, sorted, once every slot is checked against the pool: a
     /// stored page's object is live and of its slot's size, no object is named twice, and no
     /// page is written back (this device has no backing store).
