@@ -39,37 +39,21 @@ pub fn lock_all_memory() -> io::Result<()> {
     Ok(())
 }
 
-/// Makes malloc's heap (the `[heap]` mappings of /proc/self/maps) resident whole, as
-/// `mlockall(MCL_CURRENT)` would have: what was allocated after the process locked its memory
-/// with `MCL_ONFAULT` (a device adopted by a successor: its records, vectors with room to grow)
-/// is otherwise faulted in by whichever thread first writes it, an I/O thread included.
-/// Changes no byte. Returns the bytes of heap it went over.
-pub fn populate_heap() -> io::Result<usize> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
-    let mut bytes = 0;
-    for line in maps.lines().filter(|l| l.ends_with("[heap]")) {
-        let range = line.split_whitespace().next().unwrap_or("");
-        let parsed = range.split_once('-').and_then(|(a, b)| {
-            Some((
-                usize::from_str_radix(a, 16).ok()?,
-                usize::from_str_radix(b, 16).ok()?,
-            ))
-        });
-        let Some((start, end)) = parsed.filter(|&(a, b)| a < b) else {
-            return Err(io::Error::other(format!(
-                "/proc/self/maps: cannot read the range {range:?}"
-            )));
-        };
-        let at = start as *mut libc::c_void;
-        // SAFETY: a range of this process's own heap mapping as the kernel lists it; populating
-        // changes no byte of it (a page already present is left as it is, one not yet is
-        // faulted in as a write would, zero-filled).
-        if unsafe { libc::madvise(at, end - start, libc::MADV_POPULATE_WRITE) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        bytes += end - start;
+/// Makes `len` bytes of this process's private memory at `start` resident, as a write would
+/// (`MADV_POPULATE_WRITE`, Linux 5.14), without changing a byte. The caller passes a range of
+/// one of its own private writable mappings (as /proc/self/maps lists it).
+pub fn populate_write(start: u64, len: u64) -> io::Result<()> {
+    let (Ok(start), Ok(len)) = (usize::try_from(start), usize::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let at = start as *mut libc::c_void;
+    // SAFETY: madvise on a range of this process's own private mapping (the caller's contract);
+    // populating changes no byte of it (a page already present is left as it is, one not yet
+    // is faulted in as a write would, zero-filled).
+    if unsafe { libc::madvise(at, len, libc::MADV_POPULATE_WRITE) } != 0 {
+        return Err(io::Error::last_os_error());
     }
-    Ok(bytes)
+    Ok(())
 }
 
 /// Reserves `len` bytes of address space: mapped `PROT_NONE` and not locked (a mapping made

@@ -123,7 +123,8 @@ pub struct ServeArgs {
     #[arg(long, hide = true)]
     pub standby: bool,
     /// Internal, with --worker-region-fd: check that this binary could take the device in the
-    /// region over (its options, the region's header), print `ok` and exit; changes nothing.
+    /// region over (its options; the region's header, descriptors and settings; its codecs:
+    /// `Device::check_adoptable`), print `ok` and exit; changes nothing.
     /// What a supervisor asks of a new binary before an upgrade stops the running worker.
     #[arg(long, hide = true)]
     pub check_region: bool,
@@ -223,6 +224,22 @@ fn io_flusher() -> Result<(), ServeError> {
     })
 }
 
+/// Makes malloc's heap (the `[heap]` mappings of /proc/self/maps) resident whole, as
+/// `mlockall(MCL_CURRENT)` would have: what was allocated after the process locked its memory
+/// with `MCL_ONFAULT` (a device adopted by a successor: its records, vectors with room to grow)
+/// is otherwise faulted in by whichever thread first writes it, an I/O thread included.
+fn populate_heap() -> std::io::Result<()> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    for line in maps.lines().filter(|l| l.ends_with("[heap]")) {
+        let entry = crate::tools::pagedump::parse_maps_line(line)
+            .map_err(|e| std::io::Error::other(format!("/proc/self/maps: {e}")))?;
+        if entry.pathname == "[heap]" {
+            crate::sys::populate_write(entry.start, entry.len_bytes())?;
+        }
+    }
+    Ok(())
+}
+
 /// Starts a thread and waits for it to end, so that the kernel allocates the process's task
 /// statistics now (it does when the first thread of a process ends): otherwise the first thread
 /// to end when a worker is killed allocates them, and with memory short and the device's I/O
@@ -315,8 +332,9 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
         what: "reserve address space for the I/O heap",
         source,
     })?;
-    // After `mlockall(MCL_CURRENT)`: a region's metadata and table areas are mapped whole but
-    // hold memory only where written; locked then, they would be populated whole.
+    // The device is built (below) after `mlockall(MCL_CURRENT)`: a region's metadata and table
+    // areas are mapped whole but hold memory only where written; locked then, they would be
+    // populated whole. A standby commits its I/O heap now, before it waits.
     if args.standby && heap::refill() == 0 {
         log("warning: the I/O heap could not be committed; the I/O path allocates from malloc");
     }
@@ -334,7 +352,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     let (device, adopted) = device_for(args, recover.as_ref(), setup, disksize)?;
     // Whatever building or adopting the device allocated from malloc after `mlockall`, faulted
     // in now: an I/O thread that wrote a page of it first would fault while memory is short.
-    if let Err(e) = crate::sys::populate_heap() {
+    if let Err(e) = populate_heap() {
         log(&format!(
             "warning: malloc's heap could not be made resident ({e}): a page fault on the I/O path may wait for memory"
         ));
