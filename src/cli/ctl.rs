@@ -37,7 +37,7 @@ pub fn parse_device(name: &str) -> Result<u32, CtlError> {
     match id {
         Some(id) => Ok(id),
         None if !name.contains('/') && !name.starts_with("ublkb") => Err(err(format!(
-            "{name:?}: neither a subcommand (attr, setup, teardown, bench, dump-pages) nor a device name (/dev/ublkbN)"
+            "{name:?}: neither a subcommand (attr, setup, teardown, upgrade, bench, dump-pages) nor a device name (/dev/ublkbN)"
         ))),
         None => Err(err(format!(
             "{name:?}: not a uzram device name (expected /dev/ublkbN, N from 0 to {})",
