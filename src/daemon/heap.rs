@@ -215,6 +215,12 @@ pub fn serve_from_io_heap() {
 /// reclaim. Returns the bytes committed; 0 without [`init`] or when the kernel refuses (counted;
 /// the next round tries again).
 pub fn refill() -> usize {
+    refill_with(&mut |_| {})
+}
+
+/// [`refill`], calling `progress` with the pages of each step once it is committed (the memory
+/// thread tells writes waiting for the pool's reserve that it is not stuck).
+pub fn refill_with(progress: &mut dyn FnMut(u64)) -> usize {
     let base = BASE.load(Ordering::Acquire);
     if base == 0 {
         return 0;
@@ -249,6 +255,7 @@ pub fn refill() -> usize {
         drop(heap);
         COMMITTED.store(committed + STEP, Ordering::Release);
         added += STEP;
+        progress((STEP / 4096) as u64);
     }
     added
 }

@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use uzram_engine::IoError;
 
 use super::io::{self, Op};
+use super::threads::{memory_phase, Phase};
 
 /// The latest failed request, kept for [`report_failures`].
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +25,8 @@ pub(super) struct Failure {
     cause: &'static str,
     /// How long it waited for the pool's reserve first, ms (0 when it did not).
     waited_ms: u64,
+    /// When the reserve ran out: what the memory thread was doing then, and for how long (ms).
+    memory: Option<(Phase, u64)>,
 }
 
 static FAILED_REQUESTS: AtomicU64 = AtomicU64::new(0);
@@ -31,19 +34,37 @@ static LATEST_FAILURE: Mutex<Option<Failure>> = Mutex::new(None);
 
 /// Counts a failed request and, if nobody holds the mailbox, leaves its details there.
 pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
-    let waited_ms = match e {
-        IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms }) => *waited_ms,
-        _ => 0,
+    let (waited_ms, memory) = match e {
+        IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms }) => {
+            (*waited_ms, Some(memory_phase()))
+        }
+        _ => (0, None),
     };
-    record(op, offset, len, io::errno(e), io::cause(e), waited_ms);
+    record(
+        op,
+        offset,
+        len,
+        io::errno(e),
+        io::cause(e),
+        waited_ms,
+        memory,
+    );
 }
 
 /// Counts a failed request that failed with `errno` for `cause`; see [`note_failure`].
 pub(super) fn note(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str) {
-    record(op, offset, len, errno, cause, 0);
+    record(op, offset, len, errno, cause, 0, None);
 }
 
-fn record(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str, waited_ms: u64) {
+fn record(
+    op: Op,
+    offset: u64,
+    len: u64,
+    errno: i32,
+    cause: &'static str,
+    waited_ms: u64,
+    memory: Option<(Phase, u64)>,
+) {
     FAILED_REQUESTS.fetch_add(1, Ordering::Relaxed);
     if let Some(mut latest) = LATEST_FAILURE.try_lock() {
         *latest = Some(Failure {
@@ -53,6 +74,7 @@ fn record(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str, waited
             errno,
             cause,
             waited_ms,
+            memory,
         });
     }
 }
@@ -91,10 +113,18 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
         f.offset,
         io::errno_name(f.errno),
         f.cause,
-        if f.waited_ms > 0 {
-            format!(", after waiting {} ms", f.waited_ms)
-        } else {
-            String::new()
+        match (f.waited_ms, f.memory) {
+            (_, None) => String::new(),
+            (w, Some((phase, ms))) => format!(
+                ", {}; the memory thread had been {} for {ms} ms",
+                if w == 0 {
+                    "at once: an earlier write's wait had run out, and no arena came since"
+                        .to_string()
+                } else {
+                    format!("after waiting {w} ms")
+                },
+                phase.name()
+            ),
         }
     ));
     *reported = n;

@@ -17,6 +17,10 @@ const PRESSURE_EVERY: Duration = Duration::from_millis(250);
 /// thread trims the I/O heap (the pool's reserve shrinks after as long).
 const HEAP_TRIM_AFTER: Duration = Duration::from_secs(10);
 
+/// How long the memory thread frees swap's freed slots before it sees to the pool's reserve
+/// (and the I/O heap) again: well under the 1 s a write waits for the reserve.
+const FREED_STEP: Duration = Duration::from_millis(50);
+
 /// Whether the host's memory is short, for the pool's reserve and the I/O heap's margin:
 /// [`Pressure::short`], or swap writing since `swap_outs` (the last reading, updated). Tells
 /// both, and returns it.
@@ -34,6 +38,78 @@ pub(super) fn note_pressure(device: &Device, swap_outs: &mut Option<u64>) -> boo
 /// how close a write burst came to outrunning it, in the progress log.
 pub(super) static REFILLED_ARENAS: AtomicU64 = AtomicU64::new(0);
 pub(super) static SLOWEST_REFILL_MS: AtomicU64 = AtomicU64::new(0);
+
+/// What the memory thread is doing (a [`Phase`]) and since when, packed in one word (the phase
+/// in the top byte, the milliseconds since [`clock_ms`]'s start below): read, without a lock,
+/// by a write that found the reserve dry and by the progress log, so that a write failed for
+/// want of an arena says what held the thread that maps them.
+static MEMORY_PHASE: AtomicU64 = AtomicU64::new(0);
+
+/// What the memory thread can be doing, for [`memory_phase`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Phase {
+    Waiting = 0,
+    ReclaimingFreed,
+    ReadingPressure,
+    RefillingHeap,
+    PrefaultingRegion,
+    MappingArena,
+    TrimmingHeap,
+}
+
+impl Phase {
+    fn from_u8(n: u8) -> Phase {
+        [
+            Phase::Waiting,
+            Phase::ReclaimingFreed,
+            Phase::ReadingPressure,
+            Phase::RefillingHeap,
+            Phase::PrefaultingRegion,
+            Phase::MappingArena,
+            Phase::TrimmingHeap,
+        ]
+        .get(usize::from(n))
+        .copied()
+        .unwrap_or(Phase::Waiting)
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Phase::Waiting => "waiting to be asked",
+            Phase::ReclaimingFreed => "freeing swap's freed slots",
+            Phase::ReadingPressure => "reading the host's memory figures",
+            Phase::RefillingHeap => "committing the I/O heap",
+            Phase::PrefaultingRegion => "faulting in the region's next leaves and chunks",
+            Phase::MappingArena => "mapping an arena (or unmapping surplus ones)",
+            Phase::TrimmingHeap => "trimming the I/O heap",
+        }
+    }
+}
+
+/// Milliseconds on the daemon's own clock (from its first call).
+fn clock_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+fn enter(phase: Phase) {
+    MEMORY_PHASE.store(
+        (phase as u64) << 56 | (clock_ms() & ((1 << 56) - 1)),
+        Ordering::Relaxed,
+    );
+}
+
+/// What the memory thread is doing, and for how many milliseconds it has been. Never blocks
+/// or allocates (the I/O path calls it).
+pub(super) fn memory_phase() -> (Phase, u64) {
+    let word = MEMORY_PHASE.load(Ordering::Relaxed);
+    let since = word & ((1 << 56) - 1);
+    (
+        Phase::from_u8((word >> 56) as u8),
+        clock_ms().saturating_sub(since),
+    )
+}
 
 /// The thread that keeps the pool's reserve filled: it maps memory the I/O threads then use
 /// without asking the kernel. An I/O flusher too: its page faults may wait for reclaim, but never
@@ -57,20 +133,57 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             let mut last_commit: Option<Instant> = None;
             let mut swap_outs = Pressure::swap_outs();
             let mut short = false;
+            let mut more_freed = false;
             loop {
-                device.wait_for_maintenance(Duration::from_secs(1));
-                // Pages of swap's freed slots first: what they free may spare the refill.
-                device.reclaim_freed();
+                enter(Phase::Waiting);
+                if !more_freed {
+                    device.wait_for_maintenance(Duration::from_secs(1));
+                }
+                // Pages of swap's freed slots first: what they free may spare the refill. At
+                // most FREED_STEP of them a round: a program that exits frees its whole swap at
+                // once, and freeing it all took 1.3 s in the VM, longer than a write waits for
+                // the reserve (the rest is freed in the rounds that follow, without a wait).
+                enter(Phase::ReclaimingFreed);
+                let step = Instant::now();
+                more_freed = device
+                    .reclaim_freed_until(|| step.elapsed() >= FREED_STEP)
+                    .1;
                 let t = Instant::now();
                 // The pool's reserve is kept whole while memory is short or swap is writing:
                 // swap writes then come in a storm, and each arena is slow to map.
                 if !last_pressure.is_some_and(|p| t.duration_since(p) < PRESSURE_EVERY) {
+                    enter(Phase::ReadingPressure);
                     short = note_pressure(&device, &mut swap_outs);
                     last_pressure = Some(t);
                     calm_since = if short { None } else { calm_since.or(Some(t)) };
                 }
-                if heap::refill() > 0 {
-                    last_commit = Some(t);
+                // Arenas first: writes may be waiting for one (they give up after a second
+                // without progress here). Between arenas, and after them, the I/O heap is
+                // topped up (under pressure each arena is slow to map, and the I/O path's
+                // metadata keeps drawing on the heap meanwhile) and, in a region (a device
+                // that outlives its worker), the next slot-table leaves and metadata chunks are
+                // faulted in here, not by a write (a write that found one not resident would
+                // wait for reclaim): between arenas to the calm margin, after them to the
+                // whole one. Each step of that counts as progress for the waiting writes. At
+                // a storm's start this order matters: the heap's margin grows by 3 MiB and
+                // the region's by 2 MiB when memory turns short, and a CI run whose memory
+                // thread faulted those in before the first arena failed 98 writes.
+                let mut committed = false;
+                let mut progress = |pages: u64| device.note_upkeep_progress(pages);
+                let mut top_up = |memory_short: bool| {
+                    enter(Phase::RefillingHeap);
+                    committed |= heap::refill_with(&mut progress) > 0;
+                    enter(Phase::PrefaultingRegion);
+                    device.prefault_region(memory_short);
+                };
+                enter(Phase::MappingArena);
+                let maintained = device.maintain_memory_with(&mut || {
+                    top_up(false);
+                    enter(Phase::MappingArena);
+                });
+                top_up(short);
+                if committed {
+                    last_commit = Some(Instant::now());
                 }
                 // What a storm committed to the I/O heap goes back once memory has not been
                 // short for a while, as the pool's reserve does, and no refill has committed
@@ -80,24 +193,8 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                     since.map_or(true, |s| t.duration_since(s) >= HEAP_TRIM_AFTER)
                 };
                 if calm_since.is_some() && quiet(calm_since) && quiet(last_commit) {
+                    enter(Phase::TrimmingHeap);
                     heap::trim();
-                }
-                // Between arenas too: under pressure each one is slow to map, and the I/O
-                // path's metadata keeps drawing on its heap meanwhile.
-                // In a region (a device that outlives its worker) the next slot-table leaves
-                // and metadata chunks are shared memory: faulted in here, not by a write (a
-                // write that found one not resident would wait for reclaim). Between arenas, to
-                // the calm margin (a few pages: the arenas a storm waits for come first); after
-                // them, to the whole margin.
-                let mut committed = false;
-                let mut top_up = || {
-                    committed |= heap::refill() > 0;
-                    device.prefault_region(false);
-                };
-                let maintained = device.maintain_memory_with(&mut top_up);
-                device.prefault_region(short);
-                if committed {
-                    last_commit = Some(Instant::now());
                 }
                 match maintained {
                     Ok(m) => {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use uzram_engine::Device;
 
 use super::io::{FINISHED, STARTED};
-use super::threads::{REFILLED_ARENAS, SLOWEST_REFILL_MS};
+use super::threads::{memory_phase, Phase, REFILLED_ARENAS, SLOWEST_REFILL_MS};
 
 /// Whether the device is served: added and started, or, for a successor, taken over. Until
 /// then the progress line says so, and counts as a stall.
@@ -87,7 +87,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused), reserve {} arenas{}, refilled {} (slowest {} ms){}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused), reserve {} arenas{}, refilled {} (slowest {} ms){}{}",
                 rss,
                 heap.in_use >> 10,
                 heap.committed >> 10,
@@ -101,6 +101,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
                 },
                 REFILLED_ARENAS.load(Ordering::Relaxed),
                 SLOWEST_REFILL_MS.load(Ordering::Relaxed),
+                MemoryThread(memory_phase()),
                 match (stalled_secs > 0, waiting) {
                     (true, true) => ", NOT SERVING YET",
                     (true, false) => ", NO PROGRESS",
@@ -120,6 +121,20 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
         }
     });
+}
+
+/// The memory thread's phase in the progress line, when it has been in one (other than waiting
+/// to be asked) for 100 ms or more.
+struct MemoryThread((Phase, u64));
+
+impl std::fmt::Display for MemoryThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            (Phase::Waiting, _) => Ok(()),
+            (_, ms) if ms < 100 => Ok(()),
+            (phase, ms) => write!(f, ", memory thread {} for {ms} ms", phase.name()),
+        }
+    }
 }
 
 /// The number after `name` in /proc/self/status's text (0 if absent).

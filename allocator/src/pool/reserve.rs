@@ -226,17 +226,27 @@ impl Pool {
         self.maintain_at(Instant::now(), &mut || {})
     }
 
-    /// [`Pool::maintain`], calling `before_each` before each arena it maps: mapping an arena
-    /// while memory is short can take long (every page is reclaimed for), and a caller that
-    /// keeps other memory ready for the allocations (malloc's heap) tops it up in between.
-    pub fn maintain_with(&self, before_each: &mut dyn FnMut()) -> Result<Maintenance, Error> {
-        self.maintain_at(Instant::now(), before_each)
+    /// [`Pool::maintain`], calling `after_each` after each arena it maps (once the allocations
+    /// waiting for it are woken): mapping an arena while memory is short can take long (every
+    /// page is reclaimed for), and a caller that keeps other memory ready for the allocations
+    /// (malloc's heap) tops it up in between. The first arena comes first: allocations may be
+    /// waiting for it.
+    pub fn maintain_with(&self, after_each: &mut dyn FnMut()) -> Result<Maintenance, Error> {
+        self.maintain_at(Instant::now(), after_each)
+    }
+
+    /// Tells allocations waiting for a refill that the maintenance thread is making progress
+    /// with other memory of the caller's, `pages` faulted in (between arenas, see
+    /// [`Pool::maintain_with`]): they keep waiting for the arena that follows (up to
+    /// [`RESERVE_WAIT_CAP`] times their wait) rather than give up while it works.
+    pub fn note_progress(&self, pages: u64) {
+        self.signal.touched.fetch_add(pages, Ordering::Relaxed);
     }
 
     pub(super) fn maintain_at(
         &self,
         now: Instant,
-        before_each: &mut dyn FnMut(),
+        after_each: &mut dyn FnMut(),
     ) -> Result<Maintenance, Error> {
         let mut done = Maintenance::default();
         if self.growth == Growth::OnDemand {
@@ -260,7 +270,6 @@ impl Pool {
         self.signal.target.store(target, Ordering::Relaxed);
         done.reserve_target = target;
         while self.arenas.lock().empty_arenas() < target {
-            before_each();
             let source = self.arenas.lock().source().clone();
             let mapping = source
                 .map(Prefault::Touch, &self.signal.touched)
@@ -272,6 +281,7 @@ impl Pool {
             done.arenas_mapped += 1;
             self.signal.state.lock().refills += 1;
             self.signal.refilled.notify_all();
+            after_each();
         }
         // The round's end: later than its start by the time mapping took (a test's clock, ahead
         // of the real one, is its own).

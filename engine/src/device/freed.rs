@@ -133,8 +133,10 @@ impl FreedPages {
     }
 
     /// Pages whose marks may be set: the page bits' words the summary names (each summary bit
-    /// is cleared as it is read, before its word is read).
-    fn pending(&self, mut each: impl FnMut(PageIndex)) {
+    /// is cleared as it is read, before its word is read). After each word of page bits, stops
+    /// if `stop` says so, putting the summary bits it has not read back (a later call reads
+    /// them); returns whether it stopped so.
+    fn pending(&self, mut each: impl FnMut(PageIndex), mut stop: impl FnMut() -> bool) -> bool {
         let (bits, summary) = (self.bits(), self.summary());
         for (s, sw) in summary.iter().enumerate() {
             if sw.load(Ordering::Relaxed) == 0 {
@@ -150,8 +152,18 @@ impl FreedPages {
                     marks &= marks - 1;
                     each(PageIndex(w as u64 * 64 + b));
                 }
+                if stop() {
+                    // The words named by the bits left are still to be read: their marks stay
+                    // set (only `take` clears one), so naming them again loses nothing.
+                    sw.fetch_or(words, Ordering::AcqRel);
+                    return words != 0
+                        || summary[s + 1..]
+                            .iter()
+                            .any(|w| w.load(Ordering::Relaxed) != 0);
+                }
             }
         }
+        false
     }
 }
 
@@ -180,34 +192,45 @@ impl Device {
     /// page's slot lock and frees what the page holds. Returns the marks taken; each counts in
     /// `notify_free`, as zram counts each notification.
     pub fn reclaim_freed(&self) -> u64 {
+        self.reclaim_freed_until(|| false).0
+    }
+
+    /// [`Device::reclaim_freed`] in steps: after each 64 pages' marks, stops if `stop` says so
+    /// (for a thread with other work that must not wait behind a long reclaim: the daemon's
+    /// memory thread keeps the pool's reserve filled). Returns the marks taken, and whether
+    /// some pages may still be marked (it stopped before it read them all).
+    pub fn reclaim_freed_until(&self, stop: impl FnMut() -> bool) -> (u64, bool) {
         let Some(freed) = self.freed.get() else {
-            return 0;
+            return (0, false);
         };
         let mut taken = 0;
-        freed.pending(|index| {
-            if index.0 >= self.pages() {
-                return;
-            }
-            let took = match self.slot(index) {
-                // Never written: nothing to free (a write that comes meanwhile takes the mark
-                // itself, under the slot's lock).
-                None => freed.take(index),
-                Some(slot) => {
-                    let mut g = slot.lock();
-                    let took = freed.take(index);
-                    if took && !g.get().is_empty() {
-                        self.replace(index, &mut g, SlotState::default());
-                        self.counters.bump(gauge_shard(index), Field::NoticeFreed);
-                    }
-                    took
+        let more = freed.pending(
+            |index| {
+                if index.0 >= self.pages() {
+                    return;
                 }
-            };
-            if took {
-                self.counters.bump(gauge_shard(index), Field::NotifyFree);
-                taken += 1;
-            }
-        });
-        taken
+                let took = match self.slot(index) {
+                    // Never written: nothing to free (a write that comes meanwhile takes the mark
+                    // itself, under the slot's lock).
+                    None => freed.take(index),
+                    Some(slot) => {
+                        let mut g = slot.lock();
+                        let took = freed.take(index);
+                        if took && !g.get().is_empty() {
+                            self.replace(index, &mut g, SlotState::default());
+                            self.counters.bump(gauge_shard(index), Field::NoticeFreed);
+                        }
+                        took
+                    }
+                };
+                if took {
+                    self.counters.bump(gauge_shard(index), Field::NotifyFree);
+                    taken += 1;
+                }
+            },
+            stop,
+        );
+        (taken, more)
     }
 
     /// Takes page `index`'s mark for a write that is storing new data there (its slot lock

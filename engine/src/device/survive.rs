@@ -335,7 +335,12 @@ impl Device {
             return (0, 0);
         };
         let (leaves, chunks) = if memory_short { (256, 4096) } else { (64, 512) };
-        (self.slots.prefault(leaves), region.prefault_chunks(chunks))
+        let leaves = self.slots.prefault(leaves);
+        self.pool.note_progress(leaves as u64);
+        let chunks = region.prefault_chunks(chunks);
+        // 16 chunks (and their descriptors) a page.
+        self.pool.note_progress(u64::from(chunks).div_ceil(16));
+        (leaves, chunks)
     }
 
     /// In a region: slot-table leaves and metadata chunks a write took before

@@ -27,16 +27,21 @@ impl Device {
         Ok(self.pool.maintain().map_err(IoError::OutOfMemory)?)
     }
 
-    /// [`Device::maintain_memory`], calling `before_each` before each arena it maps (the daemon
-    /// tops up malloc's heap there: mapping an arena can take long while memory is short).
-    pub fn maintain_memory_with(
-        &self,
-        before_each: &mut dyn FnMut(),
-    ) -> Result<Maintenance, Error> {
+    /// [`Device::maintain_memory`], calling `after_each` after each arena it maps (the daemon
+    /// tops up its I/O path's heap there: mapping an arena can take long while memory is
+    /// short). The first arena comes first: writes may be waiting for it.
+    pub fn maintain_memory_with(&self, after_each: &mut dyn FnMut()) -> Result<Maintenance, Error> {
         Ok(self
             .pool
-            .maintain_with(before_each)
+            .maintain_with(after_each)
             .map_err(IoError::OutOfMemory)?)
+    }
+
+    /// Tells writes waiting for the pool's reserve that the thread keeping it is making
+    /// progress with other memory the I/O path needs (`pages` faulted in): they keep waiting
+    /// for its next arena instead of failing (see [`crate::Growth::Reserve`]).
+    pub fn note_upkeep_progress(&self, pages: u64) {
+        self.pool.note_progress(pages);
     }
 
     /// The arenas (2 MiB each) the pool's reserve is kept at now: with [`crate::Growth::Reserve`]

@@ -72,7 +72,10 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     if want swap; then
         swapsize=1024M
         [ "$UZRAM_VM_MODE" = guest ] && swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
-        uzram_setup lz4 $swapsize && check_swap "$UZRAM_DEV" ""
+        # UZRAM_VM_SWAP_RUNS=N: uzram's swap check N times (a flake hunt)
+        for _ in $(seq "${UZRAM_VM_SWAP_RUNS:-1}"); do
+            uzram_setup lz4 $swapsize && check_swap "$UZRAM_DEV" ""
+        done
     fi
     if want churn; then
         uzram_setup lz4 1024M && check_churn "$UZRAM_DEV" ""

@@ -254,3 +254,56 @@ fn a_racing_reclaim_never_frees_a_rewritten_page() {
     assert_eq!(d.stats().mm.mem_used_total, 0);
     d.check_invariants().unwrap();
 }
+
+/// A reclaim in steps frees what one whole reclaim would, over as many calls as it takes: a
+/// step stopped after some words leaves the rest marked (also the summary bits it had not read
+/// yet), and the pages it did not reach keep their data until a later step.
+#[test]
+fn a_reclaim_in_steps_frees_every_page_across_its_calls() {
+    let (d, mut ctx) = device(PAGES);
+    for p in 0..PAGES {
+        d.write(&mut ctx, p * PAGE_SIZE as u64, &text_page(p))
+            .unwrap();
+    }
+    // Every odd page freed, across both summary words, and page 0 (a word's first bit).
+    let freed: HashSet<u64> = (0..PAGES).filter(|p| p % 2 == 1 || *p == 0).collect();
+    for &p in &freed {
+        d.freed_pages().unwrap().mark(PageIndex(p), 1);
+    }
+    let mut taken = 0;
+    let mut calls = 0;
+    loop {
+        // Stop after three words of page bits each call.
+        let mut words = 0;
+        let (n, more) = d.reclaim_freed_until(|| {
+            words += 1;
+            words == 3
+        });
+        taken += n;
+        calls += 1;
+        assert!(n <= 3 * 64, "call {calls}: {n} marks taken in three words");
+        if calls == 1 {
+            assert!(more, "the first call stopped early: pages are still marked");
+            // The pages it did not reach still read as written.
+            let last = PAGES - 1;
+            assert_eq!(read(&d, &mut ctx, last), text_page(last).to_vec());
+        }
+        if !more {
+            break;
+        }
+        assert!(calls < 1000, "the steps never finish");
+    }
+    assert!(calls > 2, "{calls} calls: the steps did not stop");
+    assert_eq!(taken, freed.len() as u64);
+    assert_eq!(d.reclaim_freed(), 0, "nothing was left marked");
+    for p in 0..PAGES {
+        let want = if freed.contains(&p) {
+            vec![0; PAGE_SIZE]
+        } else {
+            text_page(p).to_vec()
+        };
+        assert!(read(&d, &mut ctx, p) == want, "page {p}");
+    }
+    assert_eq!(d.stats().notice_freed_pages, freed.len() as u64);
+    d.check_invariants().unwrap();
+}
