@@ -111,7 +111,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
         Ok(q) => q,
         Err(e) => return log(&format!("queue {qid}: {e}")),
     };
-    let handler = move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
+    let handler = move |q: &UblkQueue, tag: u16| {
         let transfer = UserCopy {
             cdev: &cdev,
             pos: UblkIOCtx::ublk_user_copy_pos(qid, tag, 0),
@@ -130,7 +130,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
             log(&format!("queue {qid}: completing tag {tag}: {e}"));
         }
     };
-    queue.wait_and_handle_io(handler);
+    serve_queue(qid, &queue, handler);
 }
 
 /// Serves queue `qid` on a kernel without `UBLK_F_USER_COPY` (before Linux 6.5): a locked
@@ -149,7 +149,7 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
     // The buffer of `tag` is this thread's from the fetch completion until the commit: the
     // kernel copied a write's data in before completing the fetch, and copies a read's data out
     // only after the commit. The buffers never move (each is its own allocation).
-    let handler = move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
+    let handler = move |q: &UblkQueue, tag: u16| {
         let io_buf = &mut bufs[usize::from(tag)];
         let res = io::handle(
             device,
@@ -167,7 +167,36 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
             log(&format!("queue {qid}: completing tag {tag}: {e}"));
         }
     };
-    queue.wait_and_handle_io(handler);
+    serve_queue(qid, &queue, handler);
+}
+
+/// Serves `queue` until it is down: each request the kernel hands over goes to `handler`
+/// (with its tag). libublk's `UblkQueue::wait_and_handle_io`, but a wait that a signal
+/// interrupts (EINTR) is waited again: when the system suspends, the kernel's freezer wakes every
+/// task with a fake signal, and `wait_and_handle_io` ended the queue on that EINTR, so the daemon
+/// stopped and deleted a device that held swap (in the VM, three suspends in a row: the third
+/// one's resume found the device gone, and init died of its unreadable swapped pages). No
+/// target I/O is submitted on this ring: every completion is a request's.
+fn serve_queue(qid: u16, queue: &UblkQueue, mut handler: impl FnMut(&UblkQueue, u16)) {
+    loop {
+        let handled = queue.flush_and_wake_io_tasks(
+            |user_data, cqe, _last| {
+                if user_data & libublk::UblkUringData::Target as u64 == 0
+                    && cqe.result() == sys::UBLK_IO_RES_OK as i32
+                {
+                    handler(queue, UblkIOCtx::user_data_to_tag(user_data) as u16);
+                }
+            },
+            1,
+        );
+        match handled {
+            Ok(_) => {}
+            Err(libublk::UblkError::IOError(e)) if e.raw_os_error() == Some(libc::EINTR) => {}
+            // The queue is down (the device is being deleted), or the ring failed.
+            Err(libublk::UblkError::QueueIsDown) => return,
+            Err(e) => return log(&format!("queue {qid}: {e}")),
+        }
+    }
 }
 
 /// Asks the memory thread for a round when this request found the I/O heap low.
