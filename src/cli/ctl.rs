@@ -37,7 +37,7 @@ pub fn parse_device(name: &str) -> Result<u32, CtlError> {
     match id {
         Some(id) => Ok(id),
         None if !name.contains('/') && !name.starts_with("ublkb") => Err(err(format!(
-            "{name:?}: neither a subcommand (attr, setup, teardown, upgrade, bench, dump-pages) nor a device name (/dev/ublkbN)"
+            "{name:?}: neither a subcommand (attr, setup, teardown, upgrade, sleep, bench, dump-pages) nor a device name (/dev/ublkbN)"
         ))),
         None => Err(err(format!(
             "{name:?}: not a uzram device name (expected /dev/ublkbN, N from 0 to {})",
@@ -401,6 +401,12 @@ pub fn upgrade(id: u32) -> Result<String, CtlError> {
 
 /// Runs a system command for `uzram setup`, with its error output in the error.
 fn run(cmd: &str, args: &[&str]) -> Result<(), CtlError> {
+    run_program(cmd, args)
+}
+
+/// Runs `cmd` with `args` (from `$PATH`); its failure, with what it printed on stderr, is the
+/// error.
+pub(crate) fn run_program(cmd: &str, args: &[&str]) -> Result<(), CtlError> {
     let out = Command::new(cmd)
         .args(args)
         .stdin(Stdio::null())

@@ -5,6 +5,7 @@ pub mod ctl;
 pub mod listing;
 pub mod setup;
 mod size;
+pub mod sleep;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -143,6 +144,19 @@ pub enum Command {
         /// The device, /dev/ublkbN
         device: String,
     },
+    /// What a system sleep needs of swap on uzram, run by uzram's sleep units around systemd's
+    /// (contrib/systemd/uzram-sleep*.service). pre suspend: freeze (cgroup freezer) the cgroups
+    /// of processes holding swap, so none waits on a daemon the kernel freezes. pre hibernate
+    /// (hybrid-sleep, suspend-then-hibernate): swapoff every uzram swap device, or refuse
+    /// (exit 1, so the unit fails and systemd does not hibernate) when RAM and other swap cannot
+    /// take its pages back. post: undo what pre did
+    Sleep {
+        /// pre or post (as systemd-sleep names them)
+        #[arg(value_enum)]
+        phase: sleep::Phase,
+        /// suspend, hibernate, hybrid-sleep or suspend-then-hibernate
+        action: String,
+    },
     /// Undo `uzram setup` for the same configuration: swapoff or umount, then reset each device
     Teardown {
         /// The configuration file (as for setup)
@@ -181,6 +195,13 @@ pub fn run(cli: Cli) -> Outcome {
             root,
         }) => setup(dry_run, config.as_deref(), ram_mib, root.as_deref()),
         Some(Command::Teardown { config }) => teardown(config.as_deref()),
+        Some(Command::Sleep { phase, action }) => {
+            let said = sleep::run(phase, &action)?;
+            for line in said {
+                outln(format!("uzram sleep: {line}"))?;
+            }
+            Ok(())
+        }
         Some(Command::Upgrade { device }) => ctl::parse_device(&device)
             .and_then(ctl::upgrade)
             .map_err(Box::<dyn std::error::Error>::from)

@@ -58,6 +58,9 @@ if zram_begin; then
     if want discard; then
         zram_setup lz4 256M && check_discard /dev/zram0 zram-
     fi
+    if want sleep; then
+        zram_setup lz4 1024M && check_sleep /dev/zram0 zram-
+    fi
     zram_reset
 fi
 
@@ -108,6 +111,9 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want recover10 && check_recover 10
     want upgrade && check_upgrade
     want corrupt && check_corrupt
+    if want sleep; then
+        uzram_setup lz4 1024M && check_sleep "$UZRAM_DEV" ""
+    fi
     uzram_reset
 fi
 

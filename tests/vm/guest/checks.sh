@@ -1334,3 +1334,176 @@ check_tier() {
     fi
     pass "$name" "mem_limit ${lim}M: $fill MiB (2x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
 }
+
+# check_sleep DEV PREFIX: the system's sleep with swap on DEV under pressure (issue 17). A
+# program (in a cgroup of its own, as systemd puts every process) holds 1.3x MemAvailable through
+# swap and keeps verifying it (swap-ins and outs all along); meanwhile the kernel's freezer test
+# (pm_test=freezer: every task frozen, 5 s, thawed) of suspend-to-idle ("freeze") 3 times and,
+# on kernel zram, of hibernation ("disk", which also preallocates the image by reclaim). On uzram
+# the sleep hook runs around each, as uzram's units do around systemd's: before hibernation it
+# must refuse (the pages cannot come back), so hibernation is not tried (with swap on uzram it
+# hangs: the preallocation's swap writes wait for a frozen daemon). Then a lighter program (a
+# quarter of MemAvailable, pushed out to swap): the hook swaps uzram off, the hibernation freezer
+# test runs, the hook swaps it on again, and the program's pages verify.
+# UZRAM_VM_SLEEP_HOOK=0: uzram without the hook (3 freezes only; the "before" figures).
+check_sleep() {
+    local dev=$1 name=${2}sleep log=$UZ_TMP/${2}sleep.log avail fill tpid o0 i rc st n0 res= bad=
+    local hook=0 cg round out hold hpid
+    case $dev in /dev/ublkb*) [ "${UZRAM_VM_SLEEP_HOOK:-1}" = 1 ] && hook=1 ;; esac
+    if [ ! -w /sys/power/state ] || [ ! -w /sys/power/pm_test ]; then
+        skip "$name" "no /sys/power/pm_test here (CONFIG_PM_DEBUG)"
+        return
+    fi
+    cg=$(workload_cgroup)
+    if [ -z "$cg" ]; then
+        skip "$name" "no cgroup v2 here to run the program in"
+        return
+    fi
+    note "$name: freezer tests with swap on $dev under pressure (sleep hook: $hook)"
+    : >"$log"
+    # the power code's messages on the console (which phase a sleep is in), 10 s to freeze
+    echo 1 >/sys/power/pm_debug_messages 2>/dev/null
+    echo 10000 >/sys/power/pm_freeze_timeout 2>/dev/null
+    _printk=$(cut -f1 /proc/sys/kernel/printk)
+    echo 7 >/proc/sys/kernel/printk
+    if ! mkswap "$dev" >>"$log" 2>&1 || ! swapon -p 32767 "$dev" >>"$log" 2>&1; then
+        fail_log "$name" "$log" "mkswap/swapon failed"
+        return
+    fi
+    SWAP_DEV=$dev
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    avail=${SWAP_AVAIL_MIB:-$(($(meminfo_kb MemAvailable) / 1024))}
+    fill=$((avail * 13 / 10))
+    o0=$(vmstat_val pswpout)
+    sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$TOOL" swapfill $fill "$SEED" 8 >>"$log" 2>&1 &
+    tpid=$!
+    for i in $(seq 1 1200); do
+        [ $(($(vmstat_val pswpout) - o0)) -ge $((fill * 64)) ] && break
+        kill -0 $tpid 2>/dev/null || break
+        sleep 0.5
+    done
+    for round in 1 2 3; do
+        sleep_test freeze suspend
+    done
+    if [ $hook = 1 ]; then
+        out=$("$UZRAM_BIN" sleep pre hibernate 2>&1)
+        rc=$?
+        echo "hook pre hibernate: exit $rc: $out" >>"$log"
+        note "$name: hook pre hibernate: exit $rc: $(echo "$out" | tr '\n' ' ')"
+        if [ $rc = 0 ]; then
+            bad="$bad hibernate-not-refused"
+            res="$res hibernation: the hook did not refuse ($out);"
+            "$UZRAM_BIN" sleep post hibernate >>"$log" 2>&1
+        else
+            res="$res hibernation refused by the hook (exit $rc: ${out#*hibernation refused: }"
+            res="${res%%; swap on uzram must*});"
+        fi
+    else
+        case $dev in
+        /dev/zram*)
+            # kernel zram's hibernation, for reference: its failure is the kernel's, not a
+            # failure of this check
+            sleep_test disk hibernate
+            bad=${bad% disk}
+            ;;
+        esac
+    fi
+    # a program that has not finished 3 minutes on (its passes take about 10 s each), said on
+    # the console: where its threads wait
+    (
+        sleep 60
+        while sleep 120 && kill -0 $tpid 2>/dev/null; do
+            for t in /proc/$tpid/task/*; do
+                note "$name: vmtool thread ${t##*/}: $(grep State "$t/status") wchan $(cat "$t/wchan") $(tr '\n' ' ' <"$t/stack" 2>/dev/null | cut -c1-300)"
+            done
+            note "$name: $cg: $(tr '\n' ' ' <"$cg/cgroup.events") freeze $(cat "$cg/cgroup.freeze")"
+        done
+    ) &
+    i=$!
+    wait $tpid
+    rc=$?
+    kill $i 2>/dev/null
+    grep '^vmtool' "$log" | sed 's/^/VM: /'
+    if [ $rc != 0 ]; then
+        swapoff "$dev" >>"$log" 2>&1
+        SWAP_DEV=
+        fail_log "$name" "$log" "vmtool swapfill $fill MiB exited $rc (1: data mismatch, >128: killed);$res"
+        return
+    fi
+    # The hibernation a hook lets through: a light program, its pages out in swap, and disk swap
+    # (the scratch disk, at a lower priority) for the image's preallocation to write to
+    if [ $hook = 1 ]; then
+        if [ -b /dev/vda ] && ! grep -q '^/dev/vda ' /proc/mounts && mkswap /dev/vda >>"$log" 2>&1 &&
+            swapon -p 0 /dev/vda >>"$log" 2>&1; then
+            res="$res disk swap on /dev/vda;"
+        fi
+        hold=$((avail / 4))
+        sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$TOOL" swaphold $hold $((SEED + 7)) >"$log.hold" 2>&1 &
+        hpid=$!
+        for i in $(seq 1 600); do
+            grep -q 'held' "$log.hold" && break
+            sleep 0.2
+        done
+        sleep_test disk hibernate
+        grep -q "^/dev/ublkb" /proc/swaps || { bad="$bad swap-not-back"; res="$res swap on $dev not back after the hook's post;"; }
+        kill -USR1 $hpid
+        wait $hpid
+        rc=$?
+        cat "$log.hold" >>"$log"
+        if [ $rc != 0 ]; then
+            grep -q '^/dev/vda ' /proc/swaps && swapoff /dev/vda >>"$log" 2>&1
+            swapoff "$dev" >>"$log" 2>&1
+            SWAP_DEV=
+            fail_log "$name" "$log" "the light program's $hold MiB did not verify after the hibernation test (exit $rc);$res"
+            return
+        fi
+        res="$res $hold MiB held in swap verified after;"
+    fi
+    echo "$_printk" >/proc/sys/kernel/printk
+    echo 0 >/sys/power/pm_debug_messages 2>/dev/null
+    grep -q '^/dev/vda ' /proc/swaps && swapoff /dev/vda >>"$log" 2>&1
+    swapoff "$dev" >>"$log" 2>&1
+    SWAP_DEV=
+    echo "result:$res" >>"$log"
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "$fill MiB through swap, all pages verified, but:$bad:$res"
+        return
+    fi
+    pass "$name" "$fill MiB (1.3x MemAvailable) through swap, all pages verified, while:$res"
+}
+
+# sleep_test STATE ACTION (for check_sleep): the hook's pre (with $hook), the freezer test of
+# STATE, the hook's post; adds to $res and $bad, the kernel's words on a failure to $log.
+sleep_test() {
+    local st=$1 action=$2 n0 t0 out rc refusing
+    if ! grep -qw "$st" /sys/power/state; then
+        res="$res $st: not offered by this kernel;"
+        return
+    fi
+    if [ $hook = 1 ]; then
+        out=$("$UZRAM_BIN" sleep pre "$action" 2>&1)
+        echo "hook pre $action: exit $?: $out" >>"$log"
+        note "$name: hook pre $action: $(echo "$out" | tr '\n' ' ')"
+    fi
+    n0=$(dmesg | wc -l)
+    note "$name: $st (pm_test freezer)"
+    echo freezer >/sys/power/pm_test
+    t0=$(uptime_s)
+    out=$( (echo "$st" >/sys/power/state) 2>&1)
+    rc=$?
+    echo none >/sys/power/pm_test
+    res="$res $st: exit $rc in $(elapsed "$t0") s"
+    if [ $rc != 0 ]; then
+        bad="$bad $st"
+        dmesg | tail -n +$((n0 + 1)) >>"$log"
+        refusing=$(dmesg | tail -n +$((n0 + 1)) | grep -E 'refusing to freeze|^\[ *[0-9.]*\] task:|short' | sed 's/^\[[^]]*\] //' | head -n 3 | tr '\n' ' ')
+        res="$res (${out#sh: }) $refusing"
+    fi
+    res="$res;"
+    if [ $hook = 1 ]; then
+        out=$("$UZRAM_BIN" sleep post "$action" 2>&1)
+        echo "hook post $action: exit $?: $out" >>"$log"
+        note "$name: hook post $action: $(echo "$out" | tr '\n' ' ')"
+    fi
+}

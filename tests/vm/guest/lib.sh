@@ -57,7 +57,7 @@ hostbin_setup() {
     mkdir -p "$_d"
     _ld=$_r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
     _lp=$_r/lib/x86_64-linux-gnu:$_r/usr/lib/x86_64-linux-gnu:$_r/usr/lib/x86_64-linux-gnu/ceph
-    for _t in fio mke2fs e2fsck mkswap swapon swapoff blkdiscard setpriv; do
+    for _t in fio mke2fs e2fsck mkswap swapon swapoff blkdiscard setpriv rtcwake; do
         _p=
         for _c in "$_r/usr/sbin/$_t" "$_r/usr/bin/$_t" "$_r/sbin/$_t" "$_r/bin/$_t"; do
             [ -f "$_c" ] && { _p=$_c; break; }
@@ -201,6 +201,17 @@ noswap_cgroup() {
         echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
     [ -d $_cg ] || mkdir $_cg 2>/dev/null
     echo 0 >$_cg/memory.swap.max 2>/dev/null && echo $_cg
+}
+
+# workload_cgroup: a memory cgroup for a test's program, as systemd puts every process in a
+# cgroup of its own (uzram's sleep hook freezes the cgroups of processes that hold swap); prints
+# its path, or nothing if the kernel has no cgroup v2.
+workload_cgroup() {
+    _cg=/sys/fs/cgroup/uzram-workload
+    [ -f /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
+    [ -f /sys/fs/cgroup/cgroup.controllers ] || return 0
+    [ -d $_cg ] || mkdir $_cg 2>/dev/null
+    [ -d $_cg ] && echo $_cg
 }
 
 uzram_reset() { # uzram --reset: the daemon deletes its device and exits
