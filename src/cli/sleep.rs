@@ -320,6 +320,16 @@ fn contains(a: &str, b: &str) -> bool {
     a.is_empty() || a == b || b.strip_prefix(a).is_some_and(|r| r.starts_with('/'))
 }
 
+/// The processes now (their /proc names).
+fn pids() -> impl Iterator<Item = String> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The cgroups that must not be frozen: uzram's daemons' (every process whose executable is
 /// this one's or that serves a device), this process's own and PID 1's.
 fn protected_cgroups() -> Vec<String> {
@@ -328,18 +338,11 @@ fn protected_cgroups() -> Vec<String> {
     for pid in ["self", "1"] {
         keep.extend(cgroup_of(pid));
     }
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
+    for pid in pids() {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         if (exe.is_some() && exe == me) || comm.trim() == "uzram" {
-            keep.extend(cgroup_of(pid));
+            keep.extend(cgroup_of(&pid));
         }
     }
     keep
@@ -361,19 +364,12 @@ fn before_suspend() -> Result<Vec<String>, CtlError> {
     let mut said = Vec::new();
     let mut unfrozen = 0;
     let mut to_freeze: Vec<String> = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
+    for pid in pids() {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         if !meminfo_kb(&status, "VmSwap").is_some_and(|kb| kb > 0) {
             continue;
         }
-        let Some(cg) = cgroup_of(pid) else { continue };
+        let Some(cg) = cgroup_of(&pid) else { continue };
         if keep.iter().any(|k| contains(&cg, k)) {
             unfrozen += 1;
             if unfrozen > NAMED {

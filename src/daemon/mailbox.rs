@@ -40,42 +40,34 @@ pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
         }
         _ => (0, None),
     };
-    record(
+    record(Failure {
         op,
         offset,
         len,
-        io::errno(e),
-        io::cause(e),
+        errno: io::errno(e),
+        cause: io::cause(e),
         waited_ms,
         memory,
-    );
+    });
 }
 
 /// Counts a failed request that failed with `errno` for `cause`; see [`note_failure`].
 pub(super) fn note(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str) {
-    record(op, offset, len, errno, cause, 0, None);
+    record(Failure {
+        op,
+        offset,
+        len,
+        errno,
+        cause,
+        waited_ms: 0,
+        memory: None,
+    });
 }
 
-fn record(
-    op: Op,
-    offset: u64,
-    len: u64,
-    errno: i32,
-    cause: &'static str,
-    waited_ms: u64,
-    memory: Option<(Phase, u64)>,
-) {
+fn record(failure: Failure) {
     FAILED_REQUESTS.fetch_add(1, Ordering::Relaxed);
     if let Some(mut latest) = LATEST_FAILURE.try_lock() {
-        *latest = Some(Failure {
-            op,
-            offset,
-            len,
-            errno,
-            cause,
-            waited_ms,
-            memory,
-        });
+        *latest = Some(failure);
     }
 }
 

@@ -815,25 +815,13 @@ check_recover() {
     dev=$UZRAM_DEV
     grep -q 'lets its memory be swapped' "$UZRAM_LOG" && note "$name: $(grep 'lets its memory be swapped' "$UZRAM_LOG" | tail -n 1)"
     : >"$log"
-    if ! mkswap "$dev" >>"$log" 2>&1 || ! swapon --discard=pages -p 32767 "$dev" >>"$log" 2>&1; then
-        fail_log "$name" "$log" "mkswap/swapon failed"
-        return
-    fi
-    SWAP_DEV=$dev
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-    avail=${SWAP_AVAIL_MIB:-$(($(meminfo_kb MemAvailable) / 1024))}
+    swap_begin "$dev" --discard=pages || return
     fill=$((avail * 2))
     oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
     o0=$(vmstat_val pswpout)
     "$TOOL" swapfill $fill "$SEED" 3 >>"$log" 2>&1 &
     tpid=$!
-    # until a quarter of the fill is out in swap
-    for i in $(seq 1 1200); do
-        [ $(($(vmstat_val pswpout) - o0)) -ge $((fill * 64)) ] && break
-        kill -0 $tpid 2>/dev/null || break
-        sleep 0.5
-    done
+    quarter_out $tpid
     k=0
     while [ $k -lt "$kills" ] && kill -0 $tpid 2>/dev/null; do
         pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>>"$log")
@@ -1335,6 +1323,30 @@ check_tier() {
     pass "$name" "mem_limit ${lim}M: $fill MiB (2x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
 }
 
+# quarter_out PID: waits (up to 10 min) until a quarter of $fill MiB went out to swap since
+# $o0 (pswpout then), or program PID ended.
+quarter_out() {
+    for _i in $(seq 1 1200); do
+        [ $(($(vmstat_val pswpout) - o0)) -ge $((fill * 64)) ] && break
+        kill -0 "$1" 2>/dev/null || break
+        sleep 0.5
+    done
+}
+
+# swap_begin DEV [SWAPON-OPTION]: mkswap and swapon DEV at the highest priority for a check
+# (its $name and $log), caches dropped; sets SWAP_DEV and avail (MemAvailable in MiB, or
+# SWAP_AVAIL_MIB). Fails the check and returns 1 when it cannot.
+swap_begin() {
+    if ! mkswap "$1" >>"$log" 2>&1 || ! swapon ${2:+"$2"} -p 32767 "$1" >>"$log" 2>&1; then
+        fail_log "$name" "$log" "mkswap/swapon failed"
+        return 1
+    fi
+    SWAP_DEV=$1
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    avail=${SWAP_AVAIL_MIB:-$(($(meminfo_kb MemAvailable) / 1024))}
+}
+
 # check_sleep DEV PREFIX: the system's sleep with swap on DEV under pressure (issue 17). A
 # program (in a cgroup of its own, as systemd puts every process) holds 1.3x MemAvailable through
 # swap and keeps verifying it (swap-ins and outs all along); meanwhile the kernel's freezer test
@@ -1366,23 +1378,12 @@ check_sleep() {
     echo 10000 >/sys/power/pm_freeze_timeout 2>/dev/null
     _printk=$(cut -f1 /proc/sys/kernel/printk)
     echo 7 >/proc/sys/kernel/printk
-    if ! mkswap "$dev" >>"$log" 2>&1 || ! swapon -p 32767 "$dev" >>"$log" 2>&1; then
-        fail_log "$name" "$log" "mkswap/swapon failed"
-        return
-    fi
-    SWAP_DEV=$dev
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-    avail=${SWAP_AVAIL_MIB:-$(($(meminfo_kb MemAvailable) / 1024))}
+    swap_begin "$dev" || return
     fill=$((avail * 13 / 10))
     o0=$(vmstat_val pswpout)
     sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$TOOL" swapfill $fill "$SEED" 8 >>"$log" 2>&1 &
     tpid=$!
-    for i in $(seq 1 1200); do
-        [ $(($(vmstat_val pswpout) - o0)) -ge $((fill * 64)) ] && break
-        kill -0 $tpid 2>/dev/null || break
-        sleep 0.5
-    done
+    quarter_out $tpid
     for round in 1 2 3; do
         sleep_test freeze suspend
     done
