@@ -145,8 +145,9 @@ pub enum Command {
         device: String,
     },
     /// What a system sleep needs of swap on uzram, run by uzram's sleep units around systemd's
-    /// (contrib/systemd/uzram-sleep*.service). pre suspend: freeze (cgroup freezer) the cgroups
-    /// of processes holding swap, so none waits on a daemon the kernel freezes. pre hibernate
+    /// (contrib/systemd/uzram-suspend.service, uzram-hibernate.service). pre suspend: freeze
+    /// (cgroup freezer) the cgroups of processes holding swap, so none waits on a daemon the
+    /// kernel freezes. pre hibernate
     /// (hybrid-sleep, suspend-then-hibernate): swapoff every uzram swap device, or refuse
     /// (exit 1, so the unit fails and systemd does not hibernate) when RAM and other swap cannot
     /// take its pages back. post: undo what pre did

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::ctl::{parse_device, CtlError};
-use crate::common::{socket_path, RUN_DIR};
+use crate::common::RUN_DIR;
 
 /// Where `pre` says what `post` must undo.
 const STATE_FILE: &str = "sleep.state";
@@ -91,9 +91,11 @@ fn parse_swaps(text: &str) -> Vec<Swap> {
         .collect()
 }
 
-/// Whether swap entry `name` is a uzram device (its daemon's control socket is there).
+/// Whether swap entry `name` is a ublk device: uzram's, or another server's (a process the
+/// freezer stops all the same). Told by its name, not by its daemon's control socket, which is
+/// briefly missing while a worker restarts.
 fn is_uzram(name: &str) -> bool {
-    parse_device(name).is_ok_and(|id| socket_path(id).exists())
+    parse_device(name).is_ok()
 }
 
 /// A field of /proc/meminfo, kB.
@@ -169,18 +171,23 @@ fn load() -> State {
         .unwrap_or_default()
 }
 
-/// Runs `uzram sleep PHASE ACTION`; returns what it did, a line each.
+/// Runs `uzram sleep PHASE ACTION`; returns what it did, a line each. `post` undoes whatever
+/// `pre` recorded, whatever the action (it may run twice: the units run it after a failed `pre`
+/// too).
 pub fn run(phase: Phase, action: &str) -> Result<Vec<String>, CtlError> {
-    let hibernate = hibernates(action)?;
     match phase {
         Phase::Post => undo(),
         Phase::Pre => {
+            let hibernate = hibernates(action)?;
             let mut said = Vec::new();
             if !load().is_empty() {
                 said.push(
                     "a sleep before left its state (its post never ran): undone first".into(),
                 );
-                said.extend(undo()?);
+                match undo() {
+                    Ok(lines) => said.extend(lines),
+                    Err(e) => said.push(format!("warning: {e}")),
+                }
             }
             if hibernate {
                 said.extend(before_hibernation()?);
@@ -206,7 +213,13 @@ fn undo() -> Result<Vec<String>, CtlError> {
             Err(e) => failed.push(format!("cannot thaw {}: {e}", c.display())),
         }
     }
+    let on = parse_swaps(&std::fs::read_to_string("/proc/swaps").unwrap_or_default());
     for (name, prio) in &state.swapped_off {
+        // A swapoff that failed or was killed left the device on (the kernel puts it back).
+        if on.iter().any(|s| &s.name == name) {
+            said.push(format!("{name} is swap already"));
+            continue;
+        }
         let mut args: Vec<String> = Vec::new();
         if *prio >= 0 {
             args.extend(["-p".into(), prio.to_string()]);
@@ -281,20 +294,18 @@ fn before_hibernation() -> Result<Vec<String>, CtlError> {
     let mut said = Vec::new();
     for s in &ours {
         // Recorded before the swapoff: a swapoff that ends the hook (killed, timed out) is
-        // undone by `post` all the same.
+        // undone by `post` all the same (the units run it after a failed start too,
+        // `ExecStopPost=`).
         state.swapped_off.push((s.name.clone(), s.priority));
         save(&state)?;
         if let Err(e) = super::ctl::run_program("swapoff", &[&s.name]) {
             // What was swapped off goes back on; the hibernation is refused.
-            let undone = undo().unwrap_or_default();
-            return Err(CtlError(format!(
-                "hibernation refused: {e}{}",
-                if undone.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (undone: {})", undone.join(", "))
-                }
-            )));
+            let undone = match undo() {
+                Ok(lines) if lines.is_empty() => String::new(),
+                Ok(lines) => format!(" (undone: {})", lines.join(", ")),
+                Err(u) => format!(" ({u})"),
+            };
+            return Err(CtlError(format!("hibernation refused: {e}{undone}")));
         }
         said.push(format!(
             "swapoff {} ({} MiB back in RAM or other swap)",
@@ -348,6 +359,14 @@ fn protected_cgroups() -> Vec<String> {
     keep
 }
 
+/// Whether cgroup `cg` is one of systemd's own services or the message bus (journald, logind,
+/// udevd, dbus): a sleep's own steps may wait on them, so they are never frozen.
+fn core_service(cg: &str) -> bool {
+    cg.strip_prefix("system.slice/").is_some_and(|unit| {
+        unit.starts_with("systemd-") || unit.starts_with("dbus") || unit.starts_with("polkit")
+    })
+}
+
 /// Before a suspend: the cgroups of the processes holding swap frozen (see the module's docs),
 /// when some of it is on uzram.
 fn before_suspend() -> Result<Vec<String>, CtlError> {
@@ -370,14 +389,14 @@ fn before_suspend() -> Result<Vec<String>, CtlError> {
             continue;
         }
         let Some(cg) = cgroup_of(&pid) else { continue };
-        if keep.iter().any(|k| contains(&cg, k)) {
+        if keep.iter().any(|k| contains(&cg, k)) || core_service(&cg) {
             unfrozen += 1;
             if unfrozen > NAMED {
                 continue;
             }
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             said.push(format!(
-                "warning: process {pid} {} holds swap in a cgroup that cannot be frozen without uzram's daemon (/{cg}): if it touches a page on uzram as the daemon freezes, the suspend fails (EBUSY)",
+                "warning: process {pid} {} holds swap in a cgroup that is not frozen (/{cg}: uzram's, the hook's, PID 1's or a core service's): if it touches a page on uzram as the daemon freezes, the suspend fails (EBUSY)",
                 comm.trim()
             ));
             continue;
@@ -488,6 +507,24 @@ mod tests {
         }
         let e = hibernates("nap").unwrap_err().0;
         assert!(e.contains("'nap'"), "{e}");
+    }
+
+    #[test]
+    fn systemds_own_services_and_the_bus_are_never_frozen() {
+        for cg in [
+            "system.slice/systemd-journald.service",
+            "system.slice/dbus.service",
+            "system.slice/dbus-broker.service",
+        ] {
+            assert!(core_service(cg), "{cg}");
+        }
+        for cg in [
+            "system.slice/postgresql.service",
+            "user.slice/user-1000.slice/session-2.scope",
+            "systemd-journald.service",
+        ] {
+            assert!(!core_service(cg), "{cg}");
+        }
     }
 
     #[test]

@@ -25,7 +25,8 @@ pub(super) struct Failure {
     cause: &'static str,
     /// How long it waited for the pool's reserve first, ms (0 when it did not).
     waited_ms: u64,
-    /// When the reserve ran out: what the memory thread was doing then, and for how long (ms).
+    /// When the reserve ran out: what the memory thread was doing as the failure was noted,
+    /// and for how long (ms).
     memory: Option<(Phase, u64)>,
 }
 

@@ -175,8 +175,9 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
 /// interrupts (EINTR) is waited again: when the system suspends, the kernel's freezer wakes every
 /// task with a fake signal, and `wait_and_handle_io` ended the queue on that EINTR, so the daemon
 /// stopped and deleted a device that held swap (in the VM, three suspends in a row: the third
-/// one's resume found the device gone, and init died of its unreadable swapped pages). No
-/// target I/O is submitted on this ring: every completion is a request's.
+/// one's resume found the device gone, and init died of its unreadable swapped pages). EAGAIN,
+/// EBUSY and ENOMEM are waited out too. No target I/O is submitted on this ring: every
+/// completion is a request's.
 fn serve_queue(qid: u16, queue: &UblkQueue, mut handler: impl FnMut(&UblkQueue, u16)) {
     loop {
         let handled = queue.flush_and_wake_io_tasks(
@@ -192,6 +193,17 @@ fn serve_queue(qid: u16, queue: &UblkQueue, mut handler: impl FnMut(&UblkQueue, 
         match handled {
             Ok(_) => {}
             Err(libublk::UblkError::IOError(e)) if e.raw_os_error() == Some(libc::EINTR) => {}
+            // Transient: the kernel could not allocate for the ring (an I/O flusher's
+            // allocation under memory pressure), or its completion queue overflowed. Waited
+            // out, never the end of a device that may hold swap.
+            Err(libublk::UblkError::IOError(e))
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
+                ) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             // The queue is down (the device is being deleted), or the ring failed.
             Err(libublk::UblkError::QueueIsDown) => return,
             Err(e) => return log(&format!("queue {qid}: {e}")),

@@ -135,7 +135,7 @@ impl FreedPages {
     /// Pages whose marks may be set: the page bits' words the summary names (each summary bit
     /// is cleared as it is read, before its word is read). After each word of page bits, stops
     /// if `stop` says so, putting the summary bits it has not read back (a later call reads
-    /// them); returns whether it stopped so.
+    /// them); returns whether it stopped with some left to read.
     fn pending(&self, mut each: impl FnMut(PageIndex), mut stop: impl FnMut() -> bool) -> bool {
         let (bits, summary) = (self.bits(), self.summary());
         for (s, sw) in summary.iter().enumerate() {

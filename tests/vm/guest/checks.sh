@@ -1362,6 +1362,10 @@ check_sleep() {
     local dev=$1 name=${2}sleep log=$UZ_TMP/${2}sleep.log avail fill tpid o0 i rc st n0 res= bad=
     local hook=0 cg round out hold hpid
     case $dev in /dev/ublkb*) [ "${UZRAM_VM_SLEEP_HOOK:-1}" = 1 ] && hook=1 ;; esac
+    if [ "$UZRAM_VM_MODE" = host ] && [ "${UZRAM_VM_HOST_SLEEP:-0}" != 1 ]; then
+        skip "$name" "not on a host unless UZRAM_VM_HOST_SLEEP=1 (it would freeze this machine's tasks)"
+        return
+    fi
     if [ ! -w /sys/power/state ] || [ ! -w /sys/power/pm_test ]; then
         skip "$name" "no /sys/power/pm_test here (CONFIG_PM_DEBUG)"
         return
@@ -1374,9 +1378,9 @@ check_sleep() {
     note "$name: freezer tests with swap on $dev under pressure (sleep hook: $hook)"
     : >"$log"
     # the power code's messages on the console (which phase a sleep is in), 10 s to freeze
+    _printk=$(cut -f1 /proc/sys/kernel/printk) _freeze_ms=$(cat /sys/power/pm_freeze_timeout)
     echo 1 >/sys/power/pm_debug_messages 2>/dev/null
     echo 10000 >/sys/power/pm_freeze_timeout 2>/dev/null
-    _printk=$(cut -f1 /proc/sys/kernel/printk)
     echo 7 >/proc/sys/kernel/printk
     swap_begin "$dev" || return
     fill=$((avail * 13 / 10))
@@ -1427,6 +1431,7 @@ check_sleep() {
     kill $i 2>/dev/null
     grep '^vmtool' "$log" | sed 's/^/VM: /'
     if [ $rc != 0 ]; then
+        sleep_restore
         swapoff "$dev" >>"$log" 2>&1
         SWAP_DEV=
         fail_log "$name" "$log" "vmtool swapfill $fill MiB exited $rc (1: data mismatch, >128: killed);$res"
@@ -1447,13 +1452,13 @@ check_sleep() {
             sleep 0.2
         done
         sleep_test disk hibernate
-        grep -q "^/dev/ublkb" /proc/swaps || { bad="$bad swap-not-back"; res="$res swap on $dev not back after the hook's post;"; }
+        grep -q "^$dev " /proc/swaps || { bad="$bad swap-not-back"; res="$res swap on $dev not back after the hook's post;"; }
         kill -USR1 $hpid
         wait $hpid
         rc=$?
         cat "$log.hold" >>"$log"
         if [ $rc != 0 ]; then
-            grep -q '^/dev/vda ' /proc/swaps && swapoff /dev/vda >>"$log" 2>&1
+            sleep_restore
             swapoff "$dev" >>"$log" 2>&1
             SWAP_DEV=
             fail_log "$name" "$log" "the light program's $hold MiB did not verify after the hibernation test (exit $rc);$res"
@@ -1461,9 +1466,7 @@ check_sleep() {
         fi
         res="$res $hold MiB held in swap verified after;"
     fi
-    echo "$_printk" >/proc/sys/kernel/printk
-    echo 0 >/sys/power/pm_debug_messages 2>/dev/null
-    grep -q '^/dev/vda ' /proc/swaps && swapoff /dev/vda >>"$log" 2>&1
+    sleep_restore
     swapoff "$dev" >>"$log" 2>&1
     SWAP_DEV=
     echo "result:$res" >>"$log"
@@ -1472,6 +1475,14 @@ check_sleep() {
         return
     fi
     pass "$name" "$fill MiB (1.3x MemAvailable) through swap, all pages verified, while:$res"
+}
+
+# sleep_restore (for check_sleep): the console's level and the power code's settings as before.
+sleep_restore() {
+    echo "$_printk" >/proc/sys/kernel/printk
+    echo 0 >/sys/power/pm_debug_messages 2>/dev/null
+    echo "$_freeze_ms" >/sys/power/pm_freeze_timeout 2>/dev/null
+    grep -q '^/dev/vda ' /proc/swaps && swapoff /dev/vda >>"$log" 2>&1
 }
 
 # sleep_test STATE ACTION (for check_sleep): the hook's pre (with $hook), the freezer test of
@@ -1484,8 +1495,16 @@ sleep_test() {
     fi
     if [ $hook = 1 ]; then
         out=$("$UZRAM_BIN" sleep pre "$action" 2>&1)
-        echo "hook pre $action: exit $?: $out" >>"$log"
+        rc=$?
+        echo "hook pre $action: exit $rc: $out" >>"$log"
         note "$name: hook pre $action: $(echo "$out" | tr '\n' ' ')"
+        if [ $rc != 0 ]; then
+            # as systemd: a failed pre means no sleep (a hibernation would hang)
+            bad="$bad $st-refused"
+            res="$res $st: refused by the hook ($(echo "$out" | tr '\n' ' '));"
+            "$UZRAM_BIN" sleep post "$action" >>"$log" 2>&1
+            return
+        fi
     fi
     n0=$(dmesg | wc -l)
     note "$name: $st (pm_test freezer)"
