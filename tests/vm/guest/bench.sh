@@ -119,25 +119,43 @@ devices_suite() {
     done
 }
 
-# daemon_mem PID: the process's VmRSS RssAnon RssFile RssShmem VmLck, kB, from its status
+# daemon_mem PID: the process's VmRSS RssAnon RssFile RssShmem VmLck, kB, from its status, then
+# its Pss (proportional: a page shared with N processes counts 1/N) Pss_Anon Pss_File Pss_Shmem,
+# kB, from its smaps_rollup
 daemon_mem() {
     awk '$1 ~ /^(VmRSS|RssAnon|RssFile|RssShmem|VmLck):$/ { v[$1] = $2 }
         END { printf "%d %d %d %d %d", v["VmRSS:"], v["RssAnon:"], v["RssFile:"], v["RssShmem:"], v["VmLck:"] }' "/proc/$1/status"
+    awk '$1 ~ /^(Pss|Pss_Anon|Pss_File|Pss_Shmem):$/ { v[$1] = $2 }
+        END { printf " %d %d %d %d", v["Pss:"], v["Pss_Anon:"], v["Pss_File:"], v["Pss_Shmem:"] }' "/proc/$1/smaps_rollup"
 }
 
-# uzram_mem DEV: {"pid":..,"rss_kb":..,...} for DEV's daemon, and every other process named
-# uzram (there should be none: --find's is gone once the device serves)
+# uzram_mem DEV: {"pid":..,"rss_kb":..,...} for DEV's daemon, all of it: the worker that serves
+# the device (uzram_stat's daemon_pid) and every other process named uzram (its supervisor and
+# its standby; the bench runs one device at a time). "all_kb" is the sum of their Pss (the
+# binary's code, mapped by each, counts once), "rss_kb" the worker's own VmRSS;
+# "processes" says each one's role, pid and Pss.
 uzram_mem() {
-    local pid others
+    local pid p role all=0 anon=0 file=0 shmem=0 locked=0 procs= wrss=0 m
     pid=$("$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "daemon_pid" { print $2 }')
     pid=${pid:-0}
-    others=
     for p in /proc/[0-9]*; do
-        [ "$(cat "$p/comm" 2>/dev/null)" = uzram ] && [ "${p#/proc/}" != "$pid" ] && others="$others ${p#/proc/}"
+        [ "$(cat "$p/comm" 2>/dev/null)" = uzram ] || continue
+        m=$(daemon_mem "${p#/proc/}" 2>/dev/null) || continue
+        set -- $m 0 0 0 0 0 0 0 0 0
+        if [ "${p#/proc/}" = "$pid" ]; then
+            role=worker wrss=$1
+        elif tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- --standby; then
+            role=standby
+        elif [ "$(awk '$1 == "PPid:" { print $2 }' "/proc/$pid/status" 2>/dev/null)" = "${p#/proc/}" ]; then
+            role=supervisor
+        else
+            role=other
+        fi
+        all=$((all + $6)) anon=$((anon + $7)) file=$((file + $8)) shmem=$((shmem + $9)) locked=$((locked + $5))
+        procs="$procs${procs:+ }$role:${p#/proc/}:$6"
     done
-    set -- $(daemon_mem "$pid" 2>/dev/null) 0 0 0 0 0
-    printf '"pid":%s,"rss_kb":%s,"anon_kb":%s,"file_kb":%s,"shmem_kb":%s,"locked_kb":%s,"other_processes":"%s"' \
-        "$pid" "$1" "$2" "$3" "$4" "$5" "$others"
+    printf '"pid":%s,"all_kb":%s,"rss_kb":%s,"anon_kb":%s,"file_kb":%s,"shmem_kb":%s,"locked_kb":%s,"processes":"%s"' \
+        "$pid" "$all" "$wrss" "$anon" "$file" "$shmem" "$locked" "$procs"
 }
 
 # smaps_big PID: "Rss_kB:range:perms:name" for each mapping of PID with 256 kB or more resident,
@@ -200,7 +218,7 @@ memory_suite() {
                 # Right after the burst the reserve may be at its most; it halves every 10 s
                 # without writes, down to its least. Both are reported: the burst's cost and
                 # the settled one.
-                burst=$(uzram_mem "$UZRAM_DEV" | sed 's/.*"rss_kb":\([0-9]*\).*/\1/')
+                burst=$(uzram_mem "$UZRAM_DEV" | sed 's/.*"all_kb":\([0-9]*\).*/\1/')
                 settle_s=$(settle "$UZRAM_DEV")
                 stat=$(dev_mm_stat "$UZRAM_DEV" | tr -s ' ' | sed 's/^ //')
                 mem=$(uzram_mem "$UZRAM_DEV")
