@@ -82,6 +82,14 @@ vm_setup() {
     for _t in fio mke2fs e2fsck mkswap swapon swapoff blkdiscard "$TOOL"; do
         command -v "$_t" >/dev/null 2>&1 || note "missing program: $_t"
     done
+    # The memory cgroups the checks use, made now, while the guest is idle: the first memory
+    # cgroup turns on the kernel's memcg static keys, and under TCG a key patched while another
+    # vCPU runs that code can leave it a stale int3 (a CI run's guest died of "Oops: int3" in
+    # kmem_cache_free as recover1 made its cgroup under the kill check's ring teardown).
+    if [ "$UZRAM_VM_MODE" = guest ]; then
+        noswap_cgroup >/dev/null
+        workload_cgroup >/dev/null
+    fi
     return 0
 }
 
