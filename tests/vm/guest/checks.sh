@@ -1385,7 +1385,7 @@ check_sleep() {
     swap_begin "$dev" || return
     fill=$((avail * 13 / 10))
     o0=$(vmstat_val pswpout)
-    sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$TOOL" swapfill $fill "$SEED" 8 >>"$log" 2>&1 &
+    in_cgroup "$cg" "$TOOL" swapfill $fill "$SEED" 8 >>"$log" 2>&1 &
     tpid=$!
     quarter_out $tpid
     for round in 1 2 3; do
@@ -1431,10 +1431,7 @@ check_sleep() {
     kill $i 2>/dev/null
     grep '^vmtool' "$log" | sed 's/^/VM: /'
     if [ $rc != 0 ]; then
-        sleep_restore
-        swapoff "$dev" >>"$log" 2>&1
-        SWAP_DEV=
-        fail_log "$name" "$log" "vmtool swapfill $fill MiB exited $rc (1: data mismatch, >128: killed);$res"
+        sleep_fail "vmtool swapfill $fill MiB exited $rc (1: data mismatch, >128: killed);$res"
         return
     fi
     # The hibernation a hook lets through: a light program, its pages out in swap, and disk swap
@@ -1445,7 +1442,7 @@ check_sleep() {
             res="$res disk swap on /dev/vda;"
         fi
         hold=$((avail / 4))
-        sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$TOOL" swaphold $hold $((SEED + 7)) >"$log.hold" 2>&1 &
+        in_cgroup "$cg" "$TOOL" swaphold $hold $((SEED + 7)) >"$log.hold" 2>&1 &
         hpid=$!
         for i in $(seq 1 600); do
             grep -q 'held' "$log.hold" && break
@@ -1458,10 +1455,7 @@ check_sleep() {
         rc=$?
         cat "$log.hold" >>"$log"
         if [ $rc != 0 ]; then
-            sleep_restore
-            swapoff "$dev" >>"$log" 2>&1
-            SWAP_DEV=
-            fail_log "$name" "$log" "the light program's $hold MiB did not verify after the hibernation test (exit $rc);$res"
+            sleep_fail "the light program's $hold MiB did not verify after the hibernation test (exit $rc);$res"
             return
         fi
         res="$res $hold MiB held in swap verified after;"
@@ -1483,6 +1477,19 @@ sleep_restore() {
     echo 0 >/sys/power/pm_debug_messages 2>/dev/null
     echo "$_freeze_ms" >/sys/power/pm_freeze_timeout 2>/dev/null
     grep -q '^/dev/vda ' /proc/swaps && swapoff /dev/vda >>"$log" 2>&1
+}
+
+# sleep_fail REASON (for check_sleep): settings restored, the device's swap off, the check failed.
+sleep_fail() {
+    sleep_restore
+    swapoff "$dev" >>"$log" 2>&1
+    SWAP_DEV=
+    fail_log "$name" "$log" "$1"
+}
+
+# in_cgroup CG COMMAND...: runs COMMAND as a process of cgroup CG.
+in_cgroup() {
+    sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$@"
 }
 
 # sleep_test STATE ACTION (for check_sleep): the hook's pre (with $hook), the freezer test of
