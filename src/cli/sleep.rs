@@ -11,7 +11,8 @@
 //!
 //! So before a suspend, the cgroups of the processes that hold swap (`VmSwap`) are frozen with
 //! the cgroup freezer, which waits for their swap-ins to end (the daemon still serves them);
-//! the kernel's freezer then finds them frozen. Before a hibernation every uzram swap device is
+//! the kernel's freezer then finds them frozen. `pre` then waits (up to 5 s) for swap to stand
+//! still, so that kswapd is not writing to a daemon as the kernel freezes it. Before a hibernation every uzram swap device is
 //! swapped off, or, when RAM and the other swap cannot take its pages back, the hibernation is
 //! refused (the unit fails, so systemd does not hibernate). After, `post` undoes what `pre` did,
 //! from the state it wrote in `/run/uzram/sleep.state`; a `pre` that finds that file first
@@ -35,6 +36,13 @@ const FREEZE_WAIT: Duration = Duration::from_secs(10);
 
 /// How long `post` retries a swapon that finds the device busy.
 const SWAPON_BUSY_WAIT: Duration = Duration::from_secs(15);
+
+/// How long `pre` waits, once the cgroups are frozen, for swap to stand still (see [`settle`]).
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
+
+/// How long no page may be swapped in or out, with no request in flight on a uzram device, for
+/// swap to count as standing still.
+const SETTLE_QUIET: Duration = Duration::from_millis(300);
 
 /// At most this many processes are named in the warnings of a `pre` (the rest are counted).
 const NAMED: usize = 3;
@@ -455,7 +463,74 @@ fn before_suspend() -> Result<Vec<String>, CtlError> {
             )
         });
     }
+    let devices: Vec<&str> = swaps
+        .iter()
+        .filter(|s| is_uzram(&s.name))
+        .map(|s| s.name.as_str())
+        .collect();
+    said.push(settle(&devices));
     Ok(said)
+}
+
+/// `pswpin` and `pswpout` of /proc/vmstat's text (0 where absent).
+fn swap_counts(vmstat: &str) -> (u64, u64) {
+    let count = |field: &str| {
+        vmstat
+            .lines()
+            .find_map(|l| {
+                let (name, n) = l.split_once(' ')?;
+                (name == field).then(|| n.trim().parse::<u64>().ok())?
+            })
+            .unwrap_or(0)
+    };
+    (count("pswpin"), count("pswpout"))
+}
+
+/// Waits, at most [`SETTLE_WAIT`], until swap stands still: no page swapped in or out
+/// (`/proc/vmstat`) and no request in flight on the uzram `devices` for [`SETTLE_QUIET`].
+/// With the programs that hold swap frozen, kswapd still reclaims up to its watermark, writing
+/// swap; a daemon the kernel's freezer freezes in the middle of that leaves kswapd waiting for
+/// it, and kswapd, frozen after the user tasks, then refuses to freeze (EBUSY; seen in the VM).
+/// Returns the line that says how it went.
+fn settle(devices: &[&str]) -> String {
+    let start = Instant::now();
+    let moving = || {
+        let (pswpin, pswpout) =
+            swap_counts(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default());
+        let in_flight: u64 = devices
+            .iter()
+            .map(|d| {
+                let base = d.rsplit('/').next().unwrap_or(d);
+                std::fs::read_to_string(format!("/sys/block/{base}/inflight"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|n| n.parse::<u64>().ok())
+                    .sum::<u64>()
+            })
+            .sum();
+        (pswpin, pswpout, in_flight)
+    };
+    let first = moving();
+    let mut last = first;
+    let mut quiet_since = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = moving();
+        if now != last || now.2 > 0 {
+            (last, quiet_since) = (now, Instant::now());
+        } else if quiet_since.elapsed() >= SETTLE_QUIET {
+            return format!("swap stood still after {} ms", start.elapsed().as_millis());
+        }
+        if start.elapsed() >= SETTLE_WAIT {
+            return format!(
+                "warning: swap still moving after {} s ({} pages in, {} out meanwhile, {} requests in flight on uzram): kswapd may be writing to a daemon as it freezes",
+                SETTLE_WAIT.as_secs(),
+                now.0.saturating_sub(first.0),
+                now.1.saturating_sub(first.1),
+                now.2
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -540,6 +615,13 @@ mod tests {
             "system.slice/uzram.service"
         ));
         assert!(!contains("user.slice", "system.slice/uzram.service"));
+    }
+
+    #[test]
+    fn swap_counts_are_read_by_their_exact_name() {
+        let vmstat = "pswpin_x 9\npswpin 12\npswpout 345\npswpoutx 1\n";
+        assert_eq!(swap_counts(vmstat), (12, 345));
+        assert_eq!(swap_counts("nr_free_pages 3\n"), (0, 0));
     }
 
     #[test]

@@ -17,8 +17,11 @@ pub static SERVING: AtomicBool = AtomicBool::new(false);
 /// With `UZRAM_PROGRESS_SECS=N`, a thread that writes the request counters to the kernel log
 /// every N seconds: a diagnostic for stalls, readable even when user space is stuck on memory
 /// (it takes no lock and allocates nothing in its loop, and /dev/kmsg lands in the console).
-/// With `UZRAM_STALL_SYSRQ=1` as well, a request that makes no progress for 20 s makes it ask
-/// the kernel for the stacks of blocked tasks and of all tasks (sysrq `w` and `t`), once per stall.
+/// With `UZRAM_STALL_SYSRQ=1` as well, a request that makes no progress for 20 s, or a memory
+/// thread that stays 20 s in one phase (a fault it takes loops in reclaim: it is an I/O flusher,
+/// for which the kernel never calls the OOM killer), makes it ask the kernel for the memory's
+/// state and the stacks of blocked tasks and of all tasks (sysrq `m`, `w` and `t`), once per
+/// stall.
 pub(super) fn progress_log(device: Arc<Device>) {
     let Some(secs) = std::env::var("UZRAM_PROGRESS_SECS")
         .ok()
@@ -50,9 +53,11 @@ pub(super) fn progress_log(device: Arc<Device>) {
             let (started, finished) = (sum(&STARTED), sum(&FINISHED));
             // A successor that has not taken the device over yet: its I/O waits for it.
             let waiting = !SERVING.load(Ordering::Relaxed);
+            let phase = memory_phase();
+            let memory_stuck = phase.0 != Phase::Waiting && phase.1 >= 20_000;
             if (started != finished && finished == last_finished) || waiting {
                 stalled_secs += secs;
-            } else {
+            } else if !memory_stuck {
                 (stalled_secs, dumped) = (0, false);
             }
             last_finished = finished;
@@ -101,7 +106,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
                 },
                 REFILLED_ARENAS.load(Ordering::Relaxed),
                 SLOWEST_REFILL_MS.load(Ordering::Relaxed),
-                MemoryThread(memory_phase()),
+                MemoryThread(phase),
                 match (stalled_secs > 0, waiting) {
                     (true, true) => ", NOT SERVING YET",
                     (true, false) => ", NO PROGRESS",
@@ -110,10 +115,10 @@ pub(super) fn progress_log(device: Arc<Device>) {
             );
             let len = w.position() as usize;
             let _ = kmsg.write_all(&line[..len]);
-            if stalled_secs >= 20 && !dumped {
+            if (stalled_secs >= 20 || memory_stuck) && !dumped {
                 if let Some(t) = sysrq.as_mut() {
                     // "8": console log level 8 first, or the dumps stay out of the console.
-                    for cmd in [b"8", b"w", b"t"] {
+                    for cmd in [b"8", b"m", b"w", b"t"] {
                         let _ = t.write_all(cmd);
                     }
                 }

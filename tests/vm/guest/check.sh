@@ -96,7 +96,10 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         # the backing file's filesystem: the scratch disk when there is one (as on a real
         # system), else kernel zram
         if [ -b /dev/vda ]; then
-            check_writeback /dev/vda
+            # UZRAM_VM_WRITEBACK_RUNS=N: the check N times (a flake hunt)
+            for _ in $(seq "${UZRAM_VM_WRITEBACK_RUNS:-1}"); do
+                check_writeback /dev/vda
+            done
         else
             zram_setup lz4 256M && check_writeback /dev/zram0
             zram_reset
@@ -112,7 +115,10 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want upgrade && check_upgrade
     want corrupt && check_corrupt
     if want sleep; then
-        uzram_setup lz4 1024M && check_sleep "$UZRAM_DEV" ""
+        # UZRAM_VM_SLEEP_RUNS=N: the check N times (a flake hunt)
+        for _ in $(seq "${UZRAM_VM_SLEEP_RUNS:-1}"); do
+            uzram_setup lz4 1024M && check_sleep "$UZRAM_DEV" ""
+        done
     fi
     uzram_reset
 fi

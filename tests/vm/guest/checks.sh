@@ -1060,7 +1060,7 @@ check_writeback() {
         return
     fi
     # the policy off: this check counts what the manual writeback moves (tier tests the policy)
-    dev=$(UZRAM_PROGRESS_SECS=5 "$UZRAM_BIN" --find --size 128M --backing-dev "$img" \
+    dev=$(UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size 128M --backing-dev "$img" \
         --policy "writeback_after=off min_free=0 psi=off evict=0" --log "$UZRAM_LOG" 2>>"$log")
     if [ ! -b "$dev" ]; then
         fail_log "$name" "$log" "no device with --backing-dev $img"
@@ -1103,7 +1103,7 @@ check_writeback() {
     # read back under swap load: a second uzram device as swap, a program pushing memory out to it
     # while every written-back page is read and verified
     local swapdev hog avail hogrc
-    swapdev=$("$UZRAM_BIN" --find --size 512M --log "$UZRAM_LOG" 2>>"$log")
+    swapdev=$(UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size 512M --log "$UZRAM_LOG" 2>>"$log")
     if [ -b "$swapdev" ] && mkswap "$swapdev" >>"$log" 2>&1 && swapon --discard=pages "$swapdev" >>"$log" 2>&1; then
         avail=$(($(meminfo_kb MemAvailable) / 1024))
         "$TOOL" swapfill $((avail * 3 / 2)) $((SEED + 7)) 1 >>"$log" 2>&1 &
@@ -1444,10 +1444,20 @@ check_sleep() {
         hold=$((avail / 4))
         in_cgroup "$cg" "$TOOL" swaphold $hold $((SEED + 7)) >"$log.hold" 2>&1 &
         hpid=$!
-        for i in $(seq 1 600); do
+        # until it holds (its pages pushed out), or it is gone: a signal before it holds would
+        # kill it (exit 138 in one run, after two refused suspends left memory starved)
+        for i in $(seq 1 1500); do
             grep -q 'held' "$log.hold" && break
+            kill -0 $hpid 2>/dev/null || break
             sleep 0.2
         done
+        if ! grep -q 'held' "$log.hold"; then
+            kill -KILL $hpid 2>/dev/null
+            wait $hpid
+            cat "$log.hold" >>"$log"
+            sleep_fail "the light program ($hold MiB) did not hold its pages in swap within 300 s ($(tail -1 "$log.hold"));$res"
+            return
+        fi
         sleep_test disk hibernate
         grep -q "^$dev " /proc/swaps || { bad="$bad swap-not-back"; res="$res swap on $dev not back after the hook's post;"; }
         kill -USR1 $hpid
