@@ -1497,9 +1497,11 @@ sleep_fail() {
     fail_log "$name" "$log" "$1"
 }
 
-# in_cgroup CG COMMAND...: runs COMMAND as a process of cgroup CG.
+# in_cgroup CG COMMAND... &: runs COMMAND as a process of cgroup CG, in the background only: the
+# function's subshell becomes COMMAND (exec), so that $! is COMMAND's PID (a signal sent to $!
+# before, as the light program's SIGUSR1, killed the subshell and left the program waiting).
 in_cgroup() {
-    sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$@"
+    exec sh -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' sh "$@"
 }
 
 # sleep_test STATE ACTION (for check_sleep): the hook's pre (with $hook), the freezer test of
