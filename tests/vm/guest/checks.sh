@@ -1358,6 +1358,12 @@ swap_begin() {
 # quarter of MemAvailable, pushed out to swap): the hook swaps uzram off, the hibernation freezer
 # test runs, the hook swaps it on again, and the program's pages verify.
 # UZRAM_VM_SLEEP_HOOK=0: uzram without the hook (3 freezes only; the "before" figures).
+# Why the freezer test and no real sleep: a real one (`rtcwake -m freeze`, S3, a hibernation
+# resumed) suspends the devices, and virtio-9p, which brings this script and every tool from the
+# host, has no restore (Linux's p9_virtio_drv has no freeze/restore: its queues are gone after the
+# device's reset). Tried 2026-12-03: `rtcwake -m freeze -s 3` suspended and the guest never came
+# back (under QEMU the RTC alarm is no wakeup source for s2idle either). A real sleep needs the
+# check's tools in the initramfs.
 check_sleep() {
     local dev=$1 name=${2}sleep log=$UZ_TMP/${2}sleep.log avail fill tpid o0 i rc st n0 res= bad=
     local hook=0 cg round out hold hpid
