@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt sleep hibernate}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
@@ -121,6 +121,23 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         done
     fi
     uzram_reset
+fi
+
+# ---- a real hibernation, kernel zram then uzram: last, as the host's root does not come back ----
+if want hibernate && [ "$UZRAM_VM_MODE" = guest ]; then
+    if ! hib_tools; then
+        fail hibernate "could not copy the hibernation's tools into the guest's RAM"
+    else
+        if zram_begin; then
+            zram_setup lz4 1024M && check_hibernate /dev/zram0 zram-
+            zram_reset
+        fi
+        # the daemon from the copy in RAM; no slot-free probe (its helper is not copied)
+        if uzram_begin; then
+            UZRAM_VM_SLOT_FREE=discard uzram_setup lz4 1024M && check_hibernate "$UZRAM_DEV" ""
+            uzram_reset
+        fi
+    fi
 fi
 
 note "checks done in $(elapsed "$T0") s"

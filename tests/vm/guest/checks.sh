@@ -1503,6 +1503,95 @@ sleep_fail() {
     fail_log "$name" "$log" "$1"
 }
 
+# check_hibernate DEV PREFIX: a real hibernation with swap on DEV (issue 17): a program (in a
+# cgroup of its own) holds a quarter of MemAvailable pushed out to DEV; disk swap on the scratch
+# disk (/dev/vda, lower priority) is the resume device; on uzram the sleep hook runs around it, as
+# its unit does around systemd's (pre swaps uzram off: the pages come back to RAM or disk swap).
+# The image is written, the guest powers off, tests/vm/run boots it again with uzram.resume=1 and
+# the kernel resumes the image; then the hook's post, and the program verifies every page. Guest
+# only, and after every other check: the host's root is gone after the resume (see hib_tools).
+check_hibernate() {
+    local dev=$1 name=${2}hibernate log=$UZ_TMP/${2}hibernate.log hook=0 cg avail hold hpid
+    local out rc hrc n0 t0 res= bad= swapped
+    case $dev in /dev/ublkb*) hook=1 ;; esac
+    if [ "$UZRAM_VM_MODE" != guest ] || [ ! -b /dev/vda ] || grep -q '^/dev/vda ' /proc/mounts ||
+        ! grep -qw disk /sys/power/state; then
+        skip "$name" "needs the guest, its scratch disk unmounted, and hibernation in /sys/power/state"
+        return
+    fi
+    cg=$(workload_cgroup)
+    note "$name: a real hibernation with swap on $dev (sleep hook: $hook)"
+    : >"$log"
+    swap_begin "$dev" || return
+    if ! mkswap /dev/vda >>"$log" 2>&1 || ! swapon -p 0 /dev/vda >>"$log" 2>&1; then
+        swapoff "$dev" 2>/dev/null
+        fail_log "$name" "$log" "no disk swap on /dev/vda for the image"
+        return
+    fi
+    hold=$((avail / 4))
+    in_cgroup "$cg" "$TOOL" swaphold $hold $((SEED + 9)) >"$log.hold" 2>&1 &
+    hpid=$!
+    for _ in $(seq 1 1500); do
+        grep -q 'held' "$log.hold" && break
+        kill -0 $hpid 2>/dev/null || break
+        sleep 0.2
+    done
+    swapped=$(awk '/^VmSwap/ { print int($2 / 1024) }' /proc/$hpid/status 2>/dev/null)
+    res="$hold MiB held, ${swapped:-?} MiB of it in swap;"
+    if ! grep -q 'held' "$log.hold"; then
+        bad="$bad no-hold"
+    elif [ $hook = 1 ]; then
+        out=$("$UZRAM_BIN" sleep pre hibernate 2>&1)
+        rc=$?
+        echo "hook pre hibernate: exit $rc: $out" >>"$log"
+        note "$name: hook pre hibernate: exit $rc: $(echo "$out" | tr '\n' ' ')"
+        [ $rc = 0 ] || bad="$bad refused"
+        res="$res hook pre: exit $rc;"
+    fi
+    if [ -z "$bad" ]; then
+        cat /sys/block/vda/dev >/sys/power/resume
+        echo shutdown >/sys/power/disk
+        echo 1 >/sys/power/pm_debug_messages 2>/dev/null
+        n0=$(dmesg | wc -l)
+        t0=$(uptime_s)
+        sync
+        # tests/vm/run's cue: the guest powers off once the image is written; boot it again
+        echo "UZRAM-VM-HIBERNATING $name"
+        out=$( (echo disk >/sys/power/state) 2>&1)
+        rc=$?
+        echo 0 >/sys/power/pm_debug_messages 2>/dev/null
+        dmesg | tail -n +$((n0 + 1)) >>"$log"
+        if [ $rc != 0 ]; then
+            bad="$bad hibernation"
+            res="$res hibernation: exit $rc (${out#sh: }) $(dmesg | tail -n +$((n0 + 1)) | grep -iE 'error|fail|short' | head -n 2 | tr '\n' ' ');"
+        elif dmesg | tail -n +$((n0 + 1)) | grep -q 'image restored successfully'; then
+            res="$res image written to /dev/vda, guest powered off and resumed ($(elapsed "$t0") s of guest time);"
+        else
+            bad="$bad not-resumed"
+            res="$res hibernation returned 0 but the kernel did not say it resumed an image;"
+        fi
+        if [ $hook = 1 ]; then
+            out=$("$UZRAM_BIN" sleep post hibernate 2>&1)
+            echo "hook post hibernate: exit $?: $out" >>"$log"
+            note "$name: hook post hibernate: $(echo "$out" | tr '\n' ' ')"
+            grep -q "^$dev " /proc/swaps || { bad="$bad swap-not-back"; res="$res $dev not swap again after the hook's post;"; }
+        fi
+    fi
+    kill -USR1 $hpid 2>/dev/null
+    wait $hpid
+    hrc=$?
+    cat "$log.hold" >>"$log"
+    [ $hrc = 0 ] || { bad="$bad verify"; res="$res the program exited $hrc (1: data mismatch, >128: killed);"; }
+    swapoff /dev/vda >>"$log" 2>&1
+    swapoff "$dev" >>"$log" 2>&1
+    SWAP_DEV=
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "${bad# }: $res"
+        return
+    fi
+    pass "$name" "$res every page verified after the resume"
+}
+
 # in_cgroup CG COMMAND... &: runs COMMAND as a process of cgroup CG, in the background only: the
 # function's subshell becomes COMMAND (exec), so that $! is COMMAND's PID (a signal sent to $!
 # before, as the light program's SIGUSR1, killed the subshell and left the program waiting).

@@ -76,6 +76,39 @@ hostbin_setup() {
     export PATH
 }
 
+# hib_tools: what the checks need after a hibernation, copied into the guest's RAM (/tmp/hib):
+# the host's root over virtio-9p does not come back after a resume (Linux's p9_virtio_drv has no
+# freeze/restore, so its queues are gone after the device's reset), and anything that touched it
+# would wait there. uzram (without debug info), vmtool (static), and swapon, swapoff and mkswap
+# with the libraries the host's loader resolves for them. Sets PATH, UZRAM_BIN and TOOL.
+hib_tools() {
+    _h=/tmp/hib _r=$UZRAM_VM_ROOT
+    _ld=$_r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+    _lp=$_r/lib/x86_64-linux-gnu:$_r/usr/lib/x86_64-linux-gnu
+    mkdir -p $_h/bin $_h/lib
+    cp "$UZRAM_VM_DIR/cache/uzram-nodebug" $_h/bin/uzram && cp "$TOOL" $_h/bin/vmtool &&
+        cp "$_ld" $_h/lib/ || return 1
+    for _t in swapon swapoff mkswap; do
+        _p=
+        for _c in "$_r/sbin/$_t" "$_r/usr/sbin/$_t" "$_r/bin/$_t" "$_r/usr/bin/$_t"; do
+            [ -f "$_c" ] && { _p=$_c; break; }
+        done
+        [ -n "$_p" ] || return 1
+        cp "$_p" "$_h/lib/$_t.bin" || return 1
+        for _l in $("$_ld" --library-path "$_lp" --list "$_p" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'); do
+            cp "$_l" $_h/lib/ || return 1
+        done
+        printf '#!/bin/sh\nexec %s --library-path %s %s "$@"\n' \
+            "$_h/lib/ld-linux-x86-64.so.2" "$_h/lib" "$_h/lib/$_t.bin" >"$_h/bin/$_t"
+        chmod +x "$_h/bin/$_t"
+        eval "$_t() { $_h/bin/$_t \"\$@\"; }"
+    done
+    PATH=$_h/bin:$PATH
+    export PATH
+    UZRAM_BIN=$_h/bin/uzram TOOL=$_h/bin/vmtool
+    note "hibernation tools in RAM: $(du -sk $_h | cut -f1) KiB"
+}
+
 vm_setup() {
     mkdir -p "$UZ_TMP"
     [ "$UZRAM_VM_MODE" = guest ] && hostbin_setup
