@@ -1503,6 +1503,76 @@ sleep_fail() {
     fail_log "$name" "$log" "$1"
 }
 
+# since_mark TEXT: the lines of stdin (dmesg) after the last one that holds TEXT.
+since_mark() {
+    awk -v m="$1" 'index($0, m) { n = 0; delete l; next } { l[++n] = $0 } END { for (i = 1; i <= n; i++) print l[i] }'
+}
+
+# check_rtcwake DEV PREFIX: a real suspend with swap on DEV under pressure (issue 17): a program
+# (in a cgroup of its own) uses 1.5x MemAvailable through swap and verifies it all along; once a
+# quarter of it is out, `rtcwake -m mem -s 3` suspends the guest to RAM and the RTC's alarm wakes
+# it (under QEMU the alarm does not wake a suspended-to-idle guest, so `-m mem`, where the guest
+# offers it), with uzram's sleep hook around it; the program must finish with every page
+# verified, and no task may hang (the hung-task panic would end the run). Guest only, after the
+# other checks: devices are suspended, and the host's root is gone after (see hib_tools).
+check_rtcwake() {
+    local dev=$1 name=${2}rtcwake log=$UZ_TMP/${2}rtcwake.log hook=0 cg avail fill tpid o0
+    local out rc prc n0 t0 res= bad=
+    case $dev in /dev/ublkb*) hook=1 ;; esac
+    if [ "$UZRAM_VM_MODE" != guest ] || [ ! -e /dev/rtc0 ] || ! grep -qw deep /sys/power/mem_sleep 2>/dev/null; then
+        skip "$name" "needs the guest, /dev/rtc0 and suspend to RAM (mem_sleep: $(cat /sys/power/mem_sleep 2>/dev/null))"
+        return
+    fi
+    cg=$(workload_cgroup)
+    note "$name: rtcwake -m mem -s 3 with swap on $dev under pressure (sleep hook: $hook)"
+    : >"$log"
+    swap_begin "$dev" || return
+    fill=$((avail * 3 / 2))
+    o0=$(vmstat_val pswpout)
+    in_cgroup "$cg" "$TOOL" swapfill $fill "$SEED" 4 >>"$log" 2>&1 &
+    tpid=$!
+    quarter_out $tpid
+    if [ $hook = 1 ]; then
+        out=$("$UZRAM_BIN" sleep pre suspend 2>&1)
+        rc=$?
+        echo "hook pre suspend: exit $rc: $out" >>"$log"
+        note "$name: hook pre suspend: exit $rc: $(echo "$out" | tr '\n' ' ')"
+        [ $rc = 0 ] || { bad="$bad refused"; res="$res the hook refused ($out);"; }
+    fi
+    if [ -z "$bad" ]; then
+        echo deep >/sys/power/mem_sleep
+        n0="uzram-vm: $name suspending at $(uptime_s)"
+        echo "$n0" >/dev/kmsg
+        t0=$(uptime_s)
+        out=$(rtcwake -m mem -s 3 2>&1)
+        rc=$?
+        res="$res rtcwake -m mem -s 3: exit $rc in $(elapsed "$t0") s;"
+        dmesg | since_mark "$n0" >>"$log"
+        # the kernel's word that it slept: the suspend's entry, and the firmware's resume
+        res="$res $(dmesg | since_mark "$n0" | grep -E 'suspend entry|resume complete|Waking up from|suspend exit' | sed 's/^\[[^]]*\] //' | tr '\n' ';')"
+        dmesg | since_mark "$n0" | grep -q 'suspend entry (deep)' || bad="$bad no-suspend"
+        if [ $rc != 0 ]; then
+            bad="$bad suspend"
+            res="$res ($(echo "$out" | tail -n 1)) $(dmesg | since_mark "$n0" | grep -E 'refusing to freeze|^\[ *[0-9.]*\] task:|rror' | sed 's/^\[[^]]*\] //' | head -n 3 | tr '\n' ' ');"
+        fi
+    fi
+    if [ $hook = 1 ]; then
+        out=$("$UZRAM_BIN" sleep post suspend 2>&1)
+        echo "hook post suspend: exit $?: $out" >>"$log"
+    fi
+    wait $tpid
+    prc=$?
+    grep '^vmtool' "$log" | sed 's/^/VM: /'
+    [ $prc = 0 ] || { bad="$bad verify"; res="$res vmtool swapfill $fill MiB exited $prc (1: data mismatch, >128: killed);"; }
+    swapoff "$dev" >>"$log" 2>&1
+    SWAP_DEV=
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "${bad# }: $res"
+        return
+    fi
+    pass "$name" "$fill MiB (1.5x MemAvailable) through swap, suspended to RAM midway:$res every page verified after"
+}
+
 # check_hibernate DEV PREFIX: a real hibernation with swap on DEV (issue 17): a program (in a
 # cgroup of its own) holds a quarter of MemAvailable pushed out to DEV; disk swap on the scratch
 # disk (/dev/vda, lower priority) is the resume device; on uzram the sleep hook runs around it, as
@@ -1552,7 +1622,10 @@ check_hibernate() {
         cat /sys/block/vda/dev >/sys/power/resume
         echo shutdown >/sys/power/disk
         echo 1 >/sys/power/pm_debug_messages 2>/dev/null
-        n0=$(dmesg | wc -l)
+        # the kernel's messages from here on: after a marker (a count of lines fails once the
+        # ring buffer is full, as it is late in a full run)
+        n0="uzram-vm: $name hibernating at $(uptime_s)"
+        echo "$n0" >/dev/kmsg
         t0=$(uptime_s)
         sync
         # tests/vm/run's cue: the guest powers off once the image is written; boot it again
@@ -1560,11 +1633,11 @@ check_hibernate() {
         out=$( (echo disk >/sys/power/state) 2>&1)
         rc=$?
         echo 0 >/sys/power/pm_debug_messages 2>/dev/null
-        dmesg | tail -n +$((n0 + 1)) >>"$log"
+        dmesg | since_mark "$n0" >>"$log"
         if [ $rc != 0 ]; then
             bad="$bad hibernation"
-            res="$res hibernation: exit $rc (${out#sh: }) $(dmesg | tail -n +$((n0 + 1)) | grep -iE 'error|fail|short' | head -n 2 | tr '\n' ' ');"
-        elif dmesg | tail -n +$((n0 + 1)) | grep -q 'image restored successfully'; then
+            res="$res hibernation: exit $rc (${out#sh: }) $(dmesg | since_mark "$n0" | grep -iE 'error|fail|short' | head -n 2 | tr '\n' ' ');"
+        elif dmesg | since_mark "$n0" | grep -q 'image restored successfully'; then
             res="$res image written to /dev/vda, guest powered off and resumed ($(elapsed "$t0") s of guest time);"
         else
             bad="$bad not-resumed"

@@ -79,16 +79,17 @@ hostbin_setup() {
 # hib_tools: what the checks need after a hibernation, copied into the guest's RAM (/tmp/hib):
 # the host's root over virtio-9p does not come back after a resume (Linux's p9_virtio_drv has no
 # freeze/restore, so its queues are gone after the device's reset), and anything that touched it
-# would wait there. uzram (without debug info), vmtool (static), and swapon, swapoff and mkswap
-# with the libraries the host's loader resolves for them. Sets PATH, UZRAM_BIN and TOOL.
+# would wait there. uzram and its slot-free probe's loader (without debug info), vmtool (static), and swapon, swapoff, mkswap and
+# rtcwake with the libraries the host's loader resolves for them. Sets PATH, UZRAM_BIN and TOOL.
 hib_tools() {
     _h=/tmp/hib _r=$UZRAM_VM_ROOT
     _ld=$_r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
     _lp=$_r/lib/x86_64-linux-gnu:$_r/usr/lib/x86_64-linux-gnu
     mkdir -p $_h/bin $_h/lib
-    cp "$UZRAM_VM_DIR/cache/uzram-nodebug" $_h/bin/uzram && cp "$TOOL" $_h/bin/vmtool &&
+    cp "$UZRAM_VM_DIR/cache/uzram-nodebug" $_h/bin/uzram &&
+        cp "$UZRAM_VM_DIR/cache/uzram-probe-nodebug" $_h/bin/uzram-probe && cp "$TOOL" $_h/bin/vmtool &&
         cp "$_ld" $_h/lib/ || return 1
-    for _t in swapon swapoff mkswap; do
+    for _t in swapon swapoff mkswap rtcwake; do
         _p=
         for _c in "$_r/sbin/$_t" "$_r/usr/sbin/$_t" "$_r/bin/$_t" "$_r/usr/bin/$_t"; do
             [ -f "$_c" ] && { _p=$_c; break; }
