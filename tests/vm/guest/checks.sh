@@ -1389,11 +1389,7 @@ check_sleep() {
     echo 10000 >/sys/power/pm_freeze_timeout 2>/dev/null
     echo 7 >/proc/sys/kernel/printk
     swap_begin "$dev" || return
-    fill=$((avail * 13 / 10))
-    o0=$(vmstat_val pswpout)
-    in_cgroup "$cg" "$TOOL" swapfill $fill "$SEED" 8 >>"$log" 2>&1 &
-    tpid=$!
-    quarter_out $tpid
+    fill_start 13 8
     for round in 1 2 3; do
         sleep_test freeze suspend
     done
@@ -1448,15 +1444,7 @@ check_sleep() {
             res="$res disk swap on /dev/vda;"
         fi
         hold=$((avail / 4))
-        in_cgroup "$cg" "$TOOL" swaphold $hold $((SEED + 7)) >"$log.hold" 2>&1 &
-        hpid=$!
-        # until it holds (its pages pushed out), or it is gone: a signal before it holds would
-        # kill it (exit 138 in one run, after two refused suspends left memory starved)
-        for i in $(seq 1 1500); do
-            grep -q 'held' "$log.hold" && break
-            kill -0 $hpid 2>/dev/null || break
-            sleep 0.2
-        done
+        hold_start $((SEED + 7))
         if ! grep -q 'held' "$log.hold"; then
             kill -KILL $hpid 2>/dev/null
             wait $hpid
@@ -1503,6 +1491,31 @@ sleep_fail() {
     fail_log "$name" "$log" "$1"
 }
 
+# fill_start TENTHS PASSES (for check_sleep and check_rtcwake): the heavy program, vmtool swapfill
+# of TENTHS/10 of $avail MiB verified PASSES times, in cgroup $cg, its output in $log; sets fill
+# and tpid. Returns once a quarter of it is out in swap.
+fill_start() {
+    fill=$((avail * $1 / 10))
+    o0=$(vmstat_val pswpout)
+    in_cgroup "$cg" "$TOOL" swapfill $fill "$SEED" "$2" >>"$log" 2>&1 &
+    tpid=$!
+    quarter_out $tpid
+}
+
+# hold_start SEED (for check_sleep and check_hibernate): the light program, vmtool swaphold of
+# $hold MiB in cgroup $cg, its output in $log.hold; sets hpid. Returns once it holds (its pages
+# pushed out) or is gone, at most 300 s: a signal before it holds would kill it (exit 138 in one
+# run, after two refused suspends left memory starved).
+hold_start() {
+    in_cgroup "$cg" "$TOOL" swaphold $hold "$1" >"$log.hold" 2>&1 &
+    hpid=$!
+    for _i in $(seq 1 1500); do
+        grep -q 'held' "$log.hold" && break
+        kill -0 $hpid 2>/dev/null || break
+        sleep 0.2
+    done
+}
+
 # since_mark TEXT: the lines of stdin (dmesg) after the last one that holds TEXT.
 since_mark() {
     awk -v m="$1" 'index($0, m) { n = 0; delete l; next } { l[++n] = $0 } END { for (i = 1; i <= n; i++) print l[i] }'
@@ -1527,11 +1540,7 @@ check_rtcwake() {
     note "$name: rtcwake -m mem -s 3 with swap on $dev under pressure (sleep hook: $hook)"
     : >"$log"
     swap_begin "$dev" || return
-    fill=$((avail * 3 / 2))
-    o0=$(vmstat_val pswpout)
-    in_cgroup "$cg" "$TOOL" swapfill $fill "$SEED" 4 >>"$log" 2>&1 &
-    tpid=$!
-    quarter_out $tpid
+    fill_start 15 4
     if [ $hook = 1 ]; then
         out=$("$UZRAM_BIN" sleep pre suspend 2>&1)
         rc=$?
@@ -1566,11 +1575,7 @@ check_rtcwake() {
     [ $prc = 0 ] || { bad="$bad verify"; res="$res vmtool swapfill $fill MiB exited $prc (1: data mismatch, >128: killed);"; }
     swapoff "$dev" >>"$log" 2>&1
     SWAP_DEV=
-    if [ -n "$bad" ]; then
-        fail_log "$name" "$log" "${bad# }: $res"
-        return
-    fi
-    pass "$name" "$fill MiB (1.5x MemAvailable) through swap, suspended to RAM midway:$res every page verified after"
+    bad_or_pass "$fill MiB (1.5x MemAvailable) through swap, suspended to RAM midway:$res every page verified after"
 }
 
 # check_hibernate DEV PREFIX: a real hibernation with swap on DEV (issue 17): a program (in a
@@ -1599,13 +1604,7 @@ check_hibernate() {
         return
     fi
     hold=$((avail / 4))
-    in_cgroup "$cg" "$TOOL" swaphold $hold $((SEED + 9)) >"$log.hold" 2>&1 &
-    hpid=$!
-    for _ in $(seq 1 1500); do
-        grep -q 'held' "$log.hold" && break
-        kill -0 $hpid 2>/dev/null || break
-        sleep 0.2
-    done
+    hold_start $((SEED + 9))
     swapped=$(awk '/^VmSwap/ { print int($2 / 1024) }' /proc/$hpid/status 2>/dev/null)
     res="$hold MiB held, ${swapped:-?} MiB of it in swap;"
     if ! grep -q 'held' "$log.hold"; then
@@ -1658,11 +1657,17 @@ check_hibernate() {
     swapoff /dev/vda >>"$log" 2>&1
     swapoff "$dev" >>"$log" 2>&1
     SWAP_DEV=
+    bad_or_pass "$res every page verified after the resume"
+}
+
+# bad_or_pass TEXT (for the checks that gather $bad and $res): fails $name with what $bad and
+# $res say, or passes it with TEXT.
+bad_or_pass() {
     if [ -n "$bad" ]; then
         fail_log "$name" "$log" "${bad# }: $res"
-        return
+    else
+        pass "$name" "$1"
     fi
-    pass "$name" "$res every page verified after the resume"
 }
 
 # in_cgroup CG COMMAND... &: runs COMMAND as a process of cgroup CG, in the background only: the
