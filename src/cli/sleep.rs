@@ -12,9 +12,10 @@
 //! So before a suspend, the cgroups of the processes that hold swap (`VmSwap`) are frozen with
 //! the cgroup freezer, which waits for their swap-ins to end (the daemon still serves them);
 //! the kernel's freezer then finds them frozen. `pre` then waits (up to 5 s) for swap to stand
-//! still, so that kswapd is not writing to a daemon as the kernel freezes it. Before a hibernation every uzram swap device is
-//! swapped off, or, when RAM and the other swap cannot take its pages back, the hibernation is
-//! refused (the unit fails, so systemd does not hibernate). After, `post` undoes what `pre` did,
+//! still, so that kswapd is not writing to a daemon as the kernel freezes it. Before a
+//! hibernation every uzram swap device is swapped off, or, when RAM and the other swap cannot
+//! take its pages back, the hibernation is refused (the unit fails, so systemd does not
+//! hibernate). After, `post` undoes what `pre` did,
 //! from the state it wrote in `/run/uzram/sleep.state`; a `pre` that finds that file first
 //! undoes the sleep before (a `post` that never ran).
 
