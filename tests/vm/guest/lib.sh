@@ -79,8 +79,9 @@ hostbin_setup() {
 # hib_tools: what the checks need after a hibernation, copied into the guest's RAM (/tmp/hib):
 # the host's root over virtio-9p does not come back after a resume (Linux's p9_virtio_drv has no
 # freeze/restore, so its queues are gone after the device's reset), and anything that touched it
-# would wait there. uzram and its slot-free probe's loader (without debug info), vmtool (static), and swapon, swapoff, mkswap and
-# rtcwake with the libraries the host's loader resolves for them. Sets PATH, UZRAM_BIN and TOOL.
+# would wait there. uzram and its slot-free probe's loader (without debug info), vmtool
+# (static), and swapon, swapoff, mkswap and rtcwake with the libraries the host's loader resolves
+# for them. Sets PATH, UZRAM_BIN and TOOL.
 hib_tools() {
     _h=/tmp/hib _r=$UZRAM_VM_ROOT
     _ld=$_r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
