@@ -475,15 +475,7 @@ fn before_suspend() -> Result<Vec<String>, CtlError> {
 
 /// `pswpin` and `pswpout` of /proc/vmstat's text (0 where absent).
 fn swap_counts(vmstat: &str) -> (u64, u64) {
-    let count = |field: &str| {
-        vmstat
-            .lines()
-            .find_map(|l| {
-                let (name, n) = l.split_once(' ')?;
-                (name == field).then(|| n.trim().parse::<u64>().ok())?
-            })
-            .unwrap_or(0)
-    };
+    let count = |field| uzram_engine::Pressure::parse_vmstat(vmstat, field).unwrap_or(0);
     (count("pswpin"), count("pswpout"))
 }
 

@@ -247,9 +247,14 @@ impl Pressure {
 
     /// `pswpout` of `/proc/vmstat`'s text.
     pub fn parse_swap_outs(vmstat: &str) -> Option<u64> {
+        Pressure::parse_vmstat(vmstat, "pswpout")
+    }
+
+    /// The count `field` of `/proc/vmstat`'s text (its name matched whole).
+    pub fn parse_vmstat(vmstat: &str, field: &str) -> Option<u64> {
         vmstat
             .lines()
-            .find_map(|l| l.strip_prefix("pswpout "))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(' '))
             .and_then(|v| v.trim().parse().ok())
     }
 
