@@ -1358,12 +1358,10 @@ swap_begin() {
 # quarter of MemAvailable, pushed out to swap): the hook swaps uzram off, the hibernation freezer
 # test runs, the hook swaps it on again, and the program's pages verify.
 # UZRAM_VM_SLEEP_HOOK=0: uzram without the hook (3 freezes only; the "before" figures).
-# Why the freezer test and no real sleep: a real one (`rtcwake -m freeze`, S3, a hibernation
-# resumed) suspends the devices, and virtio-9p, which brings this script and every tool from the
-# host, has no restore (Linux's p9_virtio_drv has no freeze/restore: its queues are gone after the
-# device's reset). Tried 2026-12-03: `rtcwake -m freeze -s 3` suspended and the guest never came
-# back (under QEMU the RTC alarm is no wakeup source for s2idle either). A real sleep needs the
-# check's tools in the initramfs.
+# Why the freezer test here: a real sleep suspends the devices, and virtio-9p, which brings the
+# tools from the host, has no restore (Linux's p9_virtio_drv has no freeze/restore). The real
+# ones run last, from copies in RAM: check_hibernate and check_rtcwake (suspend to RAM; a real
+# suspend-to-idle, `rtcwake -m freeze -s 3`, never woke the QEMU guest: tried 2026-12-03).
 check_sleep() {
     local dev=$1 name=${2}sleep log=$UZ_TMP/${2}sleep.log avail fill tpid o0 i rc st n0 res= bad=
     local hook=0 cg round out hold hpid
@@ -1394,14 +1392,11 @@ check_sleep() {
         sleep_test freeze suspend
     done
     if [ $hook = 1 ]; then
-        out=$("$UZRAM_BIN" sleep pre hibernate 2>&1)
-        rc=$?
-        echo "hook pre hibernate: exit $rc: $out" >>"$log"
-        note "$name: hook pre hibernate: exit $rc: $(echo "$out" | tr '\n' ' ')"
+        sleep_hook pre hibernate
         if [ $rc = 0 ]; then
             bad="$bad hibernate-not-refused"
             res="$res hibernation: the hook did not refuse ($out);"
-            "$UZRAM_BIN" sleep post hibernate >>"$log" 2>&1
+            sleep_hook post hibernate
         else
             res="$res hibernation refused by the hook (exit $rc: ${out#*hibernation refused: }"
             res="${res%%; swap on uzram must*});"
@@ -1491,6 +1486,15 @@ sleep_fail() {
     fail_log "$name" "$log" "$1"
 }
 
+# sleep_hook PHASE ACTION: `uzram sleep PHASE ACTION`, as uzram's units run it; its output and exit
+# in $out and $rc, in $log and on the console.
+sleep_hook() {
+    out=$("$UZRAM_BIN" sleep "$1" "$2" 2>&1)
+    rc=$?
+    echo "hook $1 $2: exit $rc: $out" >>"$log"
+    note "$name: hook $1 $2: exit $rc: $(echo "$out" | tr '\n' ' ')"
+}
+
 # fill_start TENTHS PASSES (for check_sleep and check_rtcwake): the heavy program, vmtool swapfill
 # of TENTHS/10 of $avail MiB verified PASSES times, in cgroup $cg, its output in $log; sets fill
 # and tpid. Returns once a quarter of it is out in swap.
@@ -1542,10 +1546,7 @@ check_rtcwake() {
     swap_begin "$dev" || return
     fill_start 15 4
     if [ $hook = 1 ]; then
-        out=$("$UZRAM_BIN" sleep pre suspend 2>&1)
-        rc=$?
-        echo "hook pre suspend: exit $rc: $out" >>"$log"
-        note "$name: hook pre suspend: exit $rc: $(echo "$out" | tr '\n' ' ')"
+        sleep_hook pre suspend
         [ $rc = 0 ] || { bad="$bad refused"; res="$res the hook refused ($out);"; }
     fi
     if [ -z "$bad" ]; then
@@ -1566,8 +1567,7 @@ check_rtcwake() {
         fi
     fi
     if [ $hook = 1 ]; then
-        out=$("$UZRAM_BIN" sleep post suspend 2>&1)
-        echo "hook post suspend: exit $?: $out" >>"$log"
+        sleep_hook post suspend
     fi
     wait $tpid
     prc=$?
@@ -1610,10 +1610,7 @@ check_hibernate() {
     if ! grep -q 'held' "$log.hold"; then
         bad="$bad no-hold"
     elif [ $hook = 1 ]; then
-        out=$("$UZRAM_BIN" sleep pre hibernate 2>&1)
-        rc=$?
-        echo "hook pre hibernate: exit $rc: $out" >>"$log"
-        note "$name: hook pre hibernate: exit $rc: $(echo "$out" | tr '\n' ' ')"
+        sleep_hook pre hibernate
         [ $rc = 0 ] || bad="$bad refused"
         res="$res hook pre: exit $rc;"
     fi
@@ -1643,9 +1640,7 @@ check_hibernate() {
             res="$res hibernation returned 0 but the kernel did not say it resumed an image;"
         fi
         if [ $hook = 1 ]; then
-            out=$("$UZRAM_BIN" sleep post hibernate 2>&1)
-            echo "hook post hibernate: exit $?: $out" >>"$log"
-            note "$name: hook post hibernate: $(echo "$out" | tr '\n' ' ')"
+            sleep_hook post hibernate
             grep -q "^$dev " /proc/swaps || { bad="$bad swap-not-back"; res="$res $dev not swap again after the hook's post;"; }
         fi
     fi
@@ -1686,15 +1681,12 @@ sleep_test() {
         return
     fi
     if [ $hook = 1 ]; then
-        out=$("$UZRAM_BIN" sleep pre "$action" 2>&1)
-        rc=$?
-        echo "hook pre $action: exit $rc: $out" >>"$log"
-        note "$name: hook pre $action: $(echo "$out" | tr '\n' ' ')"
+        sleep_hook pre "$action"
         if [ $rc != 0 ]; then
             # as systemd: a failed pre means no sleep (a hibernation would hang)
             bad="$bad $st-refused"
             res="$res $st: refused by the hook ($(echo "$out" | tr '\n' ' '));"
-            "$UZRAM_BIN" sleep post "$action" >>"$log" 2>&1
+            sleep_hook post "$action"
             return
         fi
     fi
@@ -1714,8 +1706,6 @@ sleep_test() {
     fi
     res="$res;"
     if [ $hook = 1 ]; then
-        out=$("$UZRAM_BIN" sleep post "$action" 2>&1)
-        echo "hook post $action: exit $?: $out" >>"$log"
-        note "$name: hook post $action: $(echo "$out" | tr '\n' ' ')"
+        sleep_hook post "$action"
     fi
 }
