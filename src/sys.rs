@@ -90,9 +90,17 @@ pub fn reserve_address_space(len: usize) -> io::Result<*mut u8> {
 /// faulted in, which does not populate under the `mmap_lock`), and writes every page, so that
 /// each is faulted in (and locked) now rather than on first use.
 ///
+/// Calls `touched` with the pages faulted in, every [`TOUCH_REPORT`] pages: under pressure each
+/// fault may wait for reclaim, and whoever waits for the caller can tell slow from stuck.
+///
 /// # Safety
 /// `at..at + len` lies inside a span from [`reserve_address_space`] that nothing uses yet.
-pub unsafe fn commit_and_touch(at: *mut u8, len: usize, lock: bool) -> io::Result<()> {
+pub unsafe fn commit_and_touch(
+    at: *mut u8,
+    len: usize,
+    lock: bool,
+    touched: &mut dyn FnMut(u64),
+) -> io::Result<()> {
     // SAFETY: `at..at + len` is part of a reserved span that nothing uses yet (the caller's
     // contract); changing its protection and locking affect no live memory.
     unsafe {
@@ -105,12 +113,22 @@ pub unsafe fn commit_and_touch(at: *mut u8, len: usize, lock: bool) -> io::Resul
             return Err(e);
         }
     }
-    for offset in (0..len).step_by(4096) {
+    for (n, offset) in (0..len).step_by(4096).enumerate() {
         // SAFETY: inside the range just made writable, and no one else's yet.
         unsafe { at.add(offset).write_volatile(0) };
+        if (n + 1) % TOUCH_REPORT == 0 {
+            touched(TOUCH_REPORT as u64);
+        }
+    }
+    let rest = len / 4096 % TOUCH_REPORT;
+    if rest > 0 {
+        touched(rest as u64);
     }
     Ok(())
 }
+
+/// How many pages [`commit_and_touch`] faults in between two reports.
+pub const TOUCH_REPORT: usize = 16;
 
 /// Gives back `len` bytes at `at` (page aligned, inside a [`reserve_address_space`] span, no
 /// longer in use) that [`commit_and_touch`] made usable: unlocked, their pages dropped, and
@@ -486,4 +504,25 @@ pub fn page_size() -> u64 {
     // SAFETY: sysconf takes an integer and has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u64::try_from(n).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_and_touch_reports_its_pages_as_it_goes() {
+        let pages = 2 * TOUCH_REPORT + 3;
+        let at = reserve_address_space(pages * 4096).unwrap();
+        let mut reports = Vec::new();
+        // SAFETY: the span just reserved, which nothing uses.
+        unsafe { commit_and_touch(at, pages * 4096, false, &mut |n| reports.push(n)) }.unwrap();
+        assert_eq!(
+            reports,
+            [TOUCH_REPORT as u64, TOUCH_REPORT as u64, 3],
+            "{reports:?}"
+        );
+        // SAFETY: committed above and writable; nothing else uses it.
+        unsafe { at.add(pages * 4096 - 1).write_volatile(7) };
+    }
 }

@@ -218,8 +218,9 @@ pub fn refill() -> usize {
     refill_with(&mut |_| {})
 }
 
-/// [`refill`], calling `progress` with the pages of each step once it is committed (the memory
-/// thread tells writes waiting for the pool's reserve that it is not stuck).
+/// [`refill`], calling `progress` with the pages faulted in as it goes, every
+/// [`crate::sys::TOUCH_REPORT`] of them (the memory thread tells writes waiting for the pool's
+/// reserve that it is not stuck: under pressure a whole step can take longer than they wait).
 pub fn refill_with(progress: &mut dyn FnMut(u64)) -> usize {
     let base = BASE.load(Ordering::Acquire);
     if base == 0 {
@@ -237,7 +238,7 @@ pub fn refill_with(progress: &mut dyn FnMut(u64)) -> usize {
         let lock = LOCK.load(Ordering::Relaxed);
         // SAFETY: the span's next step: inside it (checked above), and not yet committed, so
         // nothing uses it.
-        if unsafe { crate::sys::commit_and_touch(at as *mut u8, STEP, lock) }.is_err() {
+        if unsafe { crate::sys::commit_and_touch(at as *mut u8, STEP, lock, progress) }.is_err() {
             REFUSED.fetch_add(1, Ordering::Relaxed);
             break;
         }
@@ -255,7 +256,6 @@ pub fn refill_with(progress: &mut dyn FnMut(u64)) -> usize {
         drop(heap);
         COMMITTED.store(committed + STEP, Ordering::Release);
         added += STEP;
-        progress((STEP / 4096) as u64);
     }
     added
 }

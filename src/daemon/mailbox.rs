@@ -32,6 +32,10 @@ pub(super) struct Failure {
 
 static FAILED_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static LATEST_FAILURE: Mutex<Option<Failure>> = Mutex::new(None);
+/// The first write since the last report whose wait for the reserve ran out: what the memory
+/// thread was doing then is the cause; the writes after it that fail at once only show where it
+/// has got to since.
+static RAN_OUT: Mutex<Option<Failure>> = Mutex::new(None);
 
 /// Counts a failed request and, if nobody holds the mailbox, leaves its details there.
 pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
@@ -67,6 +71,11 @@ pub(super) fn note(op: Op, offset: u64, len: u64, errno: i32, cause: &'static st
 
 fn record(failure: Failure) {
     FAILED_REQUESTS.fetch_add(1, Ordering::Relaxed);
+    if failure.waited_ms > 0 {
+        if let Some(mut ran_out) = RAN_OUT.try_lock() {
+            ran_out.get_or_insert(failure);
+        }
+    }
     if let Some(mut latest) = LATEST_FAILURE.try_lock() {
         *latest = Some(failure);
     }
@@ -120,6 +129,19 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
             ),
         }
     ));
+    if let Some(f) = RAN_OUT.lock().take() {
+        if let Some((phase, ms)) = f.memory {
+            super::log(&format!(
+                "the first of them to wait for the reserve ({} of {} bytes at byte {}) gave up \
+                 after {} ms; the memory thread had been {} for {ms} ms",
+                f.op.name(),
+                f.len,
+                f.offset,
+                f.waited_ms,
+                phase.name()
+            ));
+        }
+    }
     *reported = n;
     *last = Some(Instant::now());
 }

@@ -31,10 +31,29 @@ pub(super) struct ReserveSignal {
 pub(super) struct ReserveState {
     pub(super) needed: bool,
     pub(super) refills: u64,
-    /// `refills` when a wait last timed out: until the next refill, allocations that find no
-    /// room fail at once instead of each waiting out its time (a queue of writes would otherwise
-    /// wait one after another).
-    pub(super) starved_at: Option<u64>,
+    /// Set when a wait last ran out: until it no longer holds, allocations that find no room
+    /// fail at once instead of each waiting out its time (a queue of writes would otherwise
+    /// wait one after another behind a stuck maintenance thread).
+    pub(super) starved: Option<Starved>,
+}
+
+/// When a wait for a refill ran out (see [`ReserveState::starved`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Starved {
+    /// `refills` then: any refill since ends it.
+    pub(super) refills: u64,
+    /// [`ReserveSignal::touched`] then, if the wait ran out for want of progress: any page the
+    /// maintenance thread faults in since ends it too (it was held up, say by one slow fault,
+    /// and is moving again, so the next write waits for it). `None` if the wait ran out at its
+    /// cap while the thread was moving: a refill that slow is not waited for again.
+    pub(super) touched: Option<u64>,
+}
+
+impl Starved {
+    /// Whether an allocation that finds no room now fails at once.
+    pub(super) fn holds(&self, refills: u64, touched: u64) -> bool {
+        self.refills == refills && self.touched.map_or(true, |t| t == touched)
+    }
 }
 
 impl ReserveSignal {
@@ -158,8 +177,8 @@ pub(super) struct RefillWait {
 
 impl Pool {
     /// Waits until an empty arena is there; false if `w` ran out first (no progress by the
-    /// maintenance thread for `w.wait`, or `w.cap` passed), or if an earlier wait ran out and
-    /// no refill came since.
+    /// maintenance thread for `w.wait`, or `w.cap` passed), or at once while an earlier wait's
+    /// running out still holds (see [`Starved`]).
     pub(super) fn wait_for_refill(&self, w: &mut RefillWait) -> bool {
         let mut st = self.signal.state.lock();
         loop {
@@ -170,7 +189,8 @@ impl Pool {
             }
             st.needed = true;
             self.signal.need.notify_one();
-            if st.starved_at == Some(st.refills) {
+            let touched = self.signal.touched.load(Ordering::Relaxed);
+            if st.starved.is_some_and(|s| s.holds(st.refills, touched)) {
                 return false;
             }
             if !self
@@ -192,7 +212,10 @@ impl Pool {
                 w.deadline = now + w.wait;
                 continue;
             }
-            st.starved_at = Some(st.refills);
+            st.starved = Some(Starved {
+                refills: st.refills,
+                touched: (progress == w.progress).then_some(progress),
+            });
             return false;
         }
     }

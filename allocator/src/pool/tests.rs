@@ -42,6 +42,15 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
         Err(Error::ReserveExhausted { .. })
     ));
     assert!(t.elapsed() < WAIT / 2, "{:?}", t.elapsed());
+    // That wait ran out for want of progress: once the maintenance thread moves again (one
+    // slow fault over), the next store waits for it again rather than fail at once.
+    pool.note_progress(1);
+    let t = Instant::now();
+    assert!(matches!(
+        pool.store(&[7u8; 3000]),
+        Err(Error::ReserveExhausted { .. })
+    ));
+    assert!(t.elapsed() >= WAIT, "{:?}", t.elapsed());
     pool.maintain().unwrap();
     for _ in 0..per_arena {
         pool.store(&[8u8; 3000]).unwrap();
@@ -89,6 +98,16 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
         pool.stats().pages_mapped,
         (3 + spare) as u64 * ARENA_PAGES as u64
     );
+    // A refill that slow is not waited for again, progress or not, until it lands.
+    pool.note_progress(32);
+    let t = Instant::now();
+    assert!(matches!(
+        pool.store(&[12u8; 3000]),
+        Err(Error::ReserveExhausted { .. })
+    ));
+    assert!(t.elapsed() < WAIT / 2, "{:?}", t.elapsed());
+    pool.maintain().unwrap();
+    pool.store(&[12u8; 3000]).unwrap();
     pool.check_invariants().unwrap();
 }
 
