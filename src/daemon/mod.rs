@@ -334,12 +334,13 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     })?;
     // The device is built (below) after `mlockall(MCL_CURRENT)`: a region's metadata and table
     // areas are mapped whole but hold memory only where written; locked then, they would be
-    // populated whole. A standby commits its I/O heap now, before it waits.
-    if args.standby && heap::refill() == 0 {
-        log("warning: the I/O heap could not be committed; the I/O path allocates from malloc");
-    }
-    // A standby has everything that needs memory done (pinned, its heap committed): it waits
-    // here, until a worker dies, for the supervisor's word.
+    // populated whole.
+    // A standby has what needs memory done (pinned, its stacks and malloc's heap resident) but
+    // its I/O heap: it waits here, until a worker dies, for the supervisor's word. Its I/O heap
+    // is committed when it takes over (the refill below, 1 MiB, or 4 MiB with memory short, as
+    // a worker's is): held by every standby all along, that step was 1 MiB of the idle
+    // daemon's 10.2 (issue 14), and a takeover under pressure faulted the 3 MiB beyond it in
+    // then anyway.
     let recover = if args.standby {
         match wait_for_go() {
             Some(go) => Some((go.id, go.restarts, go.cause)),
