@@ -131,6 +131,8 @@ pub struct Stats {
     pub fallbacks: u64,
     /// Refill steps the kernel refused, and trims it failed.
     pub refused: u64,
+    /// The largest block the I/O path asked for (the margin follows it).
+    pub largest: usize,
 }
 
 /// The heap's figures now.
@@ -140,6 +142,7 @@ pub fn stats() -> Stats {
         in_use: IN_USE.load(Ordering::Relaxed),
         fallbacks: FALLBACKS.load(Ordering::Relaxed),
         refused: REFUSED.load(Ordering::Relaxed),
+        largest: LARGEST.load(Ordering::Relaxed),
     }
 }
 

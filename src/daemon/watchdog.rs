@@ -92,12 +92,13 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused), reserve {} arenas{}, refilled {} (slowest {} ms){}{}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused, largest block {} kB), reserve {} arenas{}, refilled {} (slowest {} ms){}{}",
                 rss,
                 heap.in_use >> 10,
                 heap.committed >> 10,
                 heap.fallbacks,
                 heap.refused,
+                heap.largest >> 10,
                 device.pool_reserve_target(),
                 if super::heap::memory_short() {
                     " (memory short)"
