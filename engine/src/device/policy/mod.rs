@@ -235,7 +235,10 @@ pub struct TickReport {
 
 /// The policy thread's own state: its writeback buffers and when it last scanned.
 pub struct Policy {
-    bufs: WbBuffers,
+    /// Made at the first batch written back or eviction (see [`buffers`]): a device without a
+    /// backing store never needs them, and the daemon's I/O heap would keep their 1.2 MiB
+    /// committed ahead.
+    bufs: Option<WbBuffers>,
     pages: Vec<PageIndex>,
     /// Recompression's candidate list, kept between rounds.
     candidates: Vec<(u16, u64)>,
@@ -254,10 +257,11 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// Makes the buffers (about 1.2 MiB).
+    /// A policy with no rounds run yet. Its writeback buffers (about 1.2 MiB) are made when it
+    /// first writes back or evicts, or by [`Policy::make_buffers`].
     pub fn new() -> Policy {
         Policy {
-            bufs: WbBuffers::new(BATCH),
+            bufs: None,
             pages: Vec::with_capacity(BATCH),
             candidates: Vec::new(),
             last_age_scan: None,
@@ -265,6 +269,12 @@ impl Policy {
             seen_written: 0,
             spilled_since_compact: 0,
         }
+    }
+
+    /// Makes the writeback buffers now, for a device with a backing store: a caller that keeps
+    /// its memory resident (the daemon) makes them while memory is still there to make them.
+    pub fn make_buffers(&mut self) {
+        buffers(&mut self.bufs);
     }
 
     /// Waits up to `timeout` for writes that ask for room (hand-off mode), and serves them:
@@ -555,7 +565,13 @@ impl Policy {
             if allowed == 0 {
                 return false;
             }
-            let b = device.write_batch(backing, &mut self.bufs, &self.pages[..allowed], keep, true);
+            let b = device.write_batch(
+                backing,
+                buffers(&mut self.bufs),
+                &self.pages[..allowed],
+                keep,
+                true,
+            );
             device.tier.budget.lock().charge(b.bytes);
             self.pages.clear();
             // Writes waiting for room come first (hand-off mode).
@@ -582,9 +598,14 @@ fn watermark_excess(device: &Device, cfg: &PolicyConfig) -> Option<u64> {
     })
 }
 
+/// The policy's writeback buffers, made on first use.
+fn buffers(bufs: &mut Option<WbBuffers>) -> &mut WbBuffers {
+    bufs.get_or_insert_with(|| WbBuffers::new(BATCH))
+}
+
 /// Serves the evictions writes have asked for (hand-off mode), without waiting for any: evicts
 /// for each object size asked, then wakes the writers. Returns whether any asked.
-fn serve_pending(bufs: &mut WbBuffers, device: &Device) -> bool {
+fn serve_pending(bufs: &mut Option<WbBuffers>, device: &Device) -> bool {
     let tier = &device.tier;
     let (sizes, n, round) = {
         let mut r = tier.requests.lock();
@@ -597,6 +618,7 @@ fn serve_pending(bufs: &mut WbBuffers, device: &Device) -> bool {
         taken
     };
     let mut served = 0;
+    let bufs = buffers(bufs);
     for &size in &sizes[..n] {
         if device.evict(bufs, usize::from(size)) {
             served += 1;

@@ -117,8 +117,13 @@ impl Policy {
                 break;
             }
             let keep = |s: &SlotState| s.flags.contains(SlotFlags::STORED);
-            let b =
-                device.write_batch(backing, &mut self.bufs, &self.pages[..allowed], &keep, true);
+            let b = device.write_batch(
+                backing,
+                super::buffers(&mut self.bufs),
+                &self.pages[..allowed],
+                &keep,
+                true,
+            );
             self.pages.clear();
             tier.budget.lock().charge(b.bytes);
             let c = &tier.counters;

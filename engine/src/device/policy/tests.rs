@@ -151,12 +151,17 @@ fn idle_pages_are_recompressed_then_written_back_by_age() {
     assert_eq!(s.recompressed_pages, 100);
     assert!(s.recompress_saved > 0);
     assert!(d.stats().mm.compr_data_size < before);
+    assert!(
+        policy.bufs.is_none(),
+        "the writeback buffers are made when the first batch is written back, not before"
+    );
     // The next age scan comes AGE_SCAN_SECS later, and finds pages an hour idle.
     let r = policy.tick(&d, &mut ctx, &Pressure::none()).unwrap();
     assert_eq!(r, TickReport::default(), "no age scan twice in one second");
     d.advance_clock(3600 - 610 + 5);
     let r = policy.tick(&d, &mut ctx, &Pressure::none()).unwrap();
     assert_eq!(r.written_back, 100, "{r:?}");
+    assert!(policy.bufs.is_some());
     let s = d.policy_stats();
     assert_eq!(s.age_wb_pages, 100);
     assert_eq!(d.backing().unwrap().pages(), 100);
