@@ -228,7 +228,7 @@ fn io_flusher() -> Result<(), ServeError> {
 /// `mlockall(MCL_CURRENT)` would have: what was allocated after the process locked its memory
 /// with `MCL_ONFAULT` (a device adopted by a successor: its records, vectors with room to grow)
 /// is otherwise faulted in by whichever thread first writes it, an I/O thread included.
-fn populate_heap() -> std::io::Result<()> {
+pub(super) fn populate_heap() -> std::io::Result<()> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     for line in maps.lines().filter(|l| l.ends_with("[heap]")) {
         let entry = crate::tools::pagedump::parse_maps_line(line)

@@ -244,6 +244,14 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
             // thread, they would keep 1.2 MiB of that heap committed on every idle daemon.
             if device.backing().is_some() {
                 policy.make_buffers();
+                // Larger than the heap's margin, they come from malloc, zeroed by the kernel
+                // and not yet faulted in: made resident now, not by the first batch, which
+                // may come with memory short.
+                if let Err(e) = super::populate_heap() {
+                    log(&format!(
+                        "policy: malloc's heap could not be made resident ({e}): its first writeback may wait for memory"
+                    ));
+                }
             }
             let mut last_report: Option<Instant> = None;
             let second = Duration::from_secs(1);
