@@ -12,6 +12,7 @@ fn main() {
     io_heap_serves_marked_threads();
     uzram::daemon::pin::prefault_stack();
     io_path_fits_in_the_prefaulted_stack();
+    upkeep_fits_in_its_prefaulted_stack();
     let s = heap::stats();
     println!(
         "pin: I/O heap {} of {} KiB in use, {} fallbacks",
@@ -282,4 +283,120 @@ fn io_path_fits_in_the_prefaulted_stack() {
         .unwrap()
         .join()
         .unwrap();
+}
+
+/// The memory thread's and the policy thread's rounds, run on a thread whose whole stack is
+/// [`UPKEEP_STACK_PREFAULT`] less 32 KiB (the thread's own frames above them): a deeper round
+/// would overflow it (SIGSEGV), so the stack those threads fault in covers every page they
+/// touch. Each step's result is checked against what it must have done.
+///
+/// [`UPKEEP_STACK_PREFAULT`]: uzram::daemon::pin::UPKEEP_STACK_PREFAULT
+fn upkeep_fits_in_its_prefaulted_stack() {
+    use std::time::Duration;
+    use uzram_engine::testing::pages::{noise_page, text_page};
+    use uzram_engine::{Device, DeviceSetup, Growth, Policy, Pressure, Region, PAGE_SIZE};
+    const PAGE: u64 = PAGE_SIZE as u64;
+    let dir = std::env::temp_dir().join(format!("uzram-pin-upkeep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The memory thread's device: in a region, its pool in reserve mode.
+    let memory_device = {
+        let size = Device::region_size(4096 * PAGE).unwrap();
+        let mut setup = DeviceSetup::new();
+        setup.set_region(Region::create("uzram-pin-upkeep", size).unwrap());
+        setup.set_pool_growth(Growth::Reserve {
+            wait: Duration::from_secs(1),
+        });
+        setup.set_pool_reserve(4 << 21);
+        setup.init(4096 * PAGE).unwrap()
+    };
+    // The policy thread's: a backing file (its records sealed), zstd as the secondary
+    // algorithm, recompression and writeback by age, eviction above the watermark.
+    let policy_device = {
+        let mut setup = DeviceSetup::new();
+        setup.set_recomp_algorithm("zstd").unwrap();
+        setup.set_backing_dev(&dir.join("backing"));
+        setup
+            .set_policy("recompress_after=10m writeback_after=1h min_free=0 psi=off evict=1")
+            .unwrap();
+        setup.init(4096 * PAGE).unwrap()
+    };
+    let run = move || {
+        // The memory thread: rounds with memory calm, then short.
+        let d = &memory_device;
+        for short in [false, true] {
+            d.set_memory_short(short);
+            heap::set_memory_short(short);
+            assert!(d.wait_for_maintenance(Duration::ZERO) || !short);
+            let _ = d.reclaim_freed_until(|| false);
+            let _ = Pressure::read().short();
+            let _ = Pressure::swap_outs();
+            let mut after_each = || {
+                heap::refill_with(&mut |pages| d.note_upkeep_progress(pages));
+                d.prefault_region(false);
+            };
+            let m = d.maintain_memory_with(&mut after_each).unwrap();
+            assert!(m.arenas_mapped > 0 || !short, "{m:?}");
+            heap::refill_with(&mut |_| {});
+            let (leaves, chunks) = d.prefault_region(short);
+            assert!(!short || leaves + chunks as usize > 0);
+        }
+        heap::set_memory_short(false);
+        heap::trim();
+        let mut ctx = d.context().unwrap();
+        for i in 0..64u64 {
+            d.write(&mut ctx, i * PAGE, &text_page(i)).unwrap();
+        }
+        // The policy thread.
+        let d = &policy_device;
+        let mut ctx = d.context().unwrap();
+        let mut policy = Policy::new();
+        policy.make_buffers();
+        let model: Vec<(u64, [u8; PAGE_SIZE])> = (0..300)
+            .map(|i| {
+                (
+                    i,
+                    if i % 3 == 0 {
+                        noise_page(i)
+                    } else {
+                        text_page(i)
+                    },
+                )
+            })
+            .collect();
+        for (i, p) in &model {
+            d.write(&mut ctx, i * PAGE, p).unwrap();
+        }
+        d.advance_clock(610);
+        let _ = Pressure::read().short();
+        let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
+        assert!(r.recompressed > 0, "{r:?}");
+        d.advance_clock(3600);
+        let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
+        assert!(r.written_back > 0, "{r:?}");
+        // Above the watermark: the coldest pages are evicted.
+        for (i, p) in &model {
+            d.write(&mut ctx, (1000 + i) * PAGE, p).unwrap();
+        }
+        d.set_mem_limit(Some(d.stats().mm.mem_used_total / 2));
+        d.advance_clock(60);
+        let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
+        assert!(r.written_back > 0, "{r:?}");
+        policy.serve_evictions(d, Duration::ZERO);
+        d.compact();
+        let mut back = [0u8; PAGE_SIZE];
+        for (i, p) in &model {
+            d.read(&mut ctx, i * PAGE, &mut back).unwrap();
+            assert!(back == *p, "page {i} differs");
+        }
+    };
+    std::thread::Builder::new()
+        .stack_size(uzram::daemon::pin::UPKEEP_STACK_PREFAULT - (32 << 10))
+        .spawn(move || {
+            heap::serve_from_io_heap();
+            run();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }
