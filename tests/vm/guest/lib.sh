@@ -25,7 +25,7 @@ fail_log() { # NAME LOG REASON...
     # what uzram's daemons said of failed requests and bugs (they log the page and the cause)
     if [ -s "$UZRAM_LOG" ]; then
         echo "---- $UZRAM_LOG: failures and bugs the daemons logged"
-        grep -E 'BUG|panicked|requests failed|cannot refill' "$UZRAM_LOG" | tail -n 12 | sed 's/^/  d /'
+        grep -E 'BUG|panicked|requests failed|cannot refill|gave up' "$UZRAM_LOG" | tail -n 12 | sed 's/^/  d /'
     fi
     fail "$_n" "$*"
 }
