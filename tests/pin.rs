@@ -10,7 +10,7 @@ static ALLOCATOR: DaemonAlloc = DaemonAlloc;
 fn main() {
     uzram::daemon::pin::tune_malloc();
     io_heap_serves_marked_threads();
-    uzram::daemon::pin::prefault_stack();
+    uzram::daemon::pin::prefault_stack::<{ uzram::daemon::pin::STACK_PREFAULT }>();
     io_path_fits_in_the_prefaulted_stack();
     upkeep_fits_in_its_prefaulted_stack();
     let s = heap::stats();

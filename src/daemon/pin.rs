@@ -32,17 +32,10 @@ pub fn tune_malloc() {
     crate::sys::tune_malloc();
 }
 
-/// Faults in [`STACK_PREFAULT`] bytes of the calling thread's stack (a queue thread's).
+/// Faults in `BYTES` bytes of the calling thread's stack: [`STACK_PREFAULT`] on a queue thread,
+/// [`UPKEEP_STACK_PREFAULT`] on the memory and policy threads.
 #[inline(never)]
-pub fn prefault_stack() {
-    let probe = [1u8; STACK_PREFAULT];
-    std::hint::black_box(&probe);
-}
-
-/// Faults in [`UPKEEP_STACK_PREFAULT`] bytes of the calling thread's stack (the memory or the
-/// policy thread's).
-#[inline(never)]
-pub fn prefault_upkeep_stack() {
-    let probe = [1u8; UPKEEP_STACK_PREFAULT];
+pub fn prefault_stack<const BYTES: usize>() {
+    let probe = [1u8; BYTES];
     std::hint::black_box(&probe);
 }

@@ -126,7 +126,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             heap::serve_from_io_heap();
             // It takes the I/O heap's lock and the pool's: a fault on its stack while holding
             // either would stall the I/O threads behind reclaim.
-            pin::prefault_upkeep_stack();
+            pin::prefault_stack::<{ pin::UPKEEP_STACK_PREFAULT }>();
             let mut last_report: Option<Instant> = None;
             let mut last_pressure: Option<Instant> = None;
             let mut calm_since: Option<Instant> = Some(Instant::now());
@@ -234,7 +234,7 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 return log(&format!("policy: {e}"));
             }
             heap::serve_from_io_heap();
-            pin::prefault_upkeep_stack();
+            pin::prefault_stack::<{ pin::UPKEEP_STACK_PREFAULT }>();
             let mut ctx = match device.context() {
                 Ok(ctx) => ctx,
                 Err(e) => return log(&format!("policy: {e}")),

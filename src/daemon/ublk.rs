@@ -66,7 +66,7 @@ fn queue_start(qid: u16, device: &Device) -> Option<uzram_engine::IoContext> {
         return None;
     }
     super::heap::serve_from_io_heap();
-    super::pin::prefault_stack();
+    super::pin::prefault_stack::<{ super::pin::STACK_PREFAULT }>();
     match device.context() {
         Ok(ctx) => Some(ctx),
         Err(e) => {
