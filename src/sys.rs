@@ -178,6 +178,74 @@ pub fn take_inherited_fd(fd: std::os::fd::RawFd) -> io::Result<std::os::fd::Owne
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
+/// The seals a secret's memfd carries: no byte of it may change, nor its size, nor its seals.
+const SECRET_SEALS: libc::c_int =
+    libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A memfd holding `bytes`, sealed against any change, mapped into this process (read-only,
+/// shared, made resident; under `mlockall(MCL_FUTURE)` locked, so never swapped out), for a
+/// secret a process passes to the programs it starts and never writes to a file. The mapping
+/// stays for the process's life. Close-on-exec.
+pub fn sealed_secret(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::FileExt;
+    // SAFETY: a valid C string and flags; the result is checked.
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a new descriptor that nothing else owns.
+    let file = std::fs::File::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    file.write_all_at(bytes, 0)?;
+    // SAFETY: fcntl with integer arguments on a descriptor `file` keeps open.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, SECRET_SEALS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if !bytes.is_empty() {
+        // SAFETY: a new shared, read-only mapping of `file` at an address the kernel picks;
+        // nothing existing is touched, and it is never unmapped (nothing refers to it).
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes.len(),
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(file.into())
+}
+
+/// Reads the secret in `fd` (made by [`sealed_secret`]) into `out`: refused (`EINVAL`) unless
+/// the memfd is sealed against changes and holds exactly `out.len()` bytes.
+pub fn read_sealed_secret(fd: std::os::fd::BorrowedFd<'_>, out: &mut [u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    // SAFETY: fcntl with integer arguments on a descriptor `fd` keeps open across the call.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let want = SECRET_SEALS & !libc::F_SEAL_SEAL;
+    let file = std::fs::File::from(fd.try_clone_to_owned()?);
+    let len = file.metadata()?.len();
+    if seals & want != want || len != out.len() as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "not a sealed secret of {} bytes (seals {seals:#x}, {len} bytes)",
+                out.len()
+            ),
+        ));
+    }
+    file.read_exact_at(out, 0)
+}
+
 /// Lets programs this process starts inherit `fd` (clears close-on-exec).
 pub fn set_inheritable(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: fcntl with integer arguments on a descriptor `fd` keeps open across the call.
@@ -524,5 +592,32 @@ mod tests {
         );
         // SAFETY: committed above and writable; nothing else uses it.
         unsafe { at.add(pages * 4096 - 1).write_volatile(7) };
+    }
+
+    #[test]
+    fn a_sealed_secret_reads_back_and_cannot_change() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::FileExt;
+        let secret: Vec<u8> = (0..32u8).collect();
+        let fd = sealed_secret(c"uzram-test-secret", &secret).unwrap();
+        let mut out = [0u8; 32];
+        read_sealed_secret(fd.as_fd(), &mut out).unwrap();
+        assert_eq!(&out[..], &secret[..]);
+        // The wrong length is refused; the memfd can neither be written nor resized.
+        let mut short = [0u8; 16];
+        assert!(read_sealed_secret(fd.as_fd(), &mut short).is_err());
+        let file = std::fs::File::from(fd.try_clone().unwrap());
+        assert!(file.write_at(b"x", 0).is_err());
+        assert!(file.set_len(64).is_err());
+        // A memfd without the seals is refused.
+        // SAFETY: a valid C string and flags; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"uzram-test-open".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a new descriptor nothing else owns.
+        let open = std::fs::File::from(unsafe {
+            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw)
+        });
+        open.write_all_at(&secret, 0).unwrap();
+        assert!(read_sealed_secret(open.as_fd(), &mut out).is_err());
     }
 }

@@ -59,8 +59,13 @@ impl Model {
             let want = self.0.get(&p).map_or(&[0u8; PAGE_SIZE][..], |v| &v[..]);
             assert!(buf == want, "page {p} differs from the model");
         }
+        // Written-back pages are not stored in RAM (zram counts them so too).
         let mm = d.stats().mm;
-        assert_eq!(mm.orig_data_size, self.0.len() as u64 * PAGE);
+        let written_back = d.backing().map_or(0, |b| b.pages());
+        assert_eq!(
+            mm.orig_data_size,
+            (self.0.len() as u64 - written_back) * PAGE
+        );
         d.check_invariants().unwrap();
     }
 
@@ -285,4 +290,101 @@ fn prefaulted_leaves_and_chunks_are_taken_without_a_fault() {
             assert!(chunks > 0);
         }
     }
+}
+
+/// A device with a backing store, in a region: its written-back pages survive hand-overs (the
+/// successor reopens the same files with the same key and rebuilds the space maps from the
+/// slots), new records never land on old ones, and a successor given another key, other files
+/// or none is refused with the region left adoptable.
+#[test]
+fn written_back_pages_survive_each_hand_over() {
+    use uzram_engine::device::writeback::WritebackRequest;
+    use uzram_engine::BackingKey;
+
+    let dir = std::env::temp_dir().join(format!("uzram-adopt-wb-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("backing");
+    let key = BackingKey::generate();
+    let with = |region: &Region, path: &std::path::Path, key: Option<&BackingKey>| DeviceConfig {
+        backing_devs: vec![path.to_path_buf()],
+        backing_key: key.cloned(),
+        ..config(region)
+    };
+    let size = Device::region_size(PAGES * PAGE).unwrap();
+    let region = Region::create("uzram-device-adopt-wb-test", size).unwrap();
+    // A device in a region makes no key of its own: no one could hand it on.
+    let err = Device::new(with(&region, &file, None), PAGES * PAGE).unwrap_err();
+    assert!(err.to_string().contains("key"), "{err}");
+    drop(region);
+    let region = Region::create("uzram-device-adopt-wb-test", size).unwrap();
+    let d = Device::new(with(&region, &file, Some(&key)), PAGES * PAGE).unwrap();
+    drop(region);
+    let mut ctx = d.context().unwrap();
+    let mut model = Model::default();
+    let mut d = d;
+    for round in 0..3u64 {
+        model.churn(&d, &mut ctx, 20 + round);
+        d.mark_idle(None);
+        let wb = d.writeback(&mut ctx, WritebackRequest::Idle).unwrap();
+        assert!(wb.written > 100, "round {round}: {wb:?}");
+        // Some written-back pages are read (they stay there) or overwritten (their records
+        // freed) before the hand-over.
+        model.churn(&d, &mut ctx, 30 + round);
+        model.verify(&d, &mut ctx);
+        let backing = d.backing().unwrap();
+        let (pages, free) = (backing.pages(), backing.free_bytes());
+        assert!(pages > 50, "round {round}: {pages} pages written back");
+
+        let region = d.region().unwrap().clone();
+        let fd = fd_of(&region);
+        d.leave();
+        // Refused, each naming why, the region left as it was.
+        let other = dir.join("other");
+        std::fs::copy(&file, &other).unwrap();
+        let refusals: [(DeviceConfig, &str); 4] = [
+            (with(&region, &file, Some(&BackingKey::generate())), "key"),
+            (with(&region, &file, None), "no key"),
+            (with(&region, &other, Some(&key)), "not the backing file"),
+            (config(&region), "backing store"),
+        ];
+        drop(region);
+        for (cfg, why) in refusals {
+            let r = Region::adopt(fd.try_clone().unwrap()).unwrap();
+            let cfg = DeviceConfig {
+                region: Some(r.clone()),
+                ..cfg
+            };
+            let fd_now = fd.try_clone().unwrap();
+            let checked = Device::check_adoptable(&cfg, PAGES * PAGE, fd_now.as_fd());
+            let err = Device::adopt(cfg, PAGES * PAGE).unwrap_err();
+            assert!(
+                matches!(&err, Error::NotAdopted { reason } if reason.contains(why)),
+                "round {round}, expected {why:?}: {err}"
+            );
+            assert!(
+                checked.is_err(),
+                "check_adoptable accepted what adopt refused: {err}"
+            );
+        }
+        std::fs::remove_file(&other).unwrap();
+
+        let r = Region::adopt(fd).unwrap();
+        let cfg = with(&r, &file, Some(&key));
+        drop(r);
+        let (adopted, found) = Device::adopt(cfg, PAGES * PAGE).unwrap();
+        d = adopted;
+        assert_eq!(found.pages, model.0.len() as u64);
+        let backing = d.backing().unwrap();
+        assert_eq!(
+            (backing.pages(), backing.free_bytes()),
+            (pages, free),
+            "round {round}: the space maps rebuilt from the slots"
+        );
+        ctx = d.context().unwrap();
+        model.verify(&d, &mut ctx);
+    }
+    drop(ctx);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
 }

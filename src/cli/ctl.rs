@@ -362,8 +362,8 @@ pub fn upgrade(id: u32) -> Result<String, CtlError> {
         .find_map(|l| l.strip_prefix("PPid:"))
         .and_then(|v| v.trim().parse::<u32>().ok())
         .unwrap_or(0);
-    // The supervisor runs `uzram serve` without --worker-region-fd; a daemon without one (a
-    // device with a backing store) has no successor to hand over to.
+    // The supervisor runs `uzram serve` without --worker-region-fd; a daemon without one (an
+    // older uzram served a device with a backing store so) has no successor to hand over to.
     let args_of = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let has = |cmdline: &[u8], arg: &[u8]| cmdline.split(|&b| b == 0).any(|a| a == arg);
     let (worker_args, sup_args) = (args_of(before.pid), args_of(sup));
@@ -373,7 +373,7 @@ pub fn upgrade(id: u32) -> Result<String, CtlError> {
         && !has(&sup_args, b"--worker-region-fd");
     if !supervised {
         return Err(err(format!(
-            "{dev}: its daemon (pid {}) has no supervisor to hand the device over (a device with a backing store is served by one process, and does not survive it yet)",
+            "{dev}: its daemon (pid {}) has no supervisor to hand the device over (uzram before 2026-12 served a device with a backing store by one process: it does not survive it)",
             before.pid
         )));
     }

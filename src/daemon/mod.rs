@@ -105,6 +105,10 @@ pub struct ServeArgs {
     /// memory region, passed as this descriptor, and restarts the worker if it dies)
     #[arg(long, hide = true, value_name = "FD")]
     pub worker_region_fd: Option<i32>,
+    /// Internal, with --worker-region-fd: a sealed memfd holding the key of the backing store's
+    /// records (the supervisor drew it; every worker of the device seals with it)
+    #[arg(long, hide = true, value_name = "FD")]
+    pub worker_key_fd: Option<i32>,
     /// Internal, with --worker-region-fd: take over device N, left by a worker that died
     #[arg(long, hide = true, value_name = "N")]
     pub recover: Option<u32>,
@@ -384,6 +388,25 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     })
 }
 
+/// The backing store's key the supervisor passed (`--worker-key-fd`), if it did.
+pub(super) fn inherited_key(
+    args: &ServeArgs,
+) -> Result<Option<uzram_engine::BackingKey>, ServeError> {
+    let Some(fd) = args.worker_key_fd else {
+        return Ok(None);
+    };
+    let what = "take the backing store's key from the supervisor";
+    let fd =
+        crate::sys::take_inherited_fd(fd).map_err(|source| ServeError::Setup { what, source })?;
+    let mut bytes = [0u8; uzram_engine::device::writeback::KEY_LEN];
+    let read = crate::sys::read_sealed_secret(std::os::fd::AsFd::as_fd(&fd), &mut bytes);
+    let key = read.map(|()| uzram_engine::BackingKey::from_bytes(bytes));
+    bytes.fill(0);
+    std::hint::black_box(&bytes);
+    key.map(Some)
+        .map_err(|source| ServeError::Setup { what, source })
+}
+
 /// The device: in the memory region the supervisor passed (a new one, or, with `--recover`,
 /// the one a dead worker left there, adopted: then also what adopting it found), or in this
 /// process's memory.
@@ -406,6 +429,9 @@ fn device_for(
         })
     })?;
     setup.set_region(region);
+    if let Some(key) = inherited_key(args)? {
+        setup.set_backing_key(key);
+    }
     match recover {
         None => Ok((setup.init(disksize)?, None)),
         Some(&(id, _, ref cause)) => {

@@ -66,16 +66,53 @@ enum Role<'a> {
     Successor(u32, u64, &'a str),
 }
 
-/// Starts a worker: this program with the supervisor's own arguments, the region's descriptor,
-/// and for a successor the device to take over and the restarts so far. Its stdout is a pipe:
-/// its first line says the device it serves, or why it could not.
-fn spawn(exe: &Path, region: &OwnedFd, log: &OwnedFd, role: Role<'_>) -> Result<Child, ServeError> {
+/// What the supervisor holds for its workers across their deaths: the device's memory region
+/// and, for a device with a backing store, the key of its records (a sealed memfd, mapped and
+/// locked here: never written to a file, never swapped out).
+struct Held {
+    region: OwnedFd,
+    key: Option<OwnedFd>,
+}
+
+impl Held {
+    fn try_clone(&self) -> std::io::Result<Held> {
+        Ok(Held {
+            region: self.region.try_clone()?,
+            key: self.key.as_ref().map(OwnedFd::try_clone).transpose()?,
+        })
+    }
+
+    /// Adds the descriptors to `cmd`'s arguments and lets it inherit them; [`Held::keep`]
+    /// once it started.
+    fn pass_on(&self, cmd: &mut Command) -> std::io::Result<()> {
+        cmd.arg("--worker-region-fd")
+            .arg(self.region.as_raw_fd().to_string());
+        crate::sys::set_inheritable(self.region.as_fd())?;
+        if let Some(key) = &self.key {
+            cmd.arg("--worker-key-fd").arg(key.as_raw_fd().to_string());
+            crate::sys::set_inheritable(key.as_fd())?;
+        }
+        Ok(())
+    }
+
+    /// Only the program just started inherits them: nothing else this process starts should
+    /// hold the region or the key.
+    fn keep(&self) {
+        let _ = crate::sys::set_cloexec(self.region.as_fd());
+        if let Some(key) = &self.key {
+            let _ = crate::sys::set_cloexec(key.as_fd());
+        }
+    }
+}
+
+/// Starts a worker: this program with the supervisor's own arguments, the region's descriptor
+/// (and the key's), and for a successor the device to take over and the restarts so far. Its
+/// stdout is a pipe: its first line says the device it serves, or why it could not.
+fn spawn(exe: &Path, held: &Held, log: &OwnedFd, role: Role<'_>) -> Result<Child, ServeError> {
     let setup = |what, source| ServeError::Setup { what, source };
     let own: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut cmd = Command::new(exe);
-    cmd.args(own)
-        .arg("--worker-region-fd")
-        .arg(region.as_raw_fd().to_string());
+    cmd.args(own);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     let successor = match role {
         Role::First => false,
@@ -98,10 +135,10 @@ fn spawn(exe: &Path, region: &OwnedFd, log: &OwnedFd, role: Role<'_>) -> Result<
             .stderr(Stdio::null());
         crate::sys::set_inheritable(log.as_fd()).map_err(|e| setup("pass stderr on", e))?;
     }
-    crate::sys::set_inheritable(region.as_fd()).map_err(|e| setup("pass the region on", e))?;
+    held.pass_on(&mut cmd)
+        .map_err(|e| setup("pass the region on", e))?;
     let child = cmd.spawn().map_err(|e| setup("start the worker", e));
-    // Only the worker inherits them: nothing else this process starts should hold the region.
-    let _ = crate::sys::set_cloexec(region.as_fd());
+    held.keep();
     let _ = crate::sys::set_cloexec(log.as_fd());
     child
 }
@@ -173,20 +210,18 @@ const CHECK_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Asks the binary at `exe` (`--check-region`) whether it could take the device in `region`
 /// over: its answer, or why not. It changes nothing; the worker keeps serving either way.
-fn check_binary(exe: &Path, region: &OwnedFd) -> Result<(), String> {
+fn check_binary(exe: &Path, held: &Held) -> Result<(), String> {
     let own: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut cmd = Command::new(exe);
     cmd.args(own)
-        .arg("--worker-region-fd")
-        .arg(region.as_raw_fd().to_string())
         .arg("--check-region")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    crate::sys::set_inheritable(region.as_fd())
+    held.pass_on(&mut cmd)
         .map_err(|e| format!("cannot pass the region on: {e}"))?;
     let child = cmd.spawn();
-    let _ = crate::sys::set_cloexec(region.as_fd());
+    held.keep();
     let mut child = child.map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
     // Its answer within CHECK_DEADLINE: the signal thread that asks is also the one that
     // handles SIGTERM.
@@ -228,7 +263,10 @@ fn check_binary(exe: &Path, region: &OwnedFd) -> Result<(), String> {
 /// `--check-region` (see [`ServeArgs::check_region`]): whether this binary could take the device
 /// in the region over; prints `ok`.
 pub fn check_region(args: &ServeArgs) -> Result<(), ServeError> {
-    let (setup, disksize) = super::configure(args)?;
+    let (mut setup, disksize) = super::configure(args)?;
+    if let Some(key) = super::inherited_key(args)? {
+        setup.set_backing_key(key);
+    }
     let fd = args
         .worker_region_fd
         .ok_or_else(|| ServeError::Worker("--check-region needs --worker-region-fd".to_string()))?;
@@ -265,10 +303,6 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         super::log::open_syslog();
     }
     let (setup, disksize) = super::configure(args)?;
-    if !setup.config().backing_devs.is_empty() {
-        log("a device with a backing store does not survive its daemon yet (the records' key lives only in the daemon): served without a supervisor");
-        return super::ublk::serve_worker(args);
-    }
     if let Err(why) = swap_forbidden() {
         log(&format!(
             "warning: {why}: while no worker maps the device's memory, reclaim could swap it out to the device itself, and a successor would wait for it forever; run uzram with memory.swap.max=0 (systemd: MemorySwapMax=0, as contrib/systemd/uzram-setup.service has)"
@@ -307,6 +341,22 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     // waits for the supervisor (and its signal thread, started below, is one too).
     super::io_flusher()?;
     super::pin_memory()?;
+    // The backing store's key, drawn here (locked: `pin_memory` above) so that every worker
+    // seals and opens records with the same one; it lives only in memory.
+    let key = if setup.config().backing_devs.is_empty() {
+        None
+    } else {
+        let key = uzram_engine::BackingKey::generate();
+        Some(
+            crate::sys::sealed_secret(c"uzram-backing-key", key.as_bytes()).map_err(|source| {
+                ServeError::Setup {
+                    what: "keep the backing store's key in a sealed memfd",
+                    source,
+                }
+            })?,
+        )
+    };
+    let held = Held { region, key };
     // The running worker (0 between two), for signals; the one that serves (0 while one starts),
     // for upgrades.
     let worker = Arc::new(AtomicU32::new(0));
@@ -320,9 +370,9 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             Arc::clone(&stopping),
             Arc::clone(&upgrading),
         );
-        let (exe, region) = (
+        let (exe, held) = (
             exe.clone(),
-            region.try_clone().map_err(|source| ServeError::Setup {
+            held.try_clone().map_err(|source| ServeError::Setup {
                 what: "hold the memory region",
                 source,
             })?,
@@ -348,7 +398,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                     log("upgrade: not now (a worker is starting, the device is stopping, or an upgrade is under way)");
                     continue;
                 }
-                match check_binary(&exe, &region) {
+                match check_binary(&exe, &held) {
                     // The same worker still serves (it did not die, and no other took over,
                     // while the new binary was asked).
                     Ok(()) if serving.load(Ordering::SeqCst) == pid => {
@@ -384,7 +434,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             what: "keep stderr for successors",
             source,
         })?;
-    let mut child = spawn(&exe, &region, &stderr, Role::First)?;
+    let mut child = spawn(&exe, &held, &stderr, Role::First)?;
     worker.store(child.id(), Ordering::SeqCst);
     let (path, id) = match first_line(&mut child, None) {
         Ok(served) => served,
@@ -401,7 +451,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     }
     // A successor waits, started and pinned, so that taking over needs little new memory: when
     // a worker dies the device's I/O (swap's too) waits, and memory may be short.
-    let mut standby = spawn(&exe, &region, &stderr, Role::Standby).ok();
+    let mut standby = spawn(&exe, &held, &stderr, Role::Standby).ok();
     let mut restarts = 0u64;
     let mut deaths: VecDeque<Instant> = VecDeque::new();
     loop {
@@ -483,7 +533,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         });
         child = match told {
             Some(s) => s,
-            None => match spawn(&exe, &region, &stderr, Role::Successor(id, restarts, &why)) {
+            None => match spawn(&exe, &held, &stderr, Role::Successor(id, restarts, &why)) {
                 Ok(c) => c,
                 Err(e) => {
                     give_up(id, &format!("no successor could be started: {e}"));
@@ -508,7 +558,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                 ));
                 upgrading.store(false, Ordering::SeqCst);
                 serving.store(child.id(), Ordering::SeqCst);
-                standby = spawn(&exe, &region, &stderr, Role::Standby).ok();
+                standby = spawn(&exe, &held, &stderr, Role::Standby).ok();
             }
             Err(msg) => {
                 let _ = child.kill();

@@ -245,8 +245,8 @@ pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
 
 /// A worker: creates the device (or, with `--recover N`, takes device N over from a worker that
 /// died, after adopting its state), prints `/dev/ublkbN` once it serves I/O, and serves until
-/// the device is stopped (SIGTERM/SIGINT delete it). Without a region (a device with a backing
-/// store) the device does not outlive this process.
+/// the device is stopped (SIGTERM/SIGINT delete it). A device with a backing store opens its
+/// files with the key the supervisor passed (`--worker-key-fd`).
 pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
     let super::Started {
         device,

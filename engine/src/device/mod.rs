@@ -36,6 +36,7 @@ pub use self::slot::{SlotFlags, SlotState};
 use self::stats::{Counters, Field};
 pub use self::stats::{DeviceStats, IoStat, MmStat};
 pub use self::survive::Adopted;
+pub use self::writeback::BackingKey;
 use crate::{Error, IoError};
 
 /// Bytes in a page.
@@ -181,15 +182,28 @@ impl Device {
             }
         };
         let codecs = Self::codecs(&config)?;
-        let backing = (!config.backing_devs.is_empty())
-            .then(|| {
-                writeback::BackingStore::open_all(
-                    &config.backing_devs,
-                    disksize,
-                    config.backing_force,
-                )
-            })
-            .transpose()?;
+        let backing = if config.backing_devs.is_empty() {
+            None
+        } else {
+            let key = match (&config.backing_key, &config.region) {
+                (Some(key), _) => key.clone(),
+                (None, None) => writeback::BackingKey::generate(),
+                (None, Some(_)) => {
+                    return Err(Error::Region {
+                        reason: "a device in a region with a backing store needs its key given \
+                                 (a successor could not read its written-back pages without it)"
+                            .into(),
+                    })
+                }
+            };
+            Some(writeback::BackingStore::open_keyed(
+                &config.backing_devs,
+                disksize,
+                config.backing_force,
+                &key,
+                0,
+            )?)
+        };
         let pool = Pool::new(PoolConfig {
             region: config.region.clone(),
             ..config.pool.clone()
@@ -198,6 +212,9 @@ impl Device {
         pool.set_limit(config.mem_limit);
         if let Some(region) = &config.region {
             survive::write_settings(region, &config, disksize)?;
+            if let Some(store) = &backing {
+                survive::write_backing(region, store)?;
+            }
         }
         Ok(Self::assemble(
             &config,

@@ -26,6 +26,10 @@ pub struct DeviceConfig {
     /// Overwrite backing devices that hold data uzram did not write (a filesystem, a swap
     /// area): off, they are refused.
     pub backing_force: bool,
+    /// The key that seals the backing store's records. `None`: a new one is drawn, which
+    /// only a device outside a region may do (a successor adopting one in a region needs the
+    /// same key, and the process that made it must have it to pass on).
+    pub backing_key: Option<super::writeback::BackingKey>,
     /// The automatic tiering policy (uzram's `policy` attribute).
     pub policy: PolicyConfig,
     /// Keep the slot table and the pool in this memfd region, so that another process can adopt
@@ -44,6 +48,7 @@ impl Default for DeviceConfig {
             secondary: Default::default(),
             backing_devs: Vec::new(),
             backing_force: false,
+            backing_key: None,
             policy: PolicyConfig::default(),
             region: None,
         }
@@ -159,6 +164,11 @@ impl DeviceSetup {
             super::writeback::check_backing(path, self.config.backing_force)?;
         }
         Ok(())
+    }
+
+    /// The key of the backing store's records (see [`DeviceConfig::backing_key`]).
+    pub fn set_backing_key(&mut self, key: super::writeback::BackingKey) {
+        self.config.backing_key = Some(key);
     }
 
     /// Adds a backing file to stripe over (at most [`writeback::MAX_FILES`]).

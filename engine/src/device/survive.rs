@@ -4,9 +4,12 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use uzram_allocator::{Handle, Pool, PoolConfig, Region, RegionSize, ARENA_PAGES, USER_CHUNK_TAG};
+use uzram_allocator::{
+    Chunk, Handle, Pool, PoolConfig, Region, RegionSize, ARENA_PAGES, USER_CHUNK_TAG,
+};
 
 use super::slot::{SlotFlags, SlotTable};
+use super::writeback::{BackingStore, FileIdentity};
 use super::{Device, DeviceConfig, PAGE_SIZE};
 use crate::Error;
 
@@ -24,6 +27,161 @@ const S_ZSPAGE: usize = 3;
 const S_CREATED: usize = 4;
 const S_CODECS: usize = 5;
 const S_WORDS: usize = 6;
+
+/// The chunk of the device's backing store: [`B_WORDS`] words, and one chunk per file
+/// ([`BACKING_FILE_TAG`] with the file's place in the low 32 bits) with its identity.
+const BACKING_TAG: u64 = USER_CHUNK_TAG | (3 << 32);
+const BACKING_FILE_TAG: u64 = USER_CHUNK_TAG | (4 << 32);
+/// "uzrambkg", little endian.
+const BACKING_MAGIC: u64 = u64::from_le_bytes(*b"uzrambkg");
+// Backing words.
+const B_MAGIC: usize = 0;
+const B_FILES: usize = 1;
+/// Two words: the key's check value.
+const B_KEY: usize = 2;
+/// The nonce epoch the last process sealed records under.
+const B_EPOCH: usize = 4;
+
+/// Writes a new device's backing store (its files' identities, its key's check value and its
+/// nonce epoch) into `region`, for a successor to check what it is given against.
+pub(super) fn write_backing(region: &Region, store: &BackingStore) -> Result<(), Error> {
+    let region_err = |e: uzram_allocator::Error| Error::Region {
+        reason: e.to_string(),
+    };
+    let ids = store.identities()?;
+    for (i, id) in ids.iter().enumerate() {
+        let mut chunk = region
+            .claim_chunk(BACKING_FILE_TAG | i as u64)
+            .map_err(region_err)?;
+        chunk[..4].copy_from_slice(&id.words());
+    }
+    let mut head = region.claim_chunk(BACKING_TAG).map_err(region_err)?;
+    head[B_FILES] = ids.len() as u64;
+    head[B_KEY..B_KEY + 2].copy_from_slice(&store.key_check());
+    head[B_EPOCH] = u64::from(store.epoch());
+    head[B_MAGIC] = BACKING_MAGIC;
+    Ok(())
+}
+
+/// A predecessor's backing store as its region records it.
+struct FoundBacking {
+    /// Its chunk: a successor writes its epoch there.
+    head: Chunk,
+    /// The epoch to seal under now.
+    epoch: u32,
+    /// Its files' identities, in stripe order.
+    files: Vec<FileIdentity>,
+}
+
+/// What a predecessor's backing store was, checked against `config` before anything is opened
+/// (its files' identities read from their paths): `None` when neither has one.
+fn check_backing(region: &Region, config: &DeviceConfig) -> Result<Option<FoundBacking>, String> {
+    let mut heads = region.take_adopted_chunks(|t| t == BACKING_TAG);
+    let mut files = region.take_adopted_chunks(|t| t >> 32 == BACKING_FILE_TAG >> 32);
+    let given = config.backing_devs.len();
+    let head = match (heads.len(), given) {
+        (0, 0) if files.is_empty() => return Ok(None),
+        (0, 0) => return Err("the region holds backing files but no backing store".into()),
+        (0, n) => {
+            return Err(format!(
+                "the device in the region has no backing store, and {n} backing device(s) are given here"
+            ))
+        }
+        (1, 0) => {
+            return Err(
+                "the device in the region has a backing store: give its backing devices to adopt it"
+                    .into(),
+            )
+        }
+        (1, _) => heads.pop().expect("one").1,
+        (n, _) => return Err(format!("the region holds {n} backing stores, not one")),
+    };
+    if head[B_MAGIC] != BACKING_MAGIC {
+        return Err(format!(
+            "the backing store's magic is {:#x} in the region",
+            head[B_MAGIC]
+        ));
+    }
+    let n = head[B_FILES];
+    if n != given as u64 {
+        return Err(format!(
+            "the device in the region stripes over {n} backing file(s), and {given} are given here"
+        ));
+    }
+    let Some(key) = &config.backing_key else {
+        return Err(
+            "no key for the backing store was given: its written-back pages could not be read"
+                .into(),
+        );
+    };
+    if key.check_value()[..] != head[B_KEY..B_KEY + 2] {
+        return Err(
+            "the key given is not the one the backing store's records were sealed with".into(),
+        );
+    }
+    files.sort_by_key(|(tag, _)| *tag);
+    if files.len() != given
+        || files
+            .iter()
+            .enumerate()
+            .any(|(i, (tag, _))| *tag != BACKING_FILE_TAG | i as u64)
+    {
+        return Err(format!(
+            "the region holds {} backing file records for {n} files",
+            files.len()
+        ));
+    }
+    let files: Vec<FileIdentity> = files
+        .iter()
+        .map(|(_, chunk)| FileIdentity::from_words(&chunk[..4]))
+        .collect();
+    for (want, path) in files.iter().zip(&config.backing_devs) {
+        let found = FileIdentity::at(path).map_err(|e| e.to_string())?;
+        if let Some(why) = identity_differs(want, found.as_ref()) {
+            return Err(format!(
+                "{} is not the backing file the device wrote to: {why}",
+                path.display()
+            ));
+        }
+    }
+    let epoch = u32::try_from(head[B_EPOCH])
+        .ok()
+        .and_then(|e| e.checked_add(1))
+        .ok_or_else(|| format!("the backing store's epoch is {:#x}", head[B_EPOCH]))?;
+    Ok(Some(FoundBacking { head, epoch, files }))
+}
+
+/// How `found` differs from `want`, in words; `None` when it is the same file.
+fn identity_differs(want: &FileIdentity, found: Option<&FileIdentity>) -> Option<String> {
+    let kind = |k: u64| match k {
+        1 => "a regular file",
+        2 => "a block device",
+        _ => "unknown",
+    };
+    let Some(found) = found else {
+        return Some("it does not exist".into());
+    };
+    if found.kind != want.kind {
+        return Some(format!(
+            "it is {}, the region says {}",
+            kind(found.kind),
+            kind(want.kind)
+        ));
+    }
+    if (found.dev, found.ino) != (want.dev, want.ino) {
+        return Some(format!(
+            "it is device {:#x} inode {}, the region says device {:#x} inode {}",
+            found.dev, found.ino, want.dev, want.ino
+        ));
+    }
+    if found.bytes != want.bytes {
+        return Some(format!(
+            "it is {} bytes, the region says {}",
+            found.bytes, want.bytes
+        ));
+    }
+    None
+}
 
 /// What [`Device::adopt`] found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -142,11 +300,6 @@ impl Device {
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> Result<(), Error> {
         let not = |reason: String| Error::NotAdopted { reason };
-        if !config.backing_devs.is_empty() {
-            return Err(not(
-                "the device has a backing store, which does not survive a restart yet".into(),
-            ));
-        }
         if disksize == 0 {
             return Err(Error::InvalidSize { text: "0".into() });
         }
@@ -157,21 +310,33 @@ impl Device {
         let region = Region::adopt(fd).map_err(|e| not(e.to_string()))?;
         let disksize = disksize.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
         check_settings(&region, config, disksize).map_err(not)?;
+        check_backing(&region, config).map_err(not)?;
         Self::codecs(config)?;
         Ok(())
     }
 
     /// The objects the slots name, sorted, once every slot is checked against the pool: a
-    /// stored page's object is live and of its slot's size, no object is named twice, and no
-    /// page is written back (this device has no backing store).
-    fn named_objects(slots: &SlotTable, pool: &Pool) -> Result<Vec<u64>, String> {
+    /// stored page's object is live and of its slot's size, and no object is named twice. A
+    /// written-back page's record is taken into `backing`'s space map (it lies in its file and
+    /// over no other's); without a backing store none may be.
+    fn named_objects(
+        slots: &SlotTable,
+        pool: &Pool,
+        backing: Option<&BackingStore>,
+    ) -> Result<Vec<u64>, String> {
         let mut named: Vec<u64> = Vec::new();
         for (i, slot) in slots.iter() {
             let s = slot.peek();
             if s.flags.contains(SlotFlags::WB) {
-                return Err(format!(
-                    "page {i} is written back, and this device has no backing store"
-                ));
+                let Some(backing) = backing else {
+                    return Err(format!(
+                        "page {i} is written back, and this device has no backing store"
+                    ));
+                };
+                backing
+                    .adopt_record(s.word, usize::from(s.size))
+                    .map_err(|why| format!("page {i}: {why}"))?;
+                continue;
             }
             if s.flags.contains(SlotFlags::STORED) {
                 let size = Handle::from_raw(s.word)
@@ -233,18 +398,15 @@ impl Device {
     /// the slots. Anything that does not add up is refused with [`Error::NotAdopted`], naming
     /// the value; a refusal changes nothing an adoption reads.
     ///
-    /// A device with a backing store is not adopted yet: its written-back pages' key lives
-    /// only in the process.
+    /// A device with a backing store needs its files (the same ones: their identities are
+    /// checked before they are opened) and its key (`config.backing_key`); the space maps are
+    /// rebuilt from the slots that name records, so a record whose batch the predecessor died
+    /// writing is free again, and its page still in RAM.
     pub fn adopt(config: DeviceConfig, disksize: u64) -> Result<(Device, Adopted), Error> {
         let not = |reason: String| Error::NotAdopted { reason };
         let Some(region) = config.region.clone() else {
             return Err(not("no region was given".into()));
         };
-        if !config.backing_devs.is_empty() {
-            return Err(not(
-                "the device has a backing store, which does not survive a restart yet".into(),
-            ));
-        }
         if disksize == 0 {
             return Err(Error::InvalidSize { text: "0".into() });
         }
@@ -252,6 +414,7 @@ impl Device {
         let pages = disksize / PAGE_SIZE as u64;
         let created = check_settings(&region, &config, disksize).map_err(not)?;
         let codecs = Self::codecs(&config)?;
+        let backing_head = check_backing(&region, &config).map_err(not)?;
         let pool = Pool::adopt(PoolConfig {
             region: Some(region.clone()),
             ..config.pool.clone()
@@ -259,19 +422,52 @@ impl Device {
         .map_err(|e| not(e.to_string()))?;
         // From here a refusal hands the pool back untouched (`leave`): dropping it would close
         // the region and give the predecessor's pages away.
-        let checked = SlotTable::adopt(pages, region)
-            .map_err(not)
-            .and_then(|(slots, undone)| {
-                let named = Self::named_objects(&slots, &pool).map_err(not)?;
-                Ok((slots, undone, named))
+        // The files are opened (and their sizes checked once more, open) only now that the
+        // region's own records are known good.
+        let open_backing = |found: FoundBacking| -> Result<_, Error> {
+            let key = config
+                .backing_key
+                .as_ref()
+                .ok_or_else(|| not("no key for the backing store was given".into()))?;
+            let store = BackingStore::open_keyed(
+                &config.backing_devs,
+                disksize,
+                config.backing_force,
+                key,
+                found.epoch,
+            )?;
+            let now = store.identities()?;
+            for ((want, have), path) in found.files.iter().zip(&now).zip(&config.backing_devs) {
+                if let Some(why) = identity_differs(want, Some(have)) {
+                    return Err(not(format!(
+                        "{} is not the backing file the device wrote to: {why}",
+                        path.display()
+                    )));
+                }
+            }
+            Ok((store, found))
+        };
+        let checked = backing_head
+            .map(open_backing)
+            .transpose()
+            .and_then(|backing| {
+                let (slots, undone) = SlotTable::adopt(pages, region.clone()).map_err(not)?;
+                let store = backing.as_ref().map(|(store, _)| store);
+                let named = Self::named_objects(&slots, &pool, store).map_err(not)?;
+                Ok((slots, undone, named, backing))
             });
-        let (slots, undone, named) = match checked {
+        let (slots, undone, named, backing) = match checked {
             Ok(c) => c,
             Err(e) => {
                 pool.leave();
                 return Err(e);
             }
         };
+        // Before this process seals a record: its nonces are of the new epoch.
+        let backing = backing.map(|(store, mut found)| {
+            found.head[B_EPOCH] = u64::from(found.epoch);
+            store
+        });
         let mut orphans = 0;
         for h in pool.handles() {
             if named.binary_search(&h.to_raw()).is_err() {
@@ -285,7 +481,7 @@ impl Device {
         let age = Duration::from_secs(unix_now().saturating_sub(created));
         let now = Instant::now();
         let epoch = now.checked_sub(age).unwrap_or(now);
-        let device = Self::assemble(&config, disksize, slots, pool, codecs, None, epoch);
+        let device = Self::assemble(&config, disksize, slots, pool, codecs, backing, epoch);
         let mut found = Adopted {
             undone,
             orphans,

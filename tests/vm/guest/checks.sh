@@ -1131,6 +1131,54 @@ check_writeback() {
         bad="$bad; data beside the discard changed"
         dev_state "$dev" >>"$log"
     fi
+    # the worker's death, twice: its successor reopens the backing file with the key the
+    # supervisor holds (a sealed memfd) and rebuilds the space map from the slots; the second
+    # kill lands while a writeback runs, whose pages must each be in RAM or wholly on the file
+    local k pid wbpid= bd1 bd2 survived=
+    bd1=$("$UZRAM_BIN" attr "$dev" bd_stat | awk '{ print $1 }')
+    "$TOOL" write "$dev" $MB $((16 * MB)) $((SEED + 3)) >>"$log" 2>&1 || bad="$bad; writing 16 MiB again failed"
+    "$UZRAM_BIN" attr "$dev" idle all >>"$log" 2>&1
+    for k in 1 2; do
+        pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>>"$log")
+        if [ $k = 2 ]; then
+            "$UZRAM_BIN" attr "$dev" writeback idle >>"$log" 2>&1 &
+            wbpid=$!
+            sleep 0.2
+        fi
+        kill -KILL "$pid"
+        [ -n "$wbpid" ] && wait "$wbpid"
+        for _ in $(seq 1 600); do
+            [ "$(uzram_stat_field "$dev" restarts)" = $k ] && break
+            sleep 0.1
+        done
+        if [ "$(uzram_stat_field "$dev" restarts)" != $k ]; then
+            bad="$bad; no successor served $dev 60 s after SIGKILL $k to worker $pid: $(tail -n 3 "$UZRAM_LOG" | tr '\n' ' ')"
+            break
+        fi
+        bd2=$("$UZRAM_BIN" attr "$dev" bd_stat | awk '{ print $1 }')
+        echo "kill $k: worker $pid; bd_stat pages $bd1 -> $bd2; $(grep -o 'adopted [0-9]* pages in [0-9]* ms' "$UZRAM_LOG" | tail -n 1)" >>"$log"
+        [ $k = 1 ] && [ "$bd2" != "$bd1" ] && bad="$bad; $bd1 pages written back before the kill, $bd2 after"
+        echo 3 >/proc/sys/vm/drop_caches
+        if ! "$TOOL" verify "$dev" $((17 * MB)) $((16 * MB)) "$SEED" >>"$log" 2>&1 ||
+            ! "$TOOL" verify "$dev" $MB $((16 * MB)) $((SEED + 3)) >>"$log" 2>&1; then
+            bad="$bad; data reads back wrong after SIGKILL $k"
+            dev_state "$dev" >>"$log"
+            break
+        fi
+        survived="$survived $k"
+    done
+    # the successor writes back under the same key, beside the records of its predecessors
+    if [ "$survived" = " 1 2" ]; then
+        "$UZRAM_BIN" attr "$dev" idle all >>"$log" 2>&1
+        "$UZRAM_BIN" attr "$dev" writeback idle >>"$log" 2>&1 || bad="$bad; writeback after the restarts refused"
+        bd2=$("$UZRAM_BIN" attr "$dev" bd_stat | awk '{ print $1 }')
+        echo "after the restarts: bd_stat pages $bd2" >>"$log"
+        [ "$bd2" -gt "$bd1" ] || bad="$bad; only $bd2 pages written back after the restarts (before: $bd1)"
+        if ! "$TOOL" verify "$dev" $((17 * MB)) $((16 * MB)) "$SEED" >>"$log" 2>&1 ||
+            ! "$TOOL" verify "$dev" $MB $((16 * MB)) $((SEED + 3)) >>"$log" 2>&1; then
+            bad="$bad; data reads back wrong after the successor's writeback"
+        fi
+    fi
     uzram_reset
     if ! umount /mnt/wb 2>>"$log"; then
         # the daemon is gone from the kernel and its socket, yet something holds the file
@@ -1153,7 +1201,7 @@ check_writeback() {
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), records ${a1} KiB (file 0600, allocated in full, no plain text), bd_stat $(echo $bd); verified under swap load; a flipped byte fails its read; discarding half left ${a2} KiB of records; a mounted partition and one holding a file system refused, e2fsck clean"
+    pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), records ${a1} KiB (file 0600, allocated in full, no plain text), bd_stat $(echo $bd); verified under swap load; a flipped byte fails its read; discarding half left ${a2} KiB of records; the worker killed twice (once during a writeback), every page verified after each and after the successor's own writeback ($bd1 -> $bd2 pages written back); a mounted partition and one holding a file system refused, e2fsck clean"
 }
 
 # check_setup: `uzram setup --config` turns a zram-generator.conf into swap with its priority and

@@ -48,7 +48,8 @@ mod store;
 
 pub use self::label::check as check_backing;
 use self::store::Extent;
-pub use self::store::{AlignedBuf, BackingError, BackingStore, FileUsage};
+pub(crate) use self::store::FileIdentity;
+pub use self::store::{AlignedBuf, BackingError, BackingKey, BackingStore, FileUsage, KEY_LEN};
 pub use super::backing_io::BackingIo;
 use super::{slot, Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, IoError};

@@ -2,7 +2,7 @@
 //! its counters (zram's `bd_stat`). The record format is in docs/design.md.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -303,10 +303,150 @@ impl BackingFile {
     }
 }
 
+/// The key that seals a device's records on its backing store (ChaCha20-Poly1305, 256 bits).
+/// Drawn from the OS for each new device; a device that outlives its process
+/// ([`crate::Device::adopt`]) needs its successor given the same key, which the daemon passes in
+/// a sealed memfd and never writes to disk. Zeroed when dropped; its `Debug` shows nothing.
+#[derive(Clone)]
+pub struct BackingKey([u8; KEY_LEN]);
+
+/// Bytes of a [`BackingKey`].
+pub const KEY_LEN: usize = 32;
+
+impl BackingKey {
+    /// A new key from the OS's random source.
+    pub fn generate() -> BackingKey {
+        BackingKey(ChaCha20Poly1305::generate_key(&mut OsRng).into())
+    }
+
+    /// The key of these bytes (a predecessor's, passed on).
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> BackingKey {
+        BackingKey(bytes)
+    }
+
+    /// Its bytes, to pass to a successor.
+    pub fn as_bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+
+    fn cipher(&self) -> ChaCha20Poly1305 {
+        ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(&self.0))
+    }
+
+    /// What identifies the key without revealing it: the tag of an empty record under a nonce
+    /// the counter never reaches (all ones), kept in the region so that a successor given
+    /// another key is refused before it reads a page.
+    pub(crate) fn check_value(&self) -> [u64; 2] {
+        let tag = self
+            .cipher()
+            .encrypt_in_place_detached(
+                Nonce::from_slice(&[0xff; NONCE]),
+                b"uzram backing key check",
+                &mut [],
+            )
+            .unwrap_or_default();
+        let mut words = [0u64; 2];
+        for (w, b) in words.iter_mut().zip(tag.chunks(8)) {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(b);
+            *w = u64::from_le_bytes(le);
+        }
+        words
+    }
+}
+
+impl Drop for BackingKey {
+    fn drop(&mut self) {
+        self.0.fill(0);
+        std::hint::black_box(&self.0);
+    }
+}
+
+impl std::fmt::Debug for BackingKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BackingKey(..)")
+    }
+}
+
+/// What identifies one backing file across a restart: a regular file by its filesystem and
+/// inode, a block device by its device number, and either by its size. A successor reopens
+/// the files by their paths and refuses one that is not the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileIdentity {
+    /// 1: a regular file; 2: a block device.
+    pub(crate) kind: u64,
+    /// `st_dev` of a file, `st_rdev` of a block device.
+    pub(crate) dev: u64,
+    /// `st_ino` of a file; 0 for a block device.
+    pub(crate) ino: u64,
+    /// Its size in bytes.
+    pub(crate) bytes: u64,
+}
+
+impl FileIdentity {
+    pub(crate) fn words(&self) -> [u64; 4] {
+        [self.kind, self.dev, self.ino, self.bytes]
+    }
+
+    pub(crate) fn from_words(w: &[u64]) -> FileIdentity {
+        FileIdentity {
+            kind: w[0],
+            dev: w[1],
+            ino: w[2],
+            bytes: w[3],
+        }
+    }
+
+    fn of(meta: &std::fs::Metadata, bytes: u64) -> FileIdentity {
+        if meta.file_type().is_block_device() {
+            FileIdentity {
+                kind: 2,
+                dev: meta.rdev(),
+                ino: 0,
+                bytes,
+            }
+        } else {
+            FileIdentity {
+                kind: 1,
+                dev: meta.dev(),
+                ino: meta.ino(),
+                bytes,
+            }
+        }
+    }
+
+    /// The identity of what `path` names now, read without opening it for writing (a block
+    /// device is opened read-only for its size): `None` when it does not exist.
+    pub(crate) fn at(path: &Path) -> Result<Option<FileIdentity>, BackingError> {
+        let Some(target) = super::label::resolve(path)? else {
+            return Ok(None);
+        };
+        let open_err = |source| BackingError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let meta = std::fs::metadata(&target.path).map_err(open_err)?;
+        let bytes = if target.block {
+            use std::io::{Seek, SeekFrom};
+            let f = File::open(&target.path).map_err(open_err)?;
+            (&f).seek(SeekFrom::End(0)).map_err(open_err)?
+        } else {
+            meta.len()
+        };
+        Ok(Some(FileIdentity::of(&meta, bytes)))
+    }
+}
+
 /// The backing files (or block devices), with the key and the space maps.
 pub struct BackingStore {
     pub(super) files: Vec<BackingFile>,
     pub(super) cipher: ChaCha20Poly1305,
+    /// The key's check value ([`BackingKey::check_value`]).
+    pub(super) key_check: [u64; 2],
+    /// The nonce's last four bytes: how many processes sealed records under this key before
+    /// this one (a successor counts one more), so that a successor's counter, which starts
+    /// again at 1, never repeats a predecessor's nonce.
+    pub(super) epoch: u32,
     pub(super) nonce: AtomicU64,
     pub(super) counters: BdCounters,
     /// zram's `writeback_limit_enable` and `writeback_limit` (4 KiB units).
@@ -370,6 +510,18 @@ impl BackingStore {
         default_bytes: u64,
         force: bool,
     ) -> Result<BackingStore, BackingError> {
+        BackingStore::open_keyed(paths, default_bytes, force, &BackingKey::generate(), 0)
+    }
+
+    /// [`BackingStore::open_all`] with `key`, sealing under nonces of `epoch` (see
+    /// [`BackingStore::epoch`]).
+    pub(crate) fn open_keyed(
+        paths: &[PathBuf],
+        default_bytes: u64,
+        force: bool,
+        key: &BackingKey,
+        epoch: u32,
+    ) -> Result<BackingStore, BackingError> {
         if paths.is_empty() || paths.len() > MAX_FILES {
             return Err(BackingError::Config("between 1 and 16 files"));
         }
@@ -395,10 +547,11 @@ impl BackingStore {
                 return Err(BackingError::Config("the same file named twice"));
             }
         }
-        let key = ChaCha20Poly1305::generate_key(&mut OsRng);
         Ok(BackingStore {
             files,
-            cipher: ChaCha20Poly1305::new(&key),
+            cipher: key.cipher(),
+            key_check: key.check_value(),
+            epoch,
             nonce: AtomicU64::new(1),
             counters: BdCounters::default(),
             limit: Mutex::new((false, 0)),
@@ -468,6 +621,7 @@ impl BackingStore {
         let n = self.nonce.fetch_add(1, Ordering::Relaxed);
         let mut nonce = [0u8; NONCE];
         nonce[..8].copy_from_slice(&n.to_le_bytes());
+        nonce[8..].copy_from_slice(&self.epoch.to_le_bytes());
         out[..NONCE].copy_from_slice(&nonce);
         let body = &mut out[NONCE..NONCE + data.len()];
         body.copy_from_slice(data);
@@ -504,6 +658,60 @@ impl BackingStore {
             }
         }
         None
+    }
+
+    /// The files' identities, in stripe order (a successor checks its files against them).
+    pub(crate) fn identities(&self) -> Result<Vec<FileIdentity>, BackingError> {
+        self.files
+            .iter()
+            .map(|f| {
+                let meta = f.io.file().metadata()?;
+                let sectors = f.space.lock().sectors;
+                Ok(FileIdentity::of(&meta, sectors * SECTOR))
+            })
+            .collect()
+    }
+
+    /// Takes the record of `len` stored bytes at `location` as a predecessor's (a successor
+    /// rebuilds the space maps from the slots that name records): its sectors are marked used
+    /// and counted. Refuses, naming it, a record outside its file or over another's sectors.
+    pub(crate) fn adopt_record(&self, location: u64, len: usize) -> Result<(), String> {
+        let (file, sector) = Self::split(location);
+        let f = self.files.get(file).ok_or_else(|| {
+            format!(
+                "a record names backing file {file}; the store has {}",
+                self.files.len()
+            )
+        })?;
+        let n = Self::sectors_for(len);
+        let mut space = f.space.lock();
+        let label = super::label::LABEL_LEN / SECTOR;
+        if sector < label || sector.checked_add(n).map_or(true, |end| end > space.sectors) {
+            return Err(format!(
+                "a record at sector {sector} of {} ({n} sectors) lies outside its {} sectors of records",
+                f.path.display(),
+                space.sectors
+            ));
+        }
+        if (sector..sector + n).any(|s| space.is_used(s)) {
+            return Err(format!(
+                "two records overlap at sector {sector} of {}",
+                f.path.display()
+            ));
+        }
+        space.set(sector, n, true);
+        self.counters.count.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The nonce epoch this store seals under.
+    pub(crate) fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The key's check value.
+    pub(crate) fn key_check(&self) -> [u64; 2] {
+        self.key_check
     }
 
     /// Frees `n` sectors from `sector` of `file`: a record reserved but not committed.

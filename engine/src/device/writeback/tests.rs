@@ -264,3 +264,33 @@ fn a_page_rewritten_with_an_equal_state_during_writeback_keeps_its_new_data() {
     d.check_invariants().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A successor seals under the same key as its predecessor but in the next epoch: its nonces
+/// (whose counter starts again at 1) never repeat one of the predecessor's, and each opens the
+/// other's records.
+#[test]
+fn a_successors_nonces_are_its_own_and_records_open_across_epochs() {
+    let dir = tempdir("wb-epoch");
+    let path = dir.join("backing");
+    let key = BackingKey::generate();
+    let data = [7u8; 100];
+    let mut sealed = Vec::new();
+    for epoch in [0, 1] {
+        let store =
+            BackingStore::open_keyed(std::slice::from_ref(&path), 1 << 20, false, &key, epoch)
+                .unwrap();
+        let mut out = vec![0u8; NONCE + data.len() + TAG];
+        store.seal(PageIndex(3), BackingStore::location(0, 8), &data, &mut out);
+        assert_eq!(store.key_check(), key.check_value());
+        sealed.push(out);
+    }
+    assert_ne!(
+        sealed[0][..NONCE],
+        sealed[1][..NONCE],
+        "the same nonce under one key"
+    );
+    assert_eq!(&sealed[1][8..NONCE], &1u32.to_le_bytes());
+    // Another key's check value differs: a successor given it is refused.
+    assert_ne!(BackingKey::generate().check_value(), key.check_value());
+    let _ = std::fs::remove_dir_all(&dir);
+}
