@@ -51,6 +51,7 @@ fn op() -> impl Strategy<Value = DeviceOp> {
             .prop_map(|(page, pages, fail)| DeviceOp::Writeback { page, pages, fail }),
         1 => (wild, prop_oneof![any::<u64>(), 0u64..300_000], any::<u16>())
             .prop_map(|(op, offset, len_bytes)| DeviceOp::Wild { op, offset, len_bytes }),
+        1 => Just(DeviceOp::Restart),
     ]
 }
 
@@ -102,6 +103,7 @@ fn fuzz_corpus_replays() {
         ("recompressed pages", t.recompressed_pages),
         ("written-back pages", t.written_back_pages),
         ("pages freed by their marks", t.notice_freed_pages),
+        ("restarts", t.restarts),
     ] {
         assert!(n > 0, "the corpus has no {what}: {t:?}");
     }

@@ -22,8 +22,10 @@
 //!
 //! # Secrets
 //! Swap holds secrets. Every record is sealed with ChaCha20-Poly1305 under a key drawn from the
-//! OS at device creation and kept only in the daemon's (locked) memory; the nonce is a counter
-//! (never reused under one key), and the additional data binds a record to its page index and
+//! OS at device creation ([`BackingKey`]) and kept only in memory (the daemon's, locked; for a
+//! device that outlives its process, also a sealed memfd its supervisor holds, never a file);
+//! the nonce is a counter and an epoch, one more for each process that adopted the device, so
+//! it is never reused under one key; the additional data binds a record to its page index and
 //! location, so a record copied elsewhere fails to open. A stolen backing file reveals
 //! nothing; a flipped byte makes that page's read fail with EIO. A file is created 0600 and
 //! refused if others may write it.

@@ -686,7 +686,11 @@ impl BackingStore {
         let n = Self::sectors_for(len);
         let mut space = f.space.lock();
         let label = super::label::LABEL_LEN / SECTOR;
-        if sector < label || sector.checked_add(n).map_or(true, |end| end > space.sectors) {
+        if sector < label
+            || sector
+                .checked_add(n)
+                .map_or(true, |end| end > space.sectors)
+        {
             return Err(format!(
                 "a record at sector {sector} of {} ({n} sectors) lies outside its {} sectors of records",
                 f.path.display(),

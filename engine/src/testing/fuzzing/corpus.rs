@@ -16,7 +16,7 @@ fn variant(out: &mut Vec<u8>, index: usize, count: usize) {
 /// The bytes that [`device_ops`] decodes into `algorithm` and `ops`: how the seed corpus is
 /// written. Mirrors arbitrary 1.x's encoding; a unit test checks the round trip.
 pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
-    const OPS: usize = 14;
+    const OPS: usize = 15;
     let mut out = Vec::new();
     let alg = Algorithm::ALL
         .iter()
@@ -93,6 +93,7 @@ pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
                 out.extend([page, pages]);
             }
             DeviceOp::ReclaimFreed => variant(&mut out, 13, OPS),
+            DeviceOp::Restart => variant(&mut out, 14, OPS),
         }
     }
     out.push(0); // no more elements
@@ -240,6 +241,44 @@ fn recompress() -> Vec<DeviceOp> {
         .collect()
 }
 
+/// Restarts between pages of every kind, written back, recompressed, marked freed, under a
+/// memory limit: each successor must hold every page, and go on writing, writing back and
+/// compacting.
+fn restart() -> Vec<DeviceOp> {
+    use DeviceOp::*;
+    use PageKind::*;
+    (0..24u16)
+        .map(|p| whole(p, 1, PageKind::ALL[p as usize % 7], p as u8))
+        .chain([
+            Restart,
+            read(0, 255),
+            Writeback {
+                page: 0,
+                pages: 10,
+                fail: false,
+            },
+            MarkIdle { all: true },
+            Recompress { huge_only: false },
+            FreeSlots { page: 12, pages: 4 },
+            Restart,
+            whole(3, 2, Text, 90),
+            Writeback {
+                page: 10,
+                pages: 10,
+                fail: false,
+            },
+            discard(0, 16),
+            limit(Some(4)),
+            Restart,
+            whole(30, 4, Noise, 91),
+            Compact,
+            SwitchContext { foreign: true },
+            Restart,
+            read(0, 255),
+        ])
+        .collect()
+}
+
 /// Pages written back (once with failing writes), read, freed, written back again.
 fn writeback() -> Vec<DeviceOp> {
     use DeviceOp::*;
@@ -316,7 +355,10 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
     let (kinds, overwrite, compact) = (kinds(), overwrite(), compact());
     let (recompress, writeback) = (recompress(), writeback());
     let freed = freed_slots();
+    let restart = restart();
     vec![
+        ("seed-lz4-restart", Algorithm::Lz4, restart.clone()),
+        ("seed-zstd-restart", Algorithm::Zstd, restart),
         ("seed-lz4-freed-slots", Algorithm::Lz4, freed.clone()),
         ("seed-zstd-freed-slots", Algorithm::Zstd, freed),
         ("seed-lz4-writeback", Algorithm::Lz4, writeback.clone()),

@@ -132,7 +132,14 @@ pub(super) fn assert_bytes(got: &[u8], want: &[u8], what: impl std::fmt::Display
 
 /// The device, the model, and the streams the model sizes pages with.
 pub(super) struct Harness {
+    /// In a memfd region, with a backing file and a key of its own, so that
+    /// [`DeviceOp::Restart`] can hand it to a successor.
     pub(super) device: Device,
+    /// What the device was made with (its region, backing file and key): a successor adopts
+    /// it with the same.
+    config: DeviceConfig,
+    /// The backing file, removed when the harness goes.
+    backing: std::path::PathBuf,
     /// Lends contexts made for another device, for [`DeviceOp::SwitchContext`].
     pub(super) foreign: Device,
     pub(super) ctxs: [IoContext; 2],
@@ -172,7 +179,8 @@ impl Harness {
         } else {
             Algorithm::Lz4
         };
-        // A backing file of its own, unlinked as soon as the device has it open.
+        // A backing file of its own, kept at its path (a successor reopens it) until the
+        // harness goes.
         static FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         // In memory where there is a tmpfs: a written-back page read from a disk costs a direct
         // read, milliseconds, which would bound the fuzzer's executions per second.
@@ -205,13 +213,24 @@ impl Harness {
                 evict: false,
                 ..crate::PolicyConfig::default()
             },
+            backing_key: Some(crate::BackingKey::generate()),
+            region: Some(
+                Device::region_size(DEVICE_PAGES * PAGE_SIZE as u64)
+                    .and_then(|size| {
+                        crate::Region::create("uzram-device-ops", size).map_err(|e| {
+                            crate::Error::Region {
+                                reason: e.to_string(),
+                            }
+                        })
+                    })
+                    .expect("the harness's region"),
+            ),
             ..DeviceConfig::default()
         };
-        let device = Device::new(config, DEVICE_PAGES * PAGE_SIZE as u64).expect("device");
+        let device = Device::new(config.clone(), DEVICE_PAGES * PAGE_SIZE as u64).expect("device");
         device
             .set_freed_pages(crate::FreedPages::in_memory(DEVICE_PAGES))
             .expect("marks for the device");
-        let _ = std::fs::remove_file(&backing);
         let foreign = Device::new(
             DeviceConfig {
                 algorithm: other,
@@ -233,6 +252,8 @@ impl Harness {
         let last = device.stats();
         Harness {
             device,
+            config,
+            backing,
             foreign,
             ctxs,
             current: 0,
@@ -248,6 +269,54 @@ impl Harness {
             step: 0,
             tally: Tally::default(),
         }
+    }
+
+    /// [`DeviceOp::Restart`]: the device is handed over ([`Device::leave`]) and a successor
+    /// adopts it from the region, reopening the backing file with the same key. Every page and
+    /// slot must be as the model has them (checked in full); what lived only in the process
+    /// starts again: the I/O counters, `mem_used_max` and `pages_compacted` (from what the pool
+    /// holds), `huge_pages_since` (the huge pages held), the marks of freed pages (the pages keep
+    /// their data), and the memory limit (set again, as a daemon's configuration would).
+    pub(super) fn restart(&mut self) {
+        let stand_in = Device::new(DeviceConfig::default(), PAGE_SIZE as u64).expect("device");
+        let old = std::mem::replace(&mut self.device, stand_in);
+        // The successor's view of the region is its own, from the descriptor alone, as a new
+        // process's would be.
+        let fd = self
+            .config
+            .region
+            .take()
+            .and_then(|r| r.fd().try_clone_to_owned().ok())
+            .expect("the harness's region");
+        old.leave();
+        let region = crate::Region::adopt(fd)
+            .unwrap_or_else(|e| panic!("step {}: the region: {e}", self.step));
+        self.config.region = Some(region);
+        let (device, found) = Device::adopt(self.config.clone(), DEVICE_PAGES * PAGE_SIZE as u64)
+            .unwrap_or_else(|e| panic!("step {}: the successor refused: {e}", self.step));
+        assert_eq!(
+            (found.pages, found.undone, found.orphans),
+            (self.pages.len() as u64, 0, 0),
+            "step {}: (pages, undone, orphans) the successor found",
+            self.step
+        );
+        device
+            .set_freed_pages(crate::FreedPages::in_memory(DEVICE_PAGES))
+            .expect("marks for the device");
+        if self.limit_pages != 0 {
+            device.set_mem_limit(Some(self.limit_pages * PAGE_SIZE as u64));
+        }
+        self.device = device;
+        self.marked.clear();
+        self.io = IoStat::default();
+        self.huge_pages_since = self
+            .pages
+            .values()
+            .filter(|p| p.stored == Stored::Huge)
+            .count() as u64;
+        self.last = self.device.stats();
+        self.tally.restarts += 1;
+        self.check_all();
     }
 
     /// Makes a harness whose run ended (every page discarded, the pool empty, every check
@@ -725,6 +794,13 @@ impl Harness {
                 }
             }
             DeviceOp::ReclaimFreed => self.reclaim_freed(),
+            DeviceOp::Restart => self.restart(),
         }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.backing);
     }
 }

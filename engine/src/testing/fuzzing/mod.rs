@@ -175,6 +175,10 @@ pub enum DeviceOp {
     },
     /// [`Device::reclaim_freed`]: every marked page is freed.
     ReclaimFreed,
+    /// The process "dies": the device is handed over ([`Device::leave`]) and a successor
+    /// adopts it from its region ([`Device::adopt`]), reopening the backing file with the same
+    /// key; then a full check.
+    Restart,
 }
 
 impl PageKind {
@@ -262,6 +266,7 @@ pub struct Tally {
     pub written_back_pages: u64,
     /// Pages whose data a reclaim of marked pages freed.
     pub notice_freed_pages: u64,
+    pub restarts: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -277,6 +282,7 @@ impl std::ops::AddAssign for Tally {
         self.recompressed_pages += o.recompressed_pages;
         self.written_back_pages += o.written_back_pages;
         self.notice_freed_pages += o.notice_freed_pages;
+        self.restarts += o.restarts;
     }
 }
 
