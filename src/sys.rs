@@ -160,19 +160,26 @@ pub fn dup_fd(fd: std::os::fd::RawFd) -> io::Result<std::fs::File> {
     Ok(std::fs::File::from(borrowed.try_clone_to_owned()?))
 }
 
+/// Marks descriptor `fd`, inherited from the process that started this one, close-on-exec
+/// (checking that it is open), without taking it over yet: so that no program this process
+/// starts before [`take_inherited_fd`] inherits it.
+pub fn keep_inherited_fd(fd: std::os::fd::RawFd) -> io::Result<()> {
+    if fd < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: fcntl with integer arguments on a descriptor number; a closed one fails (EBADF).
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Takes over descriptor `fd`, inherited from the process that started this one (the daemon's
 /// supervisor hands its worker the device's memory region so), checking that it is open, and
 /// marks it close-on-exec so that no further program inherits it.
 pub fn take_inherited_fd(fd: std::os::fd::RawFd) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
-    if fd < 3 {
-        return Err(io::Error::from_raw_os_error(libc::EBADF));
-    }
-    // SAFETY: fcntl with integer arguments on a descriptor number; a closed one fails (EBADF),
-    // and nothing is owned until it succeeded.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    keep_inherited_fd(fd)?;
     // SAFETY: `fd` is open (checked above) and, by the protocol between supervisor and worker,
     // nothing else in this process owns it: this is its one owner from here on.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
@@ -183,9 +190,11 @@ const SECRET_SEALS: libc::c_int =
     libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// A memfd holding `bytes`, sealed against any change, mapped into this process (read-only,
-/// shared, made resident; under `mlockall(MCL_FUTURE)` locked, so never swapped out), for a
-/// secret a process passes to the programs it starts and never writes to a file. The mapping
-/// stays for the process's life. Close-on-exec.
+/// made resident; under `mlockall(MCL_FUTURE)` locked, so never swapped out), for a secret a
+/// process passes to the programs it starts and never writes to a file. The mapping is private
+/// (before Linux 6.7 a shared mapping of a write-sealed memfd is refused, read-only or not); a
+/// read-only private mapping maps the memfd's own pages, so locking it locks them. It stays for
+/// the process's life. Close-on-exec.
 pub fn sealed_secret(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     use std::os::unix::fs::FileExt;
@@ -203,14 +212,14 @@ pub fn sealed_secret(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<std::os:
         return Err(io::Error::last_os_error());
     }
     if !bytes.is_empty() {
-        // SAFETY: a new shared, read-only mapping of `file` at an address the kernel picks;
+        // SAFETY: a new private, read-only mapping of `file` at an address the kernel picks;
         // nothing existing is touched, and it is never unmapped (nothing refers to it).
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 bytes.len(),
                 libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_PRIVATE | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 0,
             )

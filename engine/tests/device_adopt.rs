@@ -388,3 +388,56 @@ fn written_back_pages_survive_each_hand_over() {
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A backing file the user made, of a size that is no whole number of sectors: a successor
+/// takes it (its identity is its size in bytes, not in sectors) and reads every page.
+#[test]
+fn a_backing_file_of_odd_size_is_adopted() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use uzram_engine::device::writeback::WritebackRequest;
+    use uzram_engine::BackingKey;
+
+    let dir = std::env::temp_dir().join(format!("uzram-adopt-odd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("backing");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&file)
+        .unwrap()
+        .set_len(1_000_001)
+        .unwrap();
+    let key = BackingKey::generate();
+    let size = Device::region_size(PAGES * PAGE).unwrap();
+    let region = Region::create("uzram-device-adopt-odd-test", size).unwrap();
+    let cfg = |region: &Region| DeviceConfig {
+        backing_devs: vec![file.clone()],
+        backing_key: Some(key.clone()),
+        ..config(region)
+    };
+    let d = Device::new(cfg(&region), PAGES * PAGE).unwrap();
+    let fd = fd_of(&region);
+    drop(region);
+    let mut ctx = d.context().unwrap();
+    let mut model = Model::default();
+    model.churn(&d, &mut ctx, 40);
+    d.mark_idle(None);
+    assert!(
+        d.writeback(&mut ctx, WritebackRequest::Idle)
+            .unwrap()
+            .written
+            > 50
+    );
+    drop(ctx);
+    d.leave();
+    let r = Region::adopt(fd).unwrap();
+    let (d, _) = Device::adopt(cfg(&r), PAGES * PAGE).unwrap();
+    drop(r);
+    let mut ctx = d.context().unwrap();
+    model.verify(&d, &mut ctx);
+    drop(ctx);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}

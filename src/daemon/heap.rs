@@ -230,10 +230,12 @@ pub fn refill() -> usize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Margin {
     /// What the heap keeps while memory is not short ([`CALM_RESERVE`], or the largest request
-    /// seen), whether it is or not: what the I/O path needs for its next blocks. The memory
-    /// thread fills only this far between the pool's arenas, while writes may be waiting for
-    /// the next one: with memory short each fault may wait in reclaim, and the whole margin
-    /// (megabytes) took over a second in a CI run, time the waiting writes did not have.
+    /// seen), whether it is or not: what the I/O path needs for its next blocks; and, while
+    /// memory is short, at most one step more toward the whole margin, so that a round of many
+    /// arenas catches up step by step. The memory thread fills only this far between the
+    /// pool's arenas, while writes may be waiting for the next one: with memory short each
+    /// fault may wait in reclaim, and the whole margin (megabytes) at once took over a second
+    /// in a CI run, time the waiting writes did not have.
     Calm,
     /// All of what the heap keeps now: [`RESERVE`] or more while memory is short.
     Whole,
@@ -250,14 +252,22 @@ pub fn refill_with(margin: Margin, progress: &mut dyn FnMut(u64)) -> usize {
     let span = SPAN.load(Ordering::Relaxed);
     let _one = REFILL.lock().unwrap_or_else(|e| e.into_inner());
     let mut added = 0;
+    // Steps beyond the calm margin this refill may still commit.
+    let mut beyond = match margin {
+        Margin::Calm => 1,
+        Margin::Whole => usize::MAX,
+    };
     loop {
         let committed = COMMITTED.load(Ordering::Acquire);
-        let want = match margin {
-            Margin::Calm => ahead_for(false),
-            Margin::Whole => ahead(),
-        };
-        if top_free() >= want || committed + STEP > span {
+        let free = top_free();
+        if free >= ahead() || committed + STEP > span {
             break;
+        }
+        if free >= ahead_for(false) {
+            if beyond == 0 {
+                break;
+            }
+            beyond -= 1;
         }
         let at = base + committed;
         let lock = LOCK.load(Ordering::Relaxed);

@@ -307,6 +307,17 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     // on that very I/O.
     io_flusher()?;
     pin::tune_malloc();
+    // The region and the key the supervisor passed are this process's alone: no program it
+    // starts (the slot-free probe's helper below) may inherit them.
+    for fd in [args.worker_region_fd, args.worker_key_fd]
+        .into_iter()
+        .flatten()
+    {
+        crate::sys::keep_inherited_fd(fd).map_err(|source| ServeError::Setup {
+            what: "take the descriptors the supervisor passed",
+            source,
+        })?;
+    }
     let (setup, disksize) = configure(args)?;
     // Before memory is locked: the helper that loads it is a process of its own, and its
     // answer is read on a thread that then ends.

@@ -84,15 +84,22 @@ impl Held {
 
     /// Adds the descriptors to `cmd`'s arguments and lets it inherit them; [`Held::keep`]
     /// once it started.
+    /// On an error nothing stays inheritable.
     fn pass_on(&self, cmd: &mut Command) -> std::io::Result<()> {
         cmd.arg("--worker-region-fd")
             .arg(self.region.as_raw_fd().to_string());
-        crate::sys::set_inheritable(self.region.as_fd())?;
         if let Some(key) = &self.key {
             cmd.arg("--worker-key-fd").arg(key.as_raw_fd().to_string());
-            crate::sys::set_inheritable(key.as_fd())?;
         }
-        Ok(())
+        let passed = crate::sys::set_inheritable(self.region.as_fd()).and_then(|()| {
+            self.key
+                .as_ref()
+                .map_or(Ok(()), |key| crate::sys::set_inheritable(key.as_fd()))
+        });
+        if passed.is_err() {
+            self.keep();
+        }
+        passed
     }
 
     /// Only the program just started inherits them: nothing else this process starts should

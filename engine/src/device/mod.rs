@@ -201,7 +201,7 @@ impl Device {
                 disksize,
                 config.backing_force,
                 &key,
-                0,
+                None,
             )?)
         };
         let pool = Pool::new(PoolConfig {

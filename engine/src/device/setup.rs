@@ -28,7 +28,10 @@ pub struct DeviceConfig {
     pub backing_force: bool,
     /// The key that seals the backing store's records. `None`: a new one is drawn, which
     /// only a device outside a region may do (a successor adopting one in a region needs the
-    /// same key, and the process that made it must have it to pass on).
+    /// same key, and the process that made it must have it to pass on). A key given to
+    /// [`Device::new`] must be new ([`super::writeback::BackingKey::generate`]) and serve that
+    /// one device: each device's nonces start again at 1 in epoch 0, so a key reused for a
+    /// second device would repeat them. Only its successors ([`Device::adopt`]) take it again.
     pub backing_key: Option<super::writeback::BackingKey>,
     /// The automatic tiering policy (uzram's `policy` attribute).
     pub policy: PolicyConfig,

@@ -28,7 +28,7 @@ const S_CREATED: usize = 4;
 const S_CODECS: usize = 5;
 const S_WORDS: usize = 6;
 
-/// The chunk of the device's backing store: [`B_WORDS`] words, and one chunk per file
+/// The chunk of the device's backing store (the `B_` words below), and one chunk per file
 /// ([`BACKING_FILE_TAG`] with the file's place in the low 32 bits) with its identity.
 const BACKING_TAG: u64 = USER_CHUNK_TAG | (3 << 32);
 const BACKING_FILE_TAG: u64 = USER_CHUNK_TAG | (4 << 32);
@@ -422,8 +422,9 @@ impl Device {
         .map_err(|e| not(e.to_string()))?;
         // From here a refusal hands the pool back untouched (`leave`): dropping it would close
         // the region and give the predecessor's pages away.
-        // The files are opened (and their sizes checked once more, open) only now that the
-        // region's own records are known good.
+        // The files are opened (uzram's label checked, nothing written; their identities
+        // checked once more, open) once the slot table is adopted, and their sector maps
+        // rebuilt from its slots.
         let open_backing = |found: FoundBacking| -> Result<_, Error> {
             let key = config
                 .backing_key
@@ -434,7 +435,7 @@ impl Device {
                 disksize,
                 config.backing_force,
                 key,
-                found.epoch,
+                Some(found.epoch),
             )?;
             let now = store.identities()?;
             for ((want, have), path) in found.files.iter().zip(&now).zip(&config.backing_devs) {
@@ -447,11 +448,10 @@ impl Device {
             }
             Ok((store, found))
         };
-        let checked = backing_head
-            .map(open_backing)
-            .transpose()
-            .and_then(|backing| {
-                let (slots, undone) = SlotTable::adopt(pages, region.clone()).map_err(not)?;
+        let checked = SlotTable::adopt(pages, region.clone())
+            .map_err(not)
+            .and_then(|(slots, undone)| {
+                let backing = backing_head.map(open_backing).transpose()?;
                 let store = backing.as_ref().map(|(store, _)| store);
                 let named = Self::named_objects(&slots, &pool, store).map_err(not)?;
                 Ok((slots, undone, named, backing))

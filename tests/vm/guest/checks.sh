@@ -1144,9 +1144,13 @@ check_writeback() {
             "$UZRAM_BIN" attr "$dev" writeback idle >>"$log" 2>&1 &
             wbpid=$!
             sleep 0.2
+            echo "kill 2: 0.2 s into a writeback, bd_stat pages $("$UZRAM_BIN" attr "$dev" bd_stat | awk '{ print $1 }') (was $bd1)" >>"$log"
         fi
         kill -KILL "$pid"
-        [ -n "$wbpid" ] && wait "$wbpid"
+        if [ -n "$wbpid" ]; then
+            wait "$wbpid"
+            echo "kill 2: the writeback command exited $? (non-zero: the kill cut it short)" >>"$log"
+        fi
         for _ in $(seq 1 600); do
             [ "$(uzram_stat_field "$dev" restarts)" = $k ] && break
             sleep 0.1
@@ -1156,7 +1160,7 @@ check_writeback() {
             break
         fi
         bd2=$("$UZRAM_BIN" attr "$dev" bd_stat | awk '{ print $1 }')
-        echo "kill $k: worker $pid; bd_stat pages $bd1 -> $bd2; $(grep -o 'adopted [0-9]* pages in [0-9]* ms' "$UZRAM_LOG" | tail -n 1)" >>"$log"
+        echo "kill $k: worker $pid; bd_stat pages $bd1 -> $bd2; $(grep 'adopted from' "$UZRAM_LOG" | tail -n 1)" >>"$log"
         [ $k = 1 ] && [ "$bd2" != "$bd1" ] && bad="$bad; $bd1 pages written back before the kill, $bd2 after"
         echo 3 >/proc/sys/vm/drop_caches
         if ! "$TOOL" verify "$dev" $((17 * MB)) $((16 * MB)) "$SEED" >>"$log" 2>&1 ||
@@ -1201,7 +1205,7 @@ check_writeback() {
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), records ${a1} KiB (file 0600, allocated in full, no plain text), bd_stat $(echo $bd); verified under swap load; a flipped byte fails its read; discarding half left ${a2} KiB of records; the worker killed twice (once during a writeback), every page verified after each and after the successor's own writeback ($bd1 -> $bd2 pages written back); a mounted partition and one holding a file system refused, e2fsck clean"
+    pass "$name" "32 MiB written back: mem_used_total $(mib "$m0") -> $(mib "$m1"), records ${a1} KiB (file 0600, allocated in full, no plain text), bd_stat $(echo $bd); verified under swap load; a flipped byte fails its read; discarding half left ${a2} KiB of records; the worker killed twice (once 0.2 s into a writeback), every page verified after each and after the successor's own writeback ($bd1 -> $bd2 pages written back); a mounted partition and one holding a file system refused, e2fsck clean"
 }
 
 # check_setup: `uzram setup --config` turns a zram-generator.conf into swap with its priority and

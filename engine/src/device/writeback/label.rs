@@ -88,6 +88,22 @@ pub(super) fn check_contents(
     }
 }
 
+/// Refuses `file` unless it starts with uzram's label: for a successor reopening a device's
+/// backing file, which uzram labelled when it made the device (reads 4 KiB, writes nothing).
+pub(super) fn check_label(file: &File, path: &Path) -> Result<(), BackingError> {
+    match inspect(file, LABEL_LEN) {
+        Ok(Found::Label) => Ok(()),
+        Ok(_) => Err(BackingError::NotUsable {
+            path: path.to_path_buf(),
+            why: "does not start with uzram's label (it is not the backing file uzram wrote)",
+        }),
+        Err(source) => Err(BackingError::Open {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 /// Writes the label at the start of `file` (of `len` bytes).
 pub(super) fn write_label(file: &File, path: &Path, len: u64) -> Result<(), BackingError> {
     let io = |source| BackingError::Open {

@@ -203,6 +203,8 @@ pub(super) struct BackingFile {
     pub(super) path: PathBuf,
     /// Opened `O_DIRECT`.
     pub(super) direct: bool,
+    /// Its size in bytes (the sector map covers the whole sectors of it).
+    pub(super) bytes: u64,
     pub(super) space: Mutex<Space>,
     pub(super) writes: AtomicU64,
 }
@@ -212,10 +214,16 @@ impl BackingFile {
     /// exclusively: not one mounted or in use as swap). A regular file of size 0 is sized to
     /// `default_bytes`; an existing file or block device keeps its size. Its start must be
     /// uzram's label or zeros unless `force` (see [`super::label`]).
+    ///
+    /// `adopting`: the file of a device a successor takes over, which must already be
+    /// uzram's (its label at its start); nothing is sized, allocated or written (its blocks were
+    /// allocated and its label written when the device was made, and the successor opens it
+    /// while the device's I/O waits: a journal commit could wait for that very I/O).
     fn open(
         path: &Path,
         default_bytes: u64,
         force: bool,
+        adopting: bool,
         wrap: &dyn Fn(File) -> Box<dyn BackingIo>,
     ) -> Result<BackingFile, BackingError> {
         let open_err = |source| BackingError::Open {
@@ -268,6 +276,19 @@ impl BackingFile {
         } else {
             meta.len()
         };
+        if adopting {
+            super::label::check_label(&file, path)?;
+            let mut space = Space::new(bytes / SECTOR);
+            space.set(0, super::label::LABEL_LEN / SECTOR, true);
+            return Ok(BackingFile {
+                io: wrap(file),
+                path: path.to_path_buf(),
+                direct,
+                bytes,
+                space: Mutex::new(space),
+                writes: AtomicU64::new(0),
+            });
+        }
         // What is there is judged before anything is written, sized or allocated.
         if bytes > 0 || block {
             super::label::check_contents(&file, path, bytes, force)?;
@@ -297,6 +318,7 @@ impl BackingFile {
             io: wrap(file),
             path: path.to_path_buf(),
             direct,
+            bytes,
             space: Mutex::new(space),
             writes: AtomicU64::new(0),
         })
@@ -415,8 +437,9 @@ impl FileIdentity {
         }
     }
 
-    /// The identity of what `path` names now, read without opening it for writing (a block
-    /// device is opened read-only for its size): `None` when it does not exist.
+    /// The identity of what `path` names now, checked as a successor's open will check it
+    /// (its mode, and uzram's label at its start), read without opening it for writing:
+    /// `None` when it does not exist.
     pub(crate) fn at(path: &Path) -> Result<Option<FileIdentity>, BackingError> {
         let Some(target) = super::label::resolve(path)? else {
             return Ok(None);
@@ -426,9 +449,11 @@ impl FileIdentity {
             source,
         };
         let meta = std::fs::metadata(&target.path).map_err(open_err)?;
+        super::label::check_mode(&meta, path)?;
+        let f = File::open(&target.path).map_err(open_err)?;
+        super::label::check_label(&f, path)?;
         let bytes = if target.block {
             use std::io::{Seek, SeekFrom};
-            let f = File::open(&target.path).map_err(open_err)?;
             (&f).seek(SeekFrom::End(0)).map_err(open_err)?
         } else {
             meta.len()
@@ -510,18 +535,21 @@ impl BackingStore {
         default_bytes: u64,
         force: bool,
     ) -> Result<BackingStore, BackingError> {
-        BackingStore::open_keyed(paths, default_bytes, force, &BackingKey::generate(), 0)
+        BackingStore::open_keyed(paths, default_bytes, force, &BackingKey::generate(), None)
     }
 
-    /// [`BackingStore::open_all`] with `key`, sealing under nonces of `epoch` (see
-    /// [`BackingStore::epoch`]).
+    /// [`BackingStore::open_all`] with `key`. `adopting`: the files of a device a successor
+    /// takes over, sealing under nonces of that epoch (see [`BackingStore::epoch`]); each must
+    /// be uzram's already, and is opened without anything sized, allocated or written (see
+    /// `BackingFile::open`). Otherwise a new device's, in epoch 0.
     pub(crate) fn open_keyed(
         paths: &[PathBuf],
         default_bytes: u64,
         force: bool,
         key: &BackingKey,
-        epoch: u32,
+        adopting: Option<u32>,
     ) -> Result<BackingStore, BackingError> {
+        let epoch = adopting.unwrap_or(0);
         if paths.is_empty() || paths.len() > MAX_FILES {
             return Err(BackingError::Config("between 1 and 16 files"));
         }
@@ -535,7 +563,7 @@ impl BackingStore {
         let wrap = |f: File| -> Box<dyn BackingIo> { Box::new(f) };
         let files = paths
             .iter()
-            .map(|p| BackingFile::open(p, default_bytes, force, &wrap))
+            .map(|p| BackingFile::open(p, default_bytes, force, adopting.is_some(), &wrap))
             .collect::<Result<Vec<_>, _>>()?;
         for (i, a) in files.iter().enumerate() {
             let ma = a.io.file().metadata()?;
@@ -666,8 +694,7 @@ impl BackingStore {
             .iter()
             .map(|f| {
                 let meta = f.io.file().metadata()?;
-                let sectors = f.space.lock().sectors;
-                Ok(FileIdentity::of(&meta, sectors * SECTOR))
+                Ok(FileIdentity::of(&meta, f.bytes))
             })
             .collect()
     }

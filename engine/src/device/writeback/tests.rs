@@ -275,10 +275,12 @@ fn a_successors_nonces_are_its_own_and_records_open_across_epochs() {
     let key = BackingKey::generate();
     let data = [7u8; 100];
     let mut sealed = Vec::new();
-    for epoch in [0, 1] {
+    // Made in epoch 0, reopened by a successor in epoch 1.
+    for adopting in [None, Some(1)] {
         let store =
-            BackingStore::open_keyed(std::slice::from_ref(&path), 1 << 20, false, &key, epoch)
+            BackingStore::open_keyed(std::slice::from_ref(&path), 1 << 20, false, &key, adopting)
                 .unwrap();
+        assert_eq!(store.epoch(), adopting.unwrap_or(0));
         let mut out = vec![0u8; NONCE + data.len() + TAG];
         store.seal(PageIndex(3), BackingStore::location(0, 8), &data, &mut out);
         assert_eq!(store.key_check(), key.check_value());

@@ -357,6 +357,21 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
     let freed = freed_slots();
     let restart = restart();
     vec![
+        // Pages rewritten with the very bytes they hold while the pool is at its limit (a
+        // case the fuzzer once found); written by `encode`, so that a new operation does not
+        // turn it into another input.
+        (
+            "regression-identical-rewrite-at-limit",
+            Algorithm::Lz4,
+            vec![
+                whole(0, 6, Text, 1),
+                whole(6, 2, Noise, 2),
+                limit(Some(2)),
+                whole(0, 6, Text, 1),
+                whole(6, 2, Noise, 2),
+                read(0, 64),
+            ],
+        ),
         ("seed-lz4-restart", Algorithm::Lz4, restart.clone()),
         ("seed-zstd-restart", Algorithm::Zstd, restart),
         ("seed-lz4-freed-slots", Algorithm::Lz4, freed.clone()),
