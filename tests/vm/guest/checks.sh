@@ -957,6 +957,11 @@ check_corrupt() {
         fail_log "$name" "$log" "supervisor $sup of worker $pid holds no memfd: $(ls -l /proc/"$sup"/fd | tr '\n' ' ')"
         return
     fi
+    echo "before fio: $(ls -l "$dev" 2>&1); supervisor $sup holds $(ls -l /proc/"$sup"/fd | grep -c memfd) memfd(s), chosen $fd -> $(readlink "$fd")" >>"$log"
+    if [ ! -b "$dev" ]; then
+        fail_log "$name" "$log" "$dev is not a block device before the kill"
+        return
+    fi
     exec 3<"$dev"
     fio --name=r --filename="$dev" --direct=1 --ioengine=libaio --iodepth=8 --rw=randread \
         --bs=4k --size=8M --time_based --runtime=60 >"$log.fio" 2>&1 &
@@ -988,6 +993,8 @@ check_corrupt() {
         return
     fi
     if [ $frc = 0 ] || ! grep -q 'Input/output error' "$log.fio"; then
+        echo "the daemons' last lines:" >>"$log"
+        tail -n 12 "$UZRAM_LOG" >>"$log" 2>&1
         fail_log "$name" "$log" "fio's reads across the refusal did not fail with EIO (fio exit $frc)"
         return
     fi
