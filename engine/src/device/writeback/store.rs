@@ -278,39 +278,32 @@ impl BackingFile {
         };
         if adopting {
             super::label::check_label(&file, path)?;
-            let mut space = Space::new(bytes / SECTOR);
-            space.set(0, super::label::LABEL_LEN / SECTOR, true);
-            return Ok(BackingFile {
-                io: wrap(file),
-                path: path.to_path_buf(),
-                direct,
-                bytes,
-                space: Mutex::new(space),
-                writes: AtomicU64::new(0),
-            });
-        }
-        // What is there is judged before anything is written, sized or allocated.
-        if bytes > 0 || block {
-            super::label::check_contents(&file, path, bytes, force)?;
-        } else if !block {
-            bytes = default_bytes
-                .max(super::label::MIN_BYTES)
-                .next_multiple_of(ALIGN as u64);
-            file.set_len(bytes).map_err(open_err)?;
-        }
-        // Reads must not dirty the inode (an atime update is a journal transaction). Needs the
-        // file's owner or CAP_FOWNER; without it, atime updates stay.
-        crate::sys::set_noatime(&file);
-        if !block {
-            // Allocate every block now (see the module docs). A filesystem without fallocate
-            // keeps a sparse file; one without room for it is an error now, not at swap-out.
-            if let Err(e) = crate::sys::allocate(&file, bytes) {
-                if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-                    return Err(open_err(e));
+        } else {
+            // What is there is judged before anything is written, sized or allocated.
+            if bytes > 0 || block {
+                super::label::check_contents(&file, path, bytes, force)?;
+            } else {
+                bytes = default_bytes
+                    .max(super::label::MIN_BYTES)
+                    .next_multiple_of(ALIGN as u64);
+                file.set_len(bytes).map_err(open_err)?;
+            }
+            if !block {
+                // Allocate every block now (see the module docs). A filesystem without
+                // fallocate keeps a sparse file; one without room for it is an error now, not
+                // at swap-out.
+                if let Err(e) = crate::sys::allocate(&file, bytes) {
+                    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                        return Err(open_err(e));
+                    }
                 }
             }
+            super::label::write_label(&file, path, bytes)?;
         }
-        super::label::write_label(&file, path, bytes)?;
+        // Reads must not dirty the inode (an atime update is a journal transaction), an adopted
+        // file's no more than a new one's. Needs the file's owner or CAP_FOWNER; without it,
+        // atime updates stay.
+        crate::sys::set_noatime(&file);
         let mut space = Space::new(bytes / SECTOR);
         // The label's sectors are never a record's.
         space.set(0, super::label::LABEL_LEN / SECTOR, true);
