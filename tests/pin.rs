@@ -45,9 +45,16 @@ fn io_heap_serves_marked_threads() {
         "a first refill committed {calm} bytes"
     );
     assert_eq!(heap::refill(), 0, "a full heap needs no refill");
-    // Memory short: the whole margin.
+    // Memory short: a refill to the calm margin (the memory thread's between the pool's
+    // arenas) commits one step toward the whole margin, no more; a whole refill the rest.
     heap::set_memory_short(true);
-    let added = calm + heap::refill();
+    let step = heap::refill_with(heap::Margin::Calm, &mut |_| {});
+    assert_eq!(
+        step,
+        1 << 20,
+        "a refill between arenas committed {step} bytes"
+    );
+    let added = calm + step + heap::refill();
     assert!(
         added >= heap::RESERVE,
         "refills with memory short committed {added} bytes"
@@ -331,12 +338,14 @@ fn upkeep_fits_in_its_prefaulted_stack() {
             let _ = Pressure::read().short();
             let _ = Pressure::swap_outs();
             let mut after_each = || {
-                heap::refill_with(&mut |pages| d.note_upkeep_progress(pages));
+                heap::refill_with(heap::Margin::Calm, &mut |pages| {
+                    d.note_upkeep_progress(pages)
+                });
                 d.prefault_region(false);
             };
             let m = d.maintain_memory_with(&mut after_each).unwrap();
             assert!(m.arenas_mapped > 0 || !short, "{m:?}");
-            heap::refill_with(&mut |_| {});
+            heap::refill_with(heap::Margin::Whole, &mut |_| {});
             let (leaves, chunks) = d.prefault_region(short);
             assert!(!short || leaves + chunks as usize > 0);
         }

@@ -150,8 +150,13 @@ pub fn stats() -> Stats {
 /// the largest request seen, up to [`MOST_AHEAD`]; otherwise [`CALM_RESERVE`], or the largest
 /// request seen.
 fn ahead() -> usize {
+    ahead_for(SHORT.load(Ordering::Relaxed))
+}
+
+/// [`ahead`] as it would be were memory short or not.
+fn ahead_for(short: bool) -> usize {
     let largest = LARGEST.load(Ordering::Relaxed);
-    if SHORT.load(Ordering::Relaxed) {
+    if short {
         (2 * largest).clamp(RESERVE, MOST_AHEAD)
     } else {
         CALM_RESERVE.max(largest.min(MOST_AHEAD))
@@ -218,13 +223,28 @@ pub fn serve_from_io_heap() {
 /// reclaim. Returns the bytes committed; 0 without [`init`] or when the kernel refuses (counted;
 /// the next round tries again).
 pub fn refill() -> usize {
-    refill_with(&mut |_| {})
+    refill_with(Margin::Whole, &mut |_| {})
 }
 
-/// [`refill`], calling `progress` with the pages faulted in as it goes, every
+/// How much free a refill leaves at the heap's top.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Margin {
+    /// What the heap keeps while memory is not short ([`CALM_RESERVE`], or the largest request
+    /// seen), whether it is or not: what the I/O path needs for its next blocks; and, while
+    /// memory is short, at most one step more toward the whole margin, so that a round of many
+    /// arenas catches up step by step. The memory thread fills only this far between the
+    /// pool's arenas, while writes may be waiting for the next one: with memory short each
+    /// fault may wait in reclaim, and the whole margin (megabytes) at once took over a second
+    /// in a CI run, time the waiting writes did not have.
+    Calm,
+    /// All of what the heap keeps now: [`RESERVE`] or more while memory is short.
+    Whole,
+}
+
+/// [`refill`] to `margin`, calling `progress` with the pages faulted in as it goes, every
 /// [`crate::sys::TOUCH_REPORT`] of them (the memory thread tells writes waiting for the pool's
 /// reserve that it is not stuck: under pressure a whole step can take longer than they wait).
-pub fn refill_with(progress: &mut dyn FnMut(u64)) -> usize {
+pub fn refill_with(margin: Margin, progress: &mut dyn FnMut(u64)) -> usize {
     let base = BASE.load(Ordering::Acquire);
     if base == 0 {
         return 0;
@@ -232,10 +252,22 @@ pub fn refill_with(progress: &mut dyn FnMut(u64)) -> usize {
     let span = SPAN.load(Ordering::Relaxed);
     let _one = REFILL.lock().unwrap_or_else(|e| e.into_inner());
     let mut added = 0;
+    // Steps beyond the calm margin this refill may still commit.
+    let mut beyond = match margin {
+        Margin::Calm => 1,
+        Margin::Whole => usize::MAX,
+    };
     loop {
         let committed = COMMITTED.load(Ordering::Acquire);
-        if top_free() >= ahead() || committed + STEP > span {
+        let free = top_free();
+        if free >= ahead() || committed + STEP > span {
             break;
+        }
+        if free >= ahead_for(false) {
+            if beyond == 0 {
+                break;
+            }
+            beyond -= 1;
         }
         let at = base + committed;
         let lock = LOCK.load(Ordering::Relaxed);

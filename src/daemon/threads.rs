@@ -172,14 +172,26 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 let mut progress = |pages: u64| device.note_upkeep_progress(pages);
                 let mut top_up = |memory_short: bool| {
                     enter(Phase::RefillingHeap);
-                    committed |= heap::refill_with(&mut progress) > 0;
+                    let margin = if memory_short {
+                        heap::Margin::Whole
+                    } else {
+                        heap::Margin::Calm
+                    };
+                    committed |= heap::refill_with(margin, &mut progress) > 0;
                     enter(Phase::PrefaultingRegion);
                     device.prefault_region(memory_short);
                 };
                 enter(Phase::MappingArena);
+                // Counted per arena, not per round: a storm's round maps dozens, and the
+                // progress log should show them as they come.
+                let mut arena_start = Instant::now();
                 let maintained = device.maintain_memory_with(&mut || {
+                    let took = arena_start.elapsed().as_millis() as u64;
+                    REFILLED_ARENAS.fetch_add(1, Ordering::Relaxed);
+                    SLOWEST_REFILL_MS.fetch_max(took, Ordering::Relaxed);
                     top_up(false);
                     enter(Phase::MappingArena);
+                    arena_start = Instant::now();
                 });
                 top_up(short);
                 if committed {
@@ -197,13 +209,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                     heap::trim();
                 }
                 match maintained {
-                    Ok(m) => {
-                        if m.arenas_mapped > 0 {
-                            let per = t.elapsed().as_millis() as u64 / m.arenas_mapped as u64;
-                            REFILLED_ARENAS.fetch_add(m.arenas_mapped as u64, Ordering::Relaxed);
-                            SLOWEST_REFILL_MS.fetch_max(per, Ordering::Relaxed);
-                        }
-                    }
+                    Ok(_) => {}
                     Err(e) => {
                         if !matches!(last_report, Some(t) if t.elapsed().as_secs() < 10) {
                             log(&format!("cannot refill the pool's reserve: {e}"));

@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt hibernate}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt sleep hibernate}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT

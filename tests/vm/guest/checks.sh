@@ -935,7 +935,7 @@ check_upgrade() {
 # supervisor delete the device: the reads held meanwhile must fail with EIO, and a descriptor
 # opened before must read no byte.
 check_corrupt() {
-    local name=corrupt log=$UZ_TMP/corrupt.log dev pid sup f fd v err i fpid frc
+    local name=corrupt log=$UZ_TMP/corrupt.log dev pid sup f fd v err i fpid frc r0
     note "$name: a bit of the device's memory region flipped, then the worker killed"
     uzram_setup lz4 64M || return
     dev=$UZRAM_DEV
@@ -963,10 +963,19 @@ check_corrupt() {
         return
     fi
     exec 3<"$dev"
+    # fio must be reading the device before the flip: under emulation it can take seconds to
+    # start, and one that opens the path after the device is deleted would make a plain file
+    # there (allow_file_create=0 forbids that).
+    r0=$(awk '{ print $1 }' /sys/block/"${dev#/dev/}"/stat)
     fio --name=r --filename="$dev" --direct=1 --ioengine=libaio --iodepth=8 --rw=randread \
-        --bs=4k --size=8M --time_based --runtime=60 >"$log.fio" 2>&1 &
+        --bs=4k --size=8M --time_based --runtime=60 --allow_file_create=0 >"$log.fio" 2>&1 &
     fpid=$!
-    sleep 2
+    for i in $(seq 1 300); do
+        [ "$(awk '{ print $1 }' /sys/block/"${dev#/dev/}"/stat 2>/dev/null || echo 0)" -gt $((r0 + 64)) ] && break
+        kill -0 $fpid 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "fio read $(($(awk '{ print $1 }' /sys/block/"${dev#/dev/}"/stat) - r0)) requests before the flip ($i polls)" >>"$log"
     # header word 4 (the arena count): covered by the header's checksum
     v=$(dd if="$fd" bs=1 skip=32 count=1 2>/dev/null | od -An -tu1 | tr -d ' ')
     printf "\\$(printf %o $((v ^ 1)))" | dd of="$fd" bs=1 seek=32 count=1 conv=notrunc 2>>"$log"
@@ -1691,7 +1700,11 @@ check_hibernate() {
         dmesg | since_mark "$n0" >>"$log"
         if [ $rc != 0 ]; then
             bad="$bad hibernation"
-            res="$res hibernation: exit $rc (${out#sh: }) $(dmesg | since_mark "$n0" | grep -iE 'error|fail|short' | head -n 2 | tr '\n' ' ');"
+            res="$res hibernation: exit $rc (${out#sh: }) $(dmesg | since_mark "$n0" | grep -iE 'error|fail|short' | head -n 2 | tr '\n' ' ')"
+            # the freezer names the tasks that refused (and shows their stacks): which, and where
+            res="$res tasks that did not freeze: $(dmesg | since_mark "$n0" | grep -oE 'task:[^ ]+ +state:[A-Z]+|pid:[0-9]+ +tgid:[0-9]+ +ppid:[0-9]+' | paste -d ' ' - - | tr '\n' ';')"
+            ps -o pid,ppid,stat,args >>"$log" 2>&1
+            res="$res;"
         elif dmesg | since_mark "$n0" | grep -q 'image restored successfully'; then
             res="$res image written to /dev/vda, guest powered off and resumed ($(elapsed "$t0") s of guest time);"
         else
@@ -1768,3 +1781,4 @@ sleep_test() {
         sleep_hook post "$action"
     fi
 }
+
