@@ -174,6 +174,25 @@ pub fn keep_inherited_fd(fd: std::os::fd::RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Has the kernel SIGKILL this process when the thread that started it ends
+/// (`PR_SET_PDEATHSIG`), and checks that `parent` still is its parent: an error if it ended
+/// before.
+pub fn die_with_parent(parent: u32) -> io::Result<()> {
+    let kill = libc::SIGKILL as libc::c_ulong;
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, kill, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getppid has no preconditions and cannot fail.
+    let now = unsafe { libc::getppid() };
+    if u32::try_from(now) != Ok(parent) {
+        return Err(io::Error::other(format!(
+            "its supervisor (pid {parent}) ended before it started (parent now {now})"
+        )));
+    }
+    Ok(())
+}
+
 /// Takes over descriptor `fd`, inherited from the process that started this one (the daemon's
 /// supervisor hands its worker the device's memory region so), checking that it is open, and
 /// marks it close-on-exec so that no further program inherits it.

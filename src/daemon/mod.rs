@@ -19,6 +19,7 @@
 #![cfg_attr(not(feature = "ublk"), allow(dead_code))]
 
 mod control;
+mod fdstore;
 #[allow(unsafe_code)] // the global allocator: talc over a span of its own
 pub mod heap;
 pub mod io;
@@ -109,6 +110,12 @@ pub struct ServeArgs {
     /// records (the supervisor drew it; every worker of the device seals with it)
     #[arg(long, hide = true, value_name = "FD")]
     pub worker_key_fd: Option<i32>,
+    /// Internal, with --worker-region-fd: die (SIGKILL) when supervisor PID ends. A supervisor
+    /// run as a systemd service keeps the region in systemd's descriptor store, and systemd,
+    /// restarting it, stops whatever it left in the service: its worker must not outlive it
+    /// (SIGTERM would delete the device), the restarted supervisor's successor takes over
+    #[arg(long, hide = true, value_name = "PID")]
+    pub die_with_supervisor: Option<u32>,
     /// Internal, with --worker-region-fd: take over device N, left by a worker that died
     #[arg(long, hide = true, value_name = "N")]
     pub recover: Option<u32>,
@@ -315,6 +322,12 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     {
         crate::sys::keep_inherited_fd(fd).map_err(|source| ServeError::Setup {
             what: "take the descriptors the supervisor passed",
+            source,
+        })?;
+    }
+    if let Some(pid) = args.die_with_supervisor {
+        crate::sys::die_with_parent(pid).map_err(|source| ServeError::Setup {
+            what: "die with the supervisor",
             source,
         })?;
     }

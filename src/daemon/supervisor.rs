@@ -142,6 +142,14 @@ fn spawn(exe: &Path, held: &Held, log: &OwnedFd, role: Role<'_>) -> Result<Child
             .stderr(Stdio::null());
         crate::sys::set_inheritable(log.as_fd()).map_err(|e| setup("pass stderr on", e))?;
     }
+    if super::fdstore::under_systemd() {
+        // systemd keeps the region for the supervisor's successor (`fdstore`): a worker that
+        // outlived this process would be stopped by systemd's restart with SIGTERM, which
+        // deletes the device. It dies at once instead, and the device's I/O waits.
+        cmd.arg("--die-with-supervisor")
+            .arg(std::process::id().to_string())
+            .env_remove("NOTIFY_SOCKET");
+    }
     held.pass_on(&mut cmd)
         .map_err(|e| setup("pass the region on", e))?;
     let child = cmd.spawn().map_err(|e| setup("start the worker", e));
@@ -291,6 +299,7 @@ fn give_up(id: u32, why: &str) {
     // The device first: until it is gone, a log line could wait for it (the log file's pages
     // may be in swap on it).
     let removed = super::ublk::remove_dead(id);
+    super::fdstore::forget(id);
     log(&format!(
         "{}: not restarting its worker: {why}; deleted the device (its I/O fails)",
         block_path(id)
@@ -303,6 +312,8 @@ fn give_up(id: u32, why: &str) {
 /// `uzram serve`: supervises workers until the device is deleted (a worker ended cleanly: a
 /// reset, SIGTERM) or the supervisor gives up.
 pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
+    // First, before any thread: it unsets LISTEN_FDS and the like.
+    let stored = super::fdstore::take_stored().map_err(ServeError::Worker)?;
     if !crate::common::have_ublk_driver() {
         return Err(ServeError::NoDriver);
     }
@@ -315,10 +326,31 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             "warning: {why}: while no worker maps the device's memory, reclaim could swap it out to the device itself, and a successor would wait for it forever; run uzram with memory.swap.max=0 (systemd: MemorySwapMax=0, as contrib/systemd/uzram-setup.service has)"
         ));
     }
+    // A supervisor systemd restarted (this one's predecessor died; its workers with it) gets
+    // the device's region back from the service's descriptor store, if the device is still
+    // there (its I/O waits): a successor takes it over. One deleted meanwhile is forgotten.
+    let stored = stored.filter(|s| {
+        let there = Path::new(&format!("/sys/block/ublkb{}", s.id)).exists();
+        if !there {
+            log(&format!(
+                "systemd passed the region of {}, which is gone: a new device",
+                block_path(s.id)
+            ));
+            super::fdstore::forget(s.id);
+        }
+        there
+    });
+    let started = Instant::now();
     let size = Device::region_size(disksize)?;
+    let (stored_id, stored_region, stored_key) = match stored {
+        Some(s) => (Some(s.id), Some(s.region), s.key),
+        None => (None, None, None),
+    };
     // Only its descriptor is kept: the supervisor maps nothing of it (locked below, a mapping
     // would be populated whole).
-    let region: OwnedFd = {
+    let region: OwnedFd = if let Some(region) = stored_region {
+        region
+    } else {
         let region = Region::create("uzram", size).map_err(|e| {
             ServeError::Device(uzram_engine::Error::Region {
                 reason: e.to_string(),
@@ -350,7 +382,10 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     super::pin_memory()?;
     // The backing store's key, drawn here (locked: `pin_memory` above) so that every worker
     // seals and opens records with the same one; it lives only in memory.
-    let key = if setup.config().backing_devs.is_empty() {
+    let key = if stored_id.is_some() {
+        // The predecessor's (a successor without it refuses the region, saying so).
+        stored_key
+    } else if setup.config().backing_devs.is_empty() {
         None
     } else {
         let key = uzram_engine::BackingKey::generate();
@@ -441,16 +476,49 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             what: "keep stderr for successors",
             source,
         })?;
-    let mut child = spawn(&exe, &held, &stderr, Role::First)?;
+    let role = match stored_id {
+        Some(id) => Role::Successor(id, 1, "supervisor_restarted"),
+        None => Role::First,
+    };
+    let mut child = match spawn(&exe, &held, &stderr, role) {
+        Ok(child) => child,
+        Err(e) => {
+            if let Some(id) = stored_id {
+                give_up(id, &format!("no successor could be started: {e}"));
+            }
+            return Err(e);
+        }
+    };
     worker.store(child.id(), Ordering::SeqCst);
-    let (path, id) = match first_line(&mut child, None) {
+    let deadline = stored_id.map(|_| SUCCESSOR_DEADLINE);
+    let (path, id) = match first_line(&mut child, deadline) {
         Ok(served) => served,
         Err(msg) => {
+            if let Some(id) = stored_id {
+                let _ = child.kill();
+                let _ = child.wait();
+                give_up(id, &format!("its successor failed: {msg}"));
+                return Err(ServeError::Worker(format!("{}: {msg}", block_path(id))));
+            }
             let _ = child.wait();
             return Err(ServeError::Worker(msg));
         }
     };
     serving.store(child.id(), Ordering::SeqCst);
+    if stored_id.is_some() {
+        log(&format!(
+            "{path}: its supervisor ended and systemd started this one with the device's memory region from its descriptor store; a successor (pid {}) serves it again, {} ms after this supervisor started",
+            child.id(),
+            started.elapsed().as_millis()
+        ));
+    }
+    // Under systemd: the region (and key) into the service's descriptor store, for a
+    // supervisor systemd restarts should this one die.
+    if let Err(e) = super::fdstore::store(id, &held.region, held.key.as_ref()) {
+        log(&format!(
+            "{path}: cannot hand systemd the device's memory region (FDSTORE): {e}; should this supervisor die, the device's I/O waits until `uzram --reset`"
+        ));
+    }
     // `uzram --find` may have gone: serving goes on without its answer.
     let _ = crate::common::output::outln(&path);
     if args.detached {
@@ -459,7 +527,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     // A successor waits, started and pinned, so that taking over needs little new memory: when
     // a worker dies the device's I/O (swap's too) waits, and memory may be short.
     let mut standby = spawn(&exe, &held, &stderr, Role::Standby).ok();
-    let mut restarts = 0u64;
+    let mut restarts = u64::from(stored_id.is_some());
     let mut deaths: VecDeque<Instant> = VecDeque::new();
     loop {
         let status = child.wait().map_err(|source| ServeError::Setup {
@@ -470,6 +538,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         serving.store(0, Ordering::SeqCst);
         if status.success() {
             // The worker deleted the device (a reset, SIGTERM): nothing left to hold.
+            super::fdstore::forget(id);
             return Ok(());
         }
         if stopping.load(Ordering::SeqCst) {

@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt sleep hibernate}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt systemd sleep hibernate}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
@@ -114,6 +114,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want recover10 && check_recover 10
     want upgrade && check_upgrade
     want corrupt && check_corrupt
+    want systemd && check_systemd
     if want sleep; then
         # UZRAM_VM_SLEEP_RUNS=N: the check N times (a flake hunt)
         for _ in $(seq "${UZRAM_VM_SLEEP_RUNS:-1}"); do
