@@ -111,9 +111,9 @@ pub struct ServeArgs {
     #[arg(long, hide = true, value_name = "FD")]
     pub worker_key_fd: Option<i32>,
     /// Internal, with --worker-region-fd: die (SIGKILL) when supervisor PID ends. A supervisor
-    /// run as a systemd service keeps the region in systemd's descriptor store, and systemd,
-    /// restarting it, stops whatever it left in the service: its worker must not outlive it
-    /// (SIGTERM would delete the device), the restarted supervisor's successor takes over
+    /// run as a systemd service keeps the region in systemd's descriptor store, and systemd
+    /// restarts it, once whatever it left in the service is gone: its worker dies at once, the
+    /// device quiesced, and the restarted supervisor's successor takes over
     #[arg(long, hide = true, value_name = "PID")]
     pub die_with_supervisor: Option<u32>,
     /// Internal, with --worker-region-fd: take over device N, left by a worker that died

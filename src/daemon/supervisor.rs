@@ -144,12 +144,14 @@ fn spawn(exe: &Path, held: &Held, log: &OwnedFd, role: Role<'_>) -> Result<Child
     }
     if super::fdstore::under_systemd() {
         // systemd keeps the region for the supervisor's successor (`fdstore`): a worker that
-        // outlived this process would be stopped by systemd's restart with SIGTERM, which
-        // deletes the device. It dies at once instead, and the device's I/O waits.
+        // outlived this process would hold the restart up (until the unit's stop timeout,
+        // with KillMode=mixed; with the default KillMode it would get SIGTERM, which deletes
+        // the device). It dies at once instead, the device quiesced, its I/O waiting.
         cmd.arg("--die-with-supervisor")
             .arg(std::process::id().to_string())
             .env_remove("NOTIFY_SOCKET");
     }
+    let _one = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
     held.pass_on(&mut cmd)
         .map_err(|e| setup("pass the region on", e))?;
     let child = cmd.spawn().map_err(|e| setup("start the worker", e));
@@ -233,10 +235,14 @@ fn check_binary(exe: &Path, held: &Held) -> Result<(), String> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    held.pass_on(&mut cmd)
-        .map_err(|e| format!("cannot pass the region on: {e}"))?;
-    let child = cmd.spawn();
-    held.keep();
+    let child = {
+        let _one = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
+        held.pass_on(&mut cmd)
+            .map_err(|e| format!("cannot pass the region on: {e}"))?;
+        let child = cmd.spawn();
+        held.keep();
+        child
+    };
     let mut child = child.map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
     // Its answer within CHECK_DEADLINE: the signal thread that asks is also the one that
     // handles SIGTERM.
@@ -294,6 +300,30 @@ pub fn check_region(args: &ServeArgs) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// How long a supervisor systemd restarted waits for its device to be quiesced (the last
+/// supervisor's workers die with it, and the kernel quiesces the device once their
+/// descriptors are closed).
+const QUIESCE_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether device `id` is quiesced (its I/O waiting for a daemon), waiting up to
+/// [`QUIESCE_WAIT`] for it to be; `None` if it is gone.
+fn wait_quiesced(id: u32) -> Option<bool> {
+    let start = Instant::now();
+    loop {
+        let quiesced = super::ublk::is_quiesced(id)?;
+        if quiesced || start.elapsed() >= QUIESCE_WAIT {
+            return Some(quiesced);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Held while a program is started with the region's (and key's) descriptors inheritable
+/// ([`Held::pass_on`] to [`Held::keep`]): the main thread starts workers, the signal thread
+/// asks binaries and systemctl, and neither may start a program while the other has the
+/// descriptors open to inheritance (or closed to it).
+static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The device has to go: its I/O fails from now on (no worker can serve it right).
 fn give_up(id: u32, why: &str) {
     // The device first: until it is gone, a log line could wait for it (the log file's pages
@@ -312,8 +342,12 @@ fn give_up(id: u32, why: &str) {
 /// `uzram serve`: supervises workers until the device is deleted (a worker ended cleanly: a
 /// reset, SIGTERM) or the supervisor gives up.
 pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
-    // First, before any thread: it unsets LISTEN_FDS and the like.
-    let stored = super::fdstore::take_stored().map_err(ServeError::Worker)?;
+    // First, before any thread: it unsets LISTEN_FDS and the like. What cannot be one device's
+    // is dropped (and systemd asked to drop it too): a new device.
+    let stored = super::fdstore::take_stored().unwrap_or_else(|why| {
+        log(&format!("{why}: not taking any device over"));
+        None
+    });
     if !crate::common::have_ublk_driver() {
         return Err(ServeError::NoDriver);
     }
@@ -329,17 +363,29 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     // A supervisor systemd restarted (this one's predecessor died; its workers with it) gets
     // the device's region back from the service's descriptor store, if the device is still
     // there (its I/O waits): a successor takes it over. One deleted meanwhile is forgotten.
-    let stored = stored.filter(|s| {
-        let there = Path::new(&format!("/sys/block/ublkb{}", s.id)).exists();
-        if !there {
-            log(&format!(
-                "systemd passed the region of {}, which is gone: a new device",
-                block_path(s.id)
-            ));
-            super::fdstore::forget(s.id);
-        }
-        there
-    });
+    let stored = match stored {
+        Some(s) => match wait_quiesced(s.id) {
+            Some(true) => Some(s),
+            Some(false) => {
+                // Served still (a worker of the last supervisor that did not die with it):
+                // adopting the region under it would write into what it serves.
+                return Err(ServeError::Worker(format!(
+                    "systemd passed the region of {}, but the device is still served (not quiesced after {} s): not taking it over",
+                    block_path(s.id),
+                    QUIESCE_WAIT.as_secs()
+                )));
+            }
+            None => {
+                log(&format!(
+                    "systemd passed the region of {}, which is gone: a new device",
+                    block_path(s.id)
+                ));
+                super::fdstore::forget(s.id);
+                None
+            }
+        },
+        None => None,
+    };
     let started = Instant::now();
     let size = Device::region_size(disksize)?;
     let (stored_id, stored_region, stored_key) = match stored {
@@ -404,13 +450,17 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     let worker = Arc::new(AtomicU32::new(0));
     let serving = Arc::new(AtomicU32::new(0));
     let stopping = Arc::new(AtomicBool::new(false));
+    // Set on SIGTERM while systemd restarts the service: the device is handed to the supervisor
+    // systemd starts next (see `fdstore`), not deleted.
+    let handing_over = Arc::new(AtomicBool::new(false));
     let upgrading = Arc::new(AtomicBool::new(false));
     {
-        let (worker, serving, stopping, upgrading) = (
+        let (worker, serving, stopping, upgrading, handing_over) = (
             Arc::clone(&worker),
             Arc::clone(&serving),
             Arc::clone(&stopping),
             Arc::clone(&upgrading),
+            Arc::clone(&handing_over),
         );
         let (exe, held) = (
             exe.clone(),
@@ -428,6 +478,37 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             .spawn(move || loop {
                 let sig = signals.wait();
                 if sig != libc::SIGUSR1 {
+                    // `systemctl restart` of a uzram@ service: the device goes to the
+                    // supervisor systemd starts next, with its pages, if the binary it will
+                    // run can take it over (as `uzram upgrade` checks); else it is deleted, as
+                    // a stop deletes it.
+                    let pid = serving.load(Ordering::SeqCst);
+                    if sig == libc::SIGTERM
+                        && pid != 0
+                        && !stopping.load(Ordering::SeqCst)
+                        && !upgrading.load(Ordering::SeqCst)
+                        && {
+                            let _one = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
+                            super::fdstore::restarting()
+                        }
+                    {
+                        match check_binary(&exe, &held) {
+                            Ok(()) if serving.load(Ordering::SeqCst) == pid => {
+                                log(&format!(
+                                    "systemd restarts the service: handing the device over to the supervisor it starts next ({} can take it over); stopping worker {pid}",
+                                    exe.display()
+                                ));
+                                handing_over.store(true, Ordering::SeqCst);
+                                stopping.store(true, Ordering::SeqCst);
+                                crate::sys::kill(pid, libc::SIGKILL);
+                                continue;
+                            }
+                            Ok(()) => log("systemd restarts the service, but the worker changed meanwhile: deleting the device"),
+                            Err(why) => log(&format!(
+                                "systemd restarts the service, but the binary it will run cannot take the device over ({why}): deleting the device"
+                            )),
+                        }
+                    }
                     stopping.store(true, Ordering::SeqCst);
                     crate::sys::kill(worker.load(Ordering::SeqCst), sig);
                     continue;
@@ -490,6 +571,10 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         }
     };
     worker.store(child.id(), Ordering::SeqCst);
+    if stopping.load(Ordering::SeqCst) {
+        // A SIGTERM came before there was a worker to pass it to.
+        crate::sys::kill(child.id(), libc::SIGTERM);
+    }
     let deadline = stored_id.map(|_| SUCCESSOR_DEADLINE);
     let (path, id) = match first_line(&mut child, deadline) {
         Ok(served) => served,
@@ -539,6 +624,20 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         if status.success() {
             // The worker deleted the device (a reset, SIGTERM): nothing left to hold.
             super::fdstore::forget(id);
+            return Ok(());
+        }
+        if handing_over.load(Ordering::SeqCst) {
+            // `systemctl restart`: the device waits, its I/O held, for the supervisor systemd
+            // starts next with the region from the descriptor store. The standby goes (it
+            // would die with this process anyway).
+            if let Some(mut old) = standby.take() {
+                let _ = old.kill();
+                let _ = old.wait();
+            }
+            log(&format!(
+                "{path}: its worker ended ({}); the device waits for the supervisor systemd starts next",
+                cause(status)
+            ));
             return Ok(());
         }
         if stopping.load(Ordering::SeqCst) {

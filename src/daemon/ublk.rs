@@ -400,6 +400,14 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Ublk(format!("serving {}: {e}", block_path(id))))
 }
 
+/// Whether device `id` waits for a daemon (`UBLK_S_DEV_QUIESCED`: the one that served it died,
+/// its I/O is held) rather than being served (`LIVE`); `None` when it cannot be asked (gone).
+pub fn is_quiesced(id: u32) -> Option<bool> {
+    let ctrl = UblkCtrl::new_simple(id as i32).ok()?;
+    ctrl.read_dev_info().ok()?;
+    Some(u32::from(ctrl.dev_info().state) == sys::UBLK_S_DEV_QUIESCED)
+}
+
 /// Deletes device `id` whose daemon is gone (killed): what `uzram --reset` does for a dead
 /// device. The kernel has already stopped the disk; this removes the control device.
 pub fn remove_dead(id: u32) -> Result<(), ServeError> {

@@ -664,7 +664,7 @@ check_attrs() {
 
 # check_badinput: clear errors, exit 1, and nothing created or changed.
 check_badinput() {
-    local name=badinput log=$UZ_TMP/badinput.log bad= before after out dev
+    local name=badinput log=$UZ_TMP/badinput.log bad= before after out dev i
     note "$name: bad sizes, algorithms, names, and resets of busy devices"
     : >"$log"
     before=$(ls /sys/class/ublk-char 2>/dev/null | wc -l)
@@ -694,7 +694,13 @@ check_badinput() {
         echo "reset while swap: $out" >>"$log"
         echo "$out" | grep -q swap || bad="$bad; reset-while-swap message '$out'"
         swapoff "$dev" >>"$log" 2>&1
-        mke2fs -q -t ext4 "$dev" >>"$log" 2>&1 && mkdir -p /mnt/bi && mount "$dev" /mnt/bi
+        # after a swapoff the daemon holds the device exclusively for a moment, while it frees
+        # the swap area's old pages (mke2fs: "apparently in use by the system")
+        for i in 1 2 3 4 5 6 7 8 9 10; do
+            mke2fs -q -t ext4 "$dev" >>"$log" 2>&1 && break
+            sleep 1
+        done
+        mkdir -p /mnt/bi && mount "$dev" /mnt/bi >>"$log" 2>&1
         out=$("$UZRAM_BIN" --reset "$dev" 2>&1) && bad="$bad; reset of a mounted device succeeded"
         echo "reset while mounted: $out" >>"$log"
         echo "$out" | grep -q mounted || bad="$bad; reset-while-mounted message '$out'"
@@ -1792,7 +1798,8 @@ sd_start() {
     [ -x $SD_ROOT/lib/systemd/systemd ] || { echo "no systemd on the host" >>"$log"; return 1; }
     [ -f /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
     mkdir -p /sys/fs/cgroup/uzram-systemd
-    mount -t tmpfs sdrun $SD_ROOT/run && mount -t tmpfs sdtmp $SD_ROOT/tmp &&
+    # (not /tmp: the checkout may be under the host's /tmp, as CI's is)
+    mount -t tmpfs sdrun $SD_ROOT/run &&
         mount -o rbind /proc $SD_ROOT/proc && mount -o rbind /sys $SD_ROOT/sys &&
         mount -o rbind /dev $SD_ROOT/dev || { echo "mounts for the chroot failed" >>"$log"; return 1; }
     mkdir -p $SD_ROOT/run/user/0/systemd/user && chmod 700 $SD_ROOT/run/user/0
@@ -1830,14 +1837,15 @@ sd_stop() {
     local m
     [ -n "$SD_PID" ] && { kill -TERM $SD_PID; wait $SD_PID; }
     SD_PID=
-    for m in dev sys proc tmp run; do umount -l $SD_ROOT/$m 2>/dev/null; done
+    for m in dev sys proc run; do umount -l $SD_ROOT/$m 2>/dev/null; done
 }
 
 # check_systemd: contrib/systemd/uzram@.service's way, under a real systemd (the host's, as a
 # user manager in the guest): a device served by a Type=notify service with a descriptor store;
 # 32 MiB written; the *supervisor* killed (SIGKILL) while a reader waits on the device; systemd
 # restarts the service with the region from its store, a successor takes the device over:
-# every byte reads the same, the reader gets no error; `systemctl stop` deletes the device.
+# every byte reads the same, the reader gets no error; then `systemctl restart` (a reader
+# across it): the device handed over the same way, not deleted; `systemctl stop` deletes it.
 check_systemd() {
     local name=systemd log=$UZ_TMP/systemd.log unit dev sup sup1 w rpid rrc t0 i MB=1048576
     local bin=${UZRAM_VM_DIR#/host}/cache/uzram
@@ -1918,6 +1926,29 @@ check_systemd() {
         fail_log "$name" "$log" "the restarted supervisor did not say it took the region from the store"
     else
         res="supervisor $sup killed, systemd restarted the service (supervisor $sup1) in $(elapsed "$t0") s; $(grep -o 'a successor (pid [0-9]*) serves it again, [0-9]* ms after this supervisor started' $SD_ROOT/run/user/0/uzram-vm-sd.log | tail -n 1); a reader across the restart and a second read: 32 MiB verified; last_restart $(sd_uzram attr "$dev" uzram_stat 2>&1 | awk '$1 == "last_restart" { print $2 }')"
+        # systemctl restart: the device handed over, not deleted
+        "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >"$log.reader" 2>&1 &
+        rpid=$!
+        t0=$(uptime_s)
+        sd_ctl restart uzram-vm.service >>"$log" 2>&1
+        wait $rpid
+        rrc=$?
+        cat "$log.reader" >>"$log"
+        sup=$sup1
+        sup1=$(sd_ctl show -p MainPID --value uzram-vm.service 2>/dev/null)
+        if [ $rrc != 0 ] || [ ! -b "$dev" ] || [ "$sup1" = "$sup" ] ||
+            ! "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1 ||
+            ! grep -q 'systemd restarts the service: handing the device over' $SD_ROOT/run/user/0/uzram-vm-sd.log; then
+            cat $SD_ROOT/run/user/0/uzram-vm-sd.log >>"$log" 2>&1
+            sd_ctl status uzram-vm.service >>"$log" 2>&1
+            sd_messages
+            fail_log "$name" "$log" "systemctl restart did not hand $dev over with its pages (reader exit $rrc, supervisor $sup -> ${sup1:-none})"
+            sd_ctl stop uzram-vm.service
+            UZRAM_DEV=
+            sd_stop
+            return
+        fi
+        res="$res; systemctl restart handed $dev over (supervisor $sup -> $sup1) in $(elapsed "$t0") s with a reader across it, 32 MiB verified"
         sd_ctl stop uzram-vm.service >>"$log" 2>&1
         for i in $(seq 1 100); do [ -b "$dev" ] || break; sleep 0.1; done
         if [ -b "$dev" ]; then
