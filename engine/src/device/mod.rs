@@ -256,7 +256,7 @@ impl Device {
         let huge_threshold = (1..=PAGE_SIZE)
             .find(|&s| pool.class_size(s) == Ok(PAGE_SIZE))
             .unwrap_or(PAGE_SIZE);
-        Device {
+        let device = Device {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             disksize,
             slots,
@@ -274,7 +274,9 @@ impl Device {
                     .next_power_of_two()
                     .max(16),
             ),
-        }
+        };
+        device.set_reuse(config.policy.reuse);
+        device
     }
 
     /// The device size in bytes.
@@ -442,6 +444,14 @@ impl Device {
             done += len;
             let slot = self.slot_for_write(index)?;
             if let Ok(page) = <&[u8; PAGE_SIZE]>::try_from(chunk) {
+                // A page swap read back from the backing store and wrote again unchanged
+                // takes its old record over: written there once (see `writeback::reuse`).
+                if let Some(new) = self.adopt_kept(page) {
+                    let mut g = slot.lock();
+                    self.replace(index, &mut g, new);
+                    self.take_freed_for_write(index);
+                    continue;
+                }
                 // Compress and allocate before taking the slot lock.
                 let new = self.encode(
                     &mut ctx.streams,
@@ -572,7 +582,10 @@ impl Device {
             // there (the page stays on the backing store): a read soon after is the policy's
             // mistake, counted once (the stamp then moves out of the window, to 0 at the
             // latest, which is never counted: second 0 is before any writeback worth judging).
-            let early = s.atime != 0 && self.tier.note_read_back(now.saturating_sub(s.atime));
+            // An adopted record was not the policy's choice: its reads are no mistake.
+            let early = s.atime != 0
+                && !s.flags.contains(SlotFlags::ADOPTED)
+                && self.tier.note_read_back(now.saturating_sub(s.atime));
             if early {
                 s.atime = now.saturating_sub(policy::EARLY_READ_SECS);
             }
@@ -699,7 +712,7 @@ impl Device {
         self.counters.remove(shard, &old);
         self.counters.add(shard, &new);
         if old.flags.contains(SlotFlags::WB) {
-            self.free_written_back(&old);
+            self.free_written_back(index, &old);
         }
         if old.flags.contains(SlotFlags::STORED) {
             if let Some(h) = Handle::from_raw(old.word) {

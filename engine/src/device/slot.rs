@@ -69,6 +69,10 @@ impl SlotFlags {
     pub const INCOMPRESSIBLE: SlotFlags = SlotFlags(1 << 4);
     /// The word is a pool handle.
     pub const STORED: SlotFlags = SlotFlags(1 << 5);
+    /// Written back, in a record kept from a page freed earlier with the same content: the
+    /// word packs the record's location and the page index it was sealed for
+    /// (`writeback::reuse`).
+    pub const ADOPTED: SlotFlags = SlotFlags(1 << 6);
 
     /// No flags.
     pub const fn empty() -> SlotFlags {
@@ -88,6 +92,11 @@ impl SlotFlags {
     /// These flags without those of `other`.
     pub const fn difference(self, other: SlotFlags) -> SlotFlags {
         SlotFlags(self.0 & !other.0)
+    }
+
+    /// The flags in both sets.
+    pub const fn intersection(self, other: SlotFlags) -> SlotFlags {
+        SlotFlags(self.0 & other.0)
     }
 
     /// Both sets.

@@ -333,8 +333,9 @@ impl Device {
                         "page {i} is written back, and this device has no backing store"
                     ));
                 };
+                let (_, location) = super::writeback::record_of(super::PageIndex(i), &s);
                 backing
-                    .adopt_record(s.word, usize::from(s.size))
+                    .adopt_record(location, usize::from(s.size))
                     .map_err(|why| format!("page {i}: {why}"))?;
                 continue;
             }

@@ -38,6 +38,10 @@ pub struct PolicyConfig {
     /// (`spill`, 1/0): the kernel swaps out its coldest pages, so a page arriving when the pool
     /// is full is colder than the ones the pool holds.
     pub spill: bool,
+    /// Keep the record of a page swap read back from the backing store and freed, so that the
+    /// page's next swap-out, unchanged, takes it over instead of writing the page again
+    /// (`reuse`, 1/0; see the engine's `writeback::reuse`).
+    pub reuse: bool,
 }
 
 impl Default for PolicyConfig {
@@ -53,6 +57,7 @@ impl Default for PolicyConfig {
             budget: None,
             evict: true,
             spill: true,
+            reuse: true,
         }
     }
 }
@@ -99,7 +104,7 @@ impl fmt::Display for PolicyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} budget={} evict={} spill={}",
+            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} budget={} evict={} spill={} reuse={}",
             duration_text(self.recompress_after),
             duration_text(self.writeback_after),
             self.high_watermark,
@@ -110,6 +115,7 @@ impl fmt::Display for PolicyConfig {
             self.budget.map_or("off".into(), |b| b.to_string()),
             u8::from(self.evict),
             u8::from(self.spill),
+            u8::from(self.reuse),
         )
     }
 }
@@ -168,9 +174,10 @@ impl PolicyConfig {
                 }
                 "evict" => next.evict = on_off(v).ok_or(bad("evict is 1 or 0"))?,
                 "spill" => next.spill = on_off(v).ok_or(bad("spill is 1 or 0"))?,
+                "reuse" => next.reuse = on_off(v).ok_or(bad("reuse is 1 or 0"))?,
                 _ => {
                     return Err(bad(
-                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share budget evict spill",
+                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share budget evict spill reuse",
                     ))
                 }
             }

@@ -634,6 +634,19 @@ fn serve_pending(bufs: &mut Option<WbBuffers>, device: &Device) -> bool {
 }
 
 impl Tier {
+    /// Records kept for reuse, taken over by writes, dropped unused (`writeback::reuse`).
+    pub(in crate::device) fn count_kept(&self, n: u64) {
+        self.counters.kept_pages.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(in crate::device) fn count_reused(&self, n: u64) {
+        self.counters.reused_pages.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(in crate::device) fn count_kept_dropped(&self, n: u64) {
+        self.counters.kept_dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// The policy made room: writes that find none wait for it again.
     fn progress(&self) {
         self.requests.lock().starved_until = None;
@@ -651,6 +664,9 @@ impl Device {
         let mut cfg = self.tier.config.lock();
         cfg.update(text)?;
         self.tier.budget.lock().set(cfg.budget, self.now());
+        let reuse = cfg.reuse;
+        drop(cfg);
+        self.set_reuse(reuse);
         Ok(())
     }
 

@@ -79,6 +79,14 @@ policy_counters! {
     evict_fast_fails => "evict_fast_fails",
     /// Writebacks the budget (or zram's spent `writeback_limit`) held back.
     budget_denied => "budget_denied",
+    /// Records kept after swap read their page back and freed it (`reuse`), for the page's
+    /// next swap-out to take over instead of writing it again.
+    kept_pages => "reuse_kept_pages",
+    /// Whole-page writes that took a kept record over: pages not written to the backing
+    /// store a second time.
+    reused_pages => "reuse_pages",
+    /// Kept records dropped unused (the oldest of a full bucket, or the store needed the room).
+    kept_dropped => "reuse_dropped_pages",
     /// Pool pages the policy's compaction freed.
     pages_compacted => "pages_compacted",
     /// Written-back pages read within `EARLY_READ_SECS` of their writeback: the policy's
@@ -124,10 +132,10 @@ mod tests {
         c.pages_compacted.store(3, Ordering::Relaxed);
         let text = c.snapshot(Some(42)).to_string();
         let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
-        assert_eq!(keys.len(), 22);
+        assert_eq!(keys.len(), 25);
         assert_eq!(keys.first(), Some(&"ticks"));
         assert_eq!(
-            keys[18..],
+            keys[21..],
             [
                 "pages_compacted",
                 "early_reads",

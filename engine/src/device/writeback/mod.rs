@@ -46,9 +46,11 @@ use std::str::FromStr;
 use std::sync::atomic::Ordering;
 
 mod label;
+mod reuse;
 mod store;
 
 pub use self::label::check as check_backing;
+pub(in crate::device) use self::reuse::record_of;
 use self::store::Extent;
 pub(crate) use self::store::FileIdentity;
 pub use self::store::{AlignedBuf, BackingError, BackingKey, BackingStore, FileUsage, KEY_LEN};
@@ -212,21 +214,17 @@ impl Device {
             source: BackingError::Full,
         })?;
         let len = usize::from(s.size);
+        let (sealed_for, location) = record_of(index, s);
         backing
-            .read(index, s.word, len, buf)
+            .read(sealed_for, location, len, buf)
             .map_err(|source| IoError::Backing { index, source })?;
         if s.flags.contains(SlotFlags::HUGE) {
             out.copy_from_slice(&buf[..PAGE_SIZE]);
-            return Ok(());
+        } else {
+            super::decompress_with(streams, index, s.prio, &buf[..len], out)?;
         }
-        super::decompress_with(streams, index, s.prio, &buf[..len], out)
-    }
-
-    /// Frees the backing space of a written-back slot state.
-    pub(super) fn free_written_back(&self, s: &SlotState) {
-        if let Some(b) = &self.backing {
-            b.free(s.word, usize::from(s.size));
-        }
+        self.note_read_back(index, s, out);
+        Ok(())
     }
 
     fn wb_eligible(s: &SlotState, req: WritebackRequest, index: u64) -> bool {
@@ -270,7 +268,11 @@ impl Device {
         if bufs.taken.is_empty() {
             return stats;
         }
-        let Some(extent) = backing.reserve(sectors) else {
+        // Records kept for reuse give their room up before a batch goes without.
+        let Some(extent) = backing
+            .reserve(sectors)
+            .or_else(|| (self.drop_kept() > 0).then(|| backing.reserve(sectors))?)
+        else {
             stats.full = true;
             return stats;
         };

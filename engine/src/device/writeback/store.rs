@@ -471,6 +471,8 @@ pub struct BackingStore {
     pub(super) limit: Mutex<(bool, u64)>,
     /// Which file a tie of free space goes to next.
     pub(super) turn: AtomicUsize,
+    /// Records kept after their page was freed, for a write of the same content to take over.
+    pub(super) reuse: super::reuse::Reuse,
     /// Feature `testing`: while set, every write fails (the files are [`FaultyFile`]s).
     #[cfg(any(test, feature = "testing"))]
     pub(super) fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -577,6 +579,7 @@ impl BackingStore {
             counters: BdCounters::default(),
             limit: Mutex::new((false, 0)),
             turn: AtomicUsize::new(0),
+            reuse: super::reuse::Reuse::new(),
             #[cfg(any(test, feature = "testing"))]
             fail_writes,
         })

@@ -267,6 +267,8 @@ pub struct Tally {
     /// Pages whose data a reclaim of marked pages freed.
     pub notice_freed_pages: u64,
     pub restarts: u64,
+    /// Whole-page writes that took over a record kept for reuse.
+    pub reused_pages: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -283,6 +285,7 @@ impl std::ops::AddAssign for Tally {
         self.written_back_pages += o.written_back_pages;
         self.notice_freed_pages += o.notice_freed_pages;
         self.restarts += o.restarts;
+        self.reused_pages += o.reused_pages;
     }
 }
 
