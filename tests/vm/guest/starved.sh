@@ -13,8 +13,17 @@
 
 STARVED_X10=${UZRAM_BENCH_STARVED_X10:-25}      # workload, tenths of MemAvailable
 STARVED_PASSES=${UZRAM_BENCH_STARVED_PASSES:-2}
+# The family of shapes, each "WALK,MIX,X10,PC": WALK swapfill (fill, then passes forward and
+# backward), cyclic (every pass forward: the least recently used page is read next), hotcold
+# (80 % of reads in a hot fifth), rewrite (cyclic, and every other page's tail rewritten each
+# pass) or phases (three cyclic programs started 20 s apart, each exiting when done); MIX the
+# page mix (vmtool's VMTOOL_MIX: mixed, text, heap, noisy); X10 the workload in tenths of
+# MemAvailable ("t" before it: of MemTotal); PC vm.page-cluster. One guest run goes through
+# every shape with every configuration. The default is the one starved build of before.
+STARVED_FAMILY=${UZRAM_BENCH_STARVED_FAMILY:-swapfill,mixed,$STARVED_X10,0}
 STARVED_TIMEOUT=${UZRAM_BENCH_STARVED_TIMEOUT:-1800}
-# uzram-lz4-shareN: uzram with pool_share=N; uzram-lz4-nospill: uzram with spill=0
+# uzram-lz4-shareN: uzram with pool_share=N; uzram-lz4-nospill: uzram with spill=0;
+# uzram-lz4-noreuse: uzram with reuse=0
 # zswap comes last: in Debian's 6.12.117 under TCG it has oopsed the guest's kernel under
 # zswap_store (in ZSTD_CCtx_reset with zstd; a double fault with lz4), which ends the run.
 STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 uzram-lz4 zram-zstd uzram-lz4-pc3 uzram-lz4-nospill zswap-lz4 zswap-zstd}
@@ -33,10 +42,14 @@ starved_run() {
     set -- $(disk_sectors)
     r0=$1 w0=$2
     e0=$(swap_errors)
-    note "starved: $label: $STARVED_MB MiB x $STARVED_PASSES passes (timeout ${STARVED_TIMEOUT}s)"
+    note "starved: $STARVED_SHAPE: $label: $STARVED_MB MiB x $STARVED_PASSES passes (timeout ${STARVED_TIMEOUT}s)"
     t0=$(uptime_s)
-    timeout "$STARVED_TIMEOUT" "$TOOL" swapfill "$STARVED_MB" "$SEED" "$STARVED_PASSES" \
-        >"$UZ_TMP/starved-$label.log" 2>&1 &
+    case $STARVED_WALK in
+    swapfill) set -- swapfill "$STARVED_MB" "$SEED" "$STARVED_PASSES" ;;
+    phases) set -- phases "$STARVED_MB" "$SEED" "$STARVED_PASSES" 3 20 ;;
+    *) set -- walk "$STARVED_MB" "$SEED" "$STARVED_PASSES" "$STARVED_WALK" ;;
+    esac
+    VMTOOL_MIX=$STARVED_MIX timeout "$STARVED_TIMEOUT" "$TOOL" "$@" >"$UZ_TMP/starved-$label.log" 2>&1 &
     p=$!
     while kill -0 $p 2>/dev/null; do
         used=$(awk 'NR > 1 { s += $4 } END { print s + 0 }' /proc/swaps)
@@ -48,7 +61,7 @@ starved_run() {
     secs=$(elapsed "$t0")
     set -- $(disk_sectors)
     note "starved: $label: exit $rc in ${secs}s, disk read $(mib $((($1 - r0) * 512))), written $(mib $((($2 - w0) * 512))); $(tail -1 "$UZ_TMP/starved-$label.log")"
-    emit "{\"kind\":\"starved\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak$extra}"
+    emit "{\"kind\":\"starved\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak$extra}"
 }
 
 # disk swap at priority PRIO (below any compressed swap)
@@ -103,9 +116,15 @@ starved_uzram() { # LABEL [POLICY]
     local label=$1 policy=${2:-} ram dev ps bd ms
     ram=$(($(meminfo_kb MemTotal) / 1024))
     uzram_reset
-    dev=$(UZRAM_PROGRESS_SECS=10 "$UZRAM_BIN" --find --size $((ram * 3))M --algorithm lz4 \
-        --recomp-algorithm zstd --backing-dev "$STARVED_DISK" --force ${policy:+--policy "$policy"} \
-        --log "$UZRAM_LOG" 2>>"$UZ_TMP/starved-$label.err")
+    # The last configuration's daemon may still be exiting, holding the disk (O_EXCL) after
+    # its device is gone: wait for it, up to 20 s.
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        dev=$(UZRAM_PROGRESS_SECS=10 "$UZRAM_BIN" --find --size $((ram * 3))M --algorithm lz4 \
+            --recomp-algorithm zstd --backing-dev "$STARVED_DISK" --force ${policy:+--policy "$policy"} \
+            --log "$UZRAM_LOG" 2>"$UZ_TMP/starved-$label.err")
+        grep -q 'is in use' "$UZ_TMP/starved-$label.err" || break
+        sleep 2
+    done
     [ -b "$dev" ] || { note "starved: no uzram device: $(cat "$UZ_TMP/starved-$label.err")"; return; }
     UZRAM_DEV=$dev
     mkswap "$dev" >/dev/null 2>&1 && swapon --discard=pages -p 100 "$dev" || { uzram_reset; return; }
@@ -116,30 +135,47 @@ starved_uzram() { # LABEL [POLICY]
     ms=$(dev_mm_stat "$dev" | tr -s ' ' | sed 's/^ //')
     note "starved: $label: policy_stat $ps"
     note "starved: $label: bd_stat $bd; mm_stat $ms; io_stat $("$UZRAM_BIN" attr "$dev" io_stat)"
-    emit "{\"kind\":\"starved-uzram\",\"label\":\"$label\",\"policy_stat\":\"$ps\",\"bd_stat\":\"$bd\",\"mm_stat\":\"$ms\"}"
+    emit "{\"kind\":\"starved-uzram\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"policy_stat\":\"$ps\",\"bd_stat\":\"$bd\",\"mm_stat\":\"$ms\"}"
     swapoff "$dev"
     SWAP_DEV=
     uzram_reset
 }
 
 starved_suite() {
-    local c avail
+    local c avail total shape x10 pc
     [ -b "$STARVED_DISK" ] || { note "starved: no $STARVED_DISK (tests/vm/run attaches one)"; return; }
     avail=$(($(meminfo_kb MemAvailable) / 1024))
-    STARVED_MB=$((avail * STARVED_X10 / 10))
-    note "starved: MemAvailable $avail MiB before any device: workload $STARVED_MB MiB; configurations: $STARVED_CONFIGS"
-    for c in $STARVED_CONFIGS; do
-        echo 0 >/proc/sys/vm/page-cluster
-        case $c in
-        disk) starved_disk ;;
-        zram-*) starved_zram "${c#zram-}" ;;
-        zswap-*) starved_zswap "${c#zswap-}" ;;
-        uzram-lz4) starved_uzram uzram-lz4 ;;
-        uzram-lz4-pc3) echo 3 >/proc/sys/vm/page-cluster && starved_uzram uzram-lz4-pc3 ;;
-        uzram-lz4-share*) starved_uzram "$c" "pool_share=${c#uzram-lz4-share}" ;;
-        uzram-lz4-nospill) starved_uzram "$c" "spill=0" ;;
-        *) note "starved: unknown configuration $c" ;;
+    total=$(($(meminfo_kb MemTotal) / 1024))
+    note "starved: MemAvailable $avail MiB before any device, MemTotal $total MiB; shapes: $STARVED_FAMILY; configurations: $STARVED_CONFIGS"
+    for shape in $STARVED_FAMILY; do
+        # shellcheck disable=SC2046
+        set -- $(echo "$shape" | tr , ' ')
+        STARVED_WALK=$1 STARVED_MIX=$2 x10=$3 pc=$4
+        case $x10 in
+        t*) STARVED_MB=$((total * ${x10#t} / 10)) ;;
+        *) STARVED_MB=$((avail * x10 / 10)) ;;
         esac
+        STARVED_SHAPE=$shape
+        for c in $STARVED_CONFIGS; do
+            starved_config "$c" "$pc"
+        done
     done
     echo 3 >/proc/sys/vm/page-cluster
+}
+
+# starved_config CONFIG PC: one configuration on the current shape, with vm.page-cluster PC
+starved_config() {
+    local c=$1
+    echo "$2" >/proc/sys/vm/page-cluster
+    case $c in
+    disk) starved_disk ;;
+    zram-*) starved_zram "${c#zram-}" ;;
+    zswap-*) starved_zswap "${c#zswap-}" ;;
+    uzram-lz4) starved_uzram uzram-lz4 ;;
+    uzram-lz4-pc3) echo 3 >/proc/sys/vm/page-cluster && starved_uzram uzram-lz4-pc3 ;;
+    uzram-lz4-share*) starved_uzram "$c" "pool_share=${c#uzram-lz4-share}" ;;
+    uzram-lz4-nospill) starved_uzram "$c" "spill=0" ;;
+    uzram-lz4-noreuse) starved_uzram "$c" "reuse=0" ;;
+    *) note "starved: unknown configuration $c" ;;
+    esac
 }

@@ -15,6 +15,10 @@
  * Commands (sizes and offsets in bytes, multiples of 4096 where they address a device):
  *   vmtool swapfill MIB SEED [PASSES]  fill MIB of anonymous memory, then verify it
  *                                      PASSES times (forward, backward, ...); prints VmSwap
+ *   vmtool walk MIB SEED PASSES SHAPE  fill MIB, then PASSES passes of SHAPE (cyclic, hotcold,
+ *                                      rewrite: see cmd_walk), every page read verified
+ *   vmtool phases MIB SEED PASSES N S  N cyclic walks of MIB/N, started S seconds apart
+ *   VMTOOL_MIX=mixed|text|heap|noisy   the page mix (see set_mix)
  *   vmtool swaphold MIB SEED           fill MIB, push it out with MADV_PAGEOUT, print "held",
  *                                      wait for SIGUSR1 (meanwhile: swapoff), then verify;
  *                                      SIGUSR2 meanwhile frees every other page (MADV_DONTNEED:
@@ -41,6 +45,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,17 +72,38 @@ static uint64_t page_key(uint64_t seed, uint64_t index)
 	return splitmix(seed ^ splitmix(index));
 }
 
-/* 1/16 zero, 1/16 same, 1/16 random, 7/16 text, 6/16 heap. */
+/*
+ * The page mix, in sixteenths (VMTOOL_MIX): "mixed" (the default) 1 zero, 1 same, 1 random,
+ * 7 text, 6 heap; "text" 1/1/1/11/2; "heap" 1/1/1/2/11, as a managed runtime's heap; "noisy"
+ * 1/1/4/5/5, more incompressible pages (media, compressed caches).
+ */
+static unsigned mix_zero = 1, mix_same = 1, mix_random = 1, mix_text = 7;
+
+static int set_mix(const char *m)
+{
+	if (!m || !strcmp(m, "mixed"))
+		return 0;
+	if (!strcmp(m, "text"))
+		mix_text = 11;
+	else if (!strcmp(m, "heap"))
+		mix_text = 2;
+	else if (!strcmp(m, "noisy"))
+		mix_random = 4, mix_text = 5;
+	else
+		return -1;
+	return 0;
+}
+
 static enum kind page_kind(uint64_t key)
 {
 	unsigned k = key & 15;
-	if (k == 0)
+	if (k < mix_zero)
 		return K_ZERO;
-	if (k == 1)
+	if (k < mix_zero + mix_same)
 		return K_SAME;
-	if (k == 2)
+	if (k < mix_zero + mix_same + mix_random)
 		return K_RANDOM;
-	if (k < 10)
+	if (k < mix_zero + mix_same + mix_random + mix_text)
 		return K_TEXT;
 	return K_HEAP;
 }
@@ -302,6 +328,120 @@ static int cmd_swapfill(uint64_t mib, uint64_t seed, int passes)
 	return bad ? 1 : 0;
 }
 
+/*
+ * The tail a rewrite pass changes: page i's last REWRITE bytes after pass p (0-based) rewrote
+ * them, for even pages; the rest of the page is gen_page's.
+ */
+#define REWRITE 512
+static void rewrite_tail(unsigned char *p, uint64_t seed, uint64_t index, int pass)
+{
+	uint64_t r = splitmix(seed ^ splitmix(index) ^ ((uint64_t)pass << 48)) | 1;
+	uint64_t *w = (uint64_t *)(p + PAGE - REWRITE);
+	for (int i = 0; i < REWRITE / 8; i++) {
+		/* half zeros, half words: a tail that compresses as a heap's does */
+		r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+		w[i] = (i & 1) ? 0 : (r & 0xffff);
+	}
+}
+
+/* Page i as it must read before pass p of a rewrite walk. */
+static void rewrite_want(unsigned char *want, uint64_t seed, uint64_t index, int pass)
+{
+	gen_page(want, seed, index);
+	if (pass > 0 && (index & 1) == 0)
+		rewrite_tail(want, seed, index, pass - 1);
+}
+
+static size_t check_against(const unsigned char *got, const unsigned char *want, uint64_t index)
+{
+	if (memcmp(got, want, PAGE) == 0)
+		return 0;
+	if (reports++ < 10)
+		fprintf(stderr, "vmtool: MISMATCH walk page %" PRIu64 "\n", index);
+	return 1;
+}
+
+/*
+ * One program of the starved family (starved.sh): fill MIB, then PASSES passes of SHAPE:
+ * "cyclic" every page in order, each pass forward (the least recently used page is the next
+ * one read: a build's dependency graph); "hotcold" as many reads as pages, 80 % of them in a
+ * hot fifth of the pages, the rest over the cold four fifths, at random; "rewrite" every page
+ * in order, and the last 512 bytes of every other page rewritten (a build's heap that
+ * changes). Every page read is verified.
+ */
+static int cmd_walk(uint64_t mib, uint64_t seed, int passes, const char *shape)
+{
+	static unsigned char want[PAGE] __attribute__((aligned(PAGE)));
+	size_t len = mib << 20, pages = len / PAGE, bad = 0;
+	int cyclic = !strcmp(shape, "cyclic"), hot = !strcmp(shape, "hotcold");
+	int rewrite = !strcmp(shape, "rewrite");
+	if (!cyclic && !hot && !rewrite) {
+		fprintf(stderr, "vmtool: walk: unknown shape %s (cyclic, hotcold, rewrite)\n", shape);
+		return 2;
+	}
+	unsigned char *m = fill(len, seed);
+	uint64_t r = splitmix(seed) | 1;
+	for (int p = 0; p < passes; p++) {
+		double t = now();
+		for (size_t j = 0; j < pages; j++) {
+			size_t i = j;
+			if (hot) {
+				r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+				size_t h = pages / 5 ? pages / 5 : 1;
+				i = (r % 10 < 8) ? (r >> 8) % h : h + (r >> 8) % (pages - h);
+			}
+			if (rewrite)
+				rewrite_want(want, seed, i, p);
+			else
+				gen_page(want, seed, i);
+			bad += check_against(m + i * PAGE, want, i);
+			if (rewrite && (i & 1) == 0)
+				rewrite_tail(m + i * PAGE, seed, i, p);
+		}
+		printf("vmtool: walk %s pass %d: %zu bad pages so far in %.1f s, VmRSS %ld kB VmSwap %ld kB\n",
+		       shape, p + 1, bad, now() - t, status_kb("VmRSS"), status_kb("VmSwap"));
+		fflush(stdout);
+	}
+	munmap(m, len);
+	printf("vmtool: walk %s %s: %zu MiB, %d passes, %zu bad pages\n", shape,
+	       bad ? "FAILED" : "ok", len >> 20, passes, bad);
+	return bad ? 1 : 0;
+}
+
+/*
+ * Programs that start, swap and exit: N programs of MIB/N each, started STAGGER seconds apart,
+ * each a cyclic walk of PASSES passes (seed + k for the k-th). Fails if any does.
+ */
+static int cmd_phases(uint64_t mib, uint64_t seed, int passes, int n, int stagger)
+{
+	pid_t pids[64];
+	int failed = 0;
+	if (n < 1 || n > 64) {
+		fprintf(stderr, "vmtool: phases: 1 to 64 programs\n");
+		return 2;
+	}
+	for (int k = 0; k < n; k++) {
+		if (k)
+			sleep(stagger);
+		fflush(stdout);
+		pids[k] = fork();
+		if (pids[k] < 0) {
+			perror("vmtool: fork");
+			return 2;
+		}
+		if (pids[k] == 0)
+			_exit(cmd_walk(mib / n, seed + k, passes, "cyclic"));
+	}
+	for (int k = 0; k < n; k++) {
+		int st;
+		if (waitpid(pids[k], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+			failed++;
+	}
+	printf("vmtool: phases %s: %d programs of %" PRIu64 " MiB, %d failed\n",
+	       failed ? "FAILED" : "ok", n, mib / n, failed);
+	return failed ? 1 : 0;
+}
+
 static int cmd_swaphold(uint64_t mib, uint64_t seed)
 {
 	size_t len = mib << 20, pages = len / PAGE;
@@ -458,6 +598,8 @@ static int cmd_gen(uint64_t seed, uint64_t first, uint64_t len)
 static int usage(void)
 {
 	fprintf(stderr, "usage: vmtool swapfill MIB SEED [PASSES] | swaphold MIB SEED |\n"
+			"       walk MIB SEED PASSES cyclic|hotcold|rewrite |\n"
+			"       phases MIB SEED PASSES N STAGGER |\n"
 			"       write|verify DEV OFF LEN SEED |\n"
 			"       zeros DEV OFF LEN | flip DEV OFF | gen SEED FIRSTPAGE LEN | ratio SEED PAGES\n");
 	return 2;
@@ -465,12 +607,22 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
+	if (set_mix(getenv("VMTOOL_MIX"))) {
+		fprintf(stderr, "vmtool: VMTOOL_MIX is mixed, text, heap or noisy, not %s\n",
+			getenv("VMTOOL_MIX"));
+		return 2;
+	}
 	build_corpus();
 	if (argc < 2)
 		return usage();
 	const char *c = argv[1];
 	if (!strcmp(c, "swapfill") && (argc == 4 || argc == 5))
 		return cmd_swapfill(num(argv[2]), num(argv[3]), argc == 5 ? (int)num(argv[4]) : 2);
+	if (!strcmp(c, "walk") && argc == 6)
+		return cmd_walk(num(argv[2]), num(argv[3]), (int)num(argv[4]), argv[5]);
+	if (!strcmp(c, "phases") && argc == 7)
+		return cmd_phases(num(argv[2]), num(argv[3]), (int)num(argv[4]), (int)num(argv[5]),
+				  (int)num(argv[6]));
 	if (!strcmp(c, "swaphold") && argc == 4)
 		return cmd_swaphold(num(argv[2]), num(argv[3]));
 	if (!strcmp(c, "write") && argc == 6)
