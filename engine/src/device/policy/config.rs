@@ -29,6 +29,10 @@ pub struct PolicyConfig {
     /// to 90 % of the share; below it, only pages idle for the adaptive cold age, and never
     /// below half the share.
     pub pool_share: u8,
+    /// Percent of `pool_share` down to which host pressure also writes back pages idle for the
+    /// adaptive cold age while the pool is within its share (`share_floor`; 100: never, only
+    /// what is above the share goes).
+    pub share_floor: u8,
     /// Bytes per day the policy and eviction may write (`budget`; `off`: no budget).
     pub budget: Option<u64>,
     /// Evict cold pages instead of failing a write that finds no room (`evict`, 1/0).
@@ -54,6 +58,7 @@ impl Default for PolicyConfig {
             min_free: 5,
             psi: Some(20.0),
             pool_share: 70,
+            share_floor: 50,
             budget: None,
             evict: true,
             spill: true,
@@ -104,7 +109,7 @@ impl fmt::Display for PolicyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} budget={} evict={} spill={} reuse={}",
+            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} share_floor={} budget={} evict={} spill={} reuse={}",
             duration_text(self.recompress_after),
             duration_text(self.writeback_after),
             self.high_watermark,
@@ -112,6 +117,7 @@ impl fmt::Display for PolicyConfig {
             self.min_free,
             self.psi.map_or("off".into(), |p| p.to_string()),
             self.pool_share,
+            self.share_floor,
             self.budget.map_or("off".into(), |b| b.to_string()),
             u8::from(self.evict),
             u8::from(self.spill),
@@ -150,6 +156,7 @@ impl PolicyConfig {
                 "low_watermark" => next.low_watermark = pct(v).ok_or(bad("a percentage 0..=100"))?,
                 "min_free" => next.min_free = pct(v).ok_or(bad("a percentage 0..=100"))?,
                 "pool_share" => next.pool_share = pct(v).ok_or(bad("a percentage 0..=100"))?,
+                "share_floor" => next.share_floor = pct(v).ok_or(bad("a percentage 0..=100"))?,
                 "psi" => {
                     next.psi = if v == "off" {
                         None
@@ -177,7 +184,7 @@ impl PolicyConfig {
                 "reuse" => next.reuse = on_off(v).ok_or(bad("reuse is 1 or 0"))?,
                 _ => {
                     return Err(bad(
-                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share budget evict spill reuse",
+                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share share_floor budget evict spill reuse",
                     ))
                 }
             }

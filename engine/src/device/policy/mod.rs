@@ -424,7 +424,8 @@ impl Policy {
     /// What host pressure asks of a tick, for a pool of `used` bytes: the pool keeps its share
     /// of RAM (`pool_share`), the compressed tier that relieves the pressure. Above the share,
     /// the coldest pages go, down to 90 % of it (the gap keeps it from oscillating); within it,
-    /// only pages idle for the cold age, and never below half the share. Either way at most a
+    /// only pages idle for the cold age, and never below `share_floor` percent of the share
+    /// (100: none). Either way at most a
     /// thirty-second of the pool per tick (at least 4 MiB), so pressure that lasts moves pages
     /// out steadily rather than the whole pool at once.
     fn host_want(
@@ -440,7 +441,8 @@ impl Policy {
         if used > share {
             return Some((Reason::Host, (used - share / 10 * 9).min(slice), 0));
         }
-        let room = used.saturating_sub(share / 2);
+        let floor = share / 100 * u64::from(cfg.share_floor.min(100));
+        let room = used.saturating_sub(floor);
         (room > 0).then_some((Reason::Host, room.min(slice), cold_age))
     }
 
