@@ -17,7 +17,10 @@ use crate::Error;
 const SETTINGS_TAG: u64 = USER_CHUNK_TAG | (2 << 32);
 /// "uzramdev", little endian.
 const SETTINGS_MAGIC: u64 = u64::from_le_bytes(*b"uzramdev");
-const SETTINGS_VERSION: u64 = 1;
+/// 2: written-back slots may be adopted (`SlotFlags::ADOPTED`, a packed word a binary that
+/// knows only 1 would misread). A region of version 1 is taken over and marked 2.
+const SETTINGS_VERSION: u64 = 2;
+const SETTINGS_VERSIONS_READ: [u64; 2] = [1, 2];
 
 // Settings words.
 const S_MAGIC: usize = 0;
@@ -259,9 +262,16 @@ pub(super) fn write_settings(
 
 /// The predecessor's settings, checked against `config` and `disksize`; returns when it was
 /// created (seconds since the Unix epoch).
-fn check_settings(region: &Region, config: &DeviceConfig, disksize: u64) -> Result<u64, String> {
+/// With `take`, a region of an older version this one reads is marked as this version's (the
+/// caller is taking it over; without `take` nothing is written).
+fn check_settings(
+    region: &Region,
+    config: &DeviceConfig,
+    disksize: u64,
+    take: bool,
+) -> Result<u64, String> {
     let mut found = region.take_adopted_chunks(|t| t == SETTINGS_TAG);
-    let chunk = match found.len() {
+    let mut chunk = match found.len() {
         1 => found.pop().expect("one").1,
         n => return Err(format!("the region holds {n} device settings, not one")),
     };
@@ -276,12 +286,16 @@ fn check_settings(region: &Region, config: &DeviceConfig, disksize: u64) -> Resu
         "the codecs' fingerprint (algorithms, levels, dictionaries)",
     ];
     for (i, name) in names.iter().enumerate() {
-        if chunk[i] != want[i] {
+        let read = i == S_VERSION && SETTINGS_VERSIONS_READ.contains(&chunk[i]);
+        if chunk[i] != want[i] && !read {
             return Err(format!(
                 "{name} is {:#x} in the region, {:#x} here",
                 chunk[i], want[i]
             ));
         }
+    }
+    if take {
+        chunk[S_VERSION] = SETTINGS_VERSION;
     }
     Ok(created)
 }
@@ -309,7 +323,7 @@ impl Device {
             .map_err(|e| not(format!("cannot open the region again: {e}")))?;
         let region = Region::adopt(fd).map_err(|e| not(e.to_string()))?;
         let disksize = disksize.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
-        check_settings(&region, config, disksize).map_err(not)?;
+        check_settings(&region, config, disksize, false).map_err(not)?;
         check_backing(&region, config).map_err(not)?;
         Self::codecs(config)?;
         Ok(())
@@ -413,7 +427,7 @@ impl Device {
         }
         let disksize = disksize.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
         let pages = disksize / PAGE_SIZE as u64;
-        let created = check_settings(&region, &config, disksize).map_err(not)?;
+        let created = check_settings(&region, &config, disksize, true).map_err(not)?;
         let codecs = Self::codecs(&config)?;
         let backing_head = check_backing(&region, &config).map_err(not)?;
         let pool = Pool::adopt(PoolConfig {

@@ -174,6 +174,31 @@ impl Device {
                 c.stored_pages
             ));
         }
+        self.check_backing_space()
+    }
+
+    /// The backing store's figures against the slots: its page count is the written-back
+    /// slots', and the bytes it has in use are their records' plus the records kept for reuse.
+    fn check_backing_space(&self) -> Result<(), String> {
+        let Some(b) = self.backing() else {
+            return Ok(());
+        };
+        let (mut pages, mut bytes) = (0u64, 0u64);
+        for (_, slot) in self.slots.iter() {
+            let s = slot.peek();
+            if s.flags.contains(SlotFlags::WB) {
+                pages += 1;
+                bytes += super::writeback::record_bytes(usize::from(s.size));
+            }
+        }
+        let used: u64 = b.files().iter().map(|f| f.used_bytes).sum();
+        let kept = b.kept().1;
+        if b.pages() != pages || used != bytes + kept {
+            return Err(format!(
+                "backing store: {} pages and {used} bytes in use; the slots name {pages} records of {bytes} bytes, {kept} bytes kept for reuse",
+                b.pages()
+            ));
+        }
         Ok(())
     }
 }

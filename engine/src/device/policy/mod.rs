@@ -666,9 +666,8 @@ impl Device {
         let mut cfg = self.tier.config.lock();
         cfg.update(text)?;
         self.tier.budget.lock().set(cfg.budget, self.now());
-        let reuse = cfg.reuse;
-        drop(cfg);
-        self.set_reuse(reuse);
+        // Under the settings' lock, so that two changes at once leave reuse as the last says.
+        self.set_reuse(cfg.reuse);
         Ok(())
     }
 

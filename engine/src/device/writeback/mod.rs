@@ -76,6 +76,11 @@ pub(super) const READ_WINDOW: usize = 2 * ALIGN;
 pub const MAX_FILES: usize = 16;
 const FILE_SHIFT: u32 = 56;
 
+/// Bytes a record of `len` stored bytes takes on the store (whole sectors).
+pub(in crate::device) fn record_bytes(len: usize) -> u64 {
+    BackingStore::sectors_for(len) * SECTOR
+}
+
 /// The buffers of one writeback batch, made once and reused: eviction inside a write must not
 /// allocate.
 pub(super) struct WbBuffers {

@@ -41,7 +41,7 @@ use super::BackingStore;
 use crate::device::{Device, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 
 /// Buckets of the kept-record table, and records per bucket: 32 Ki records (128 MiB of pages)
-/// in 1 MiB, made when the store opens (the I/O path must not allocate it under pressure).
+/// in 1.1 MiB, made when the store opens (the I/O path must not allocate it under pressure).
 const BUCKETS: usize = 8192;
 const WAYS: usize = 4;
 /// Entries of the table of recent reads, by page index: a read's digest waits here until the
@@ -111,6 +111,8 @@ struct Recent {
 /// The kept records of one store.
 pub(crate) struct Reuse {
     mac: Poly1305,
+    /// The key came from the OS (reuse stays off otherwise).
+    keyed: bool,
     on: AtomicBool,
     buckets: Box<[Mutex<[Kept; WAYS]>]>,
     recent: Box<[Mutex<Recent>]>,
@@ -131,12 +133,14 @@ impl std::fmt::Debug for Reuse {
 impl Reuse {
     pub(super) fn new() -> Reuse {
         let mut key = [0u8; 32];
-        OsRng.fill_bytes(&mut key);
+        // Without a secret key the digests could be made to collide: no reuse then.
+        let keyed = OsRng.try_fill_bytes(&mut key).is_ok();
         let mac = Poly1305::new(&key.into());
         key.fill(0);
         Reuse {
             mac,
-            on: AtomicBool::new(true),
+            keyed,
+            on: AtomicBool::new(keyed),
             buckets: (0..BUCKETS).map(|_| Mutex::default()).collect(),
             recent: (0..RECENT).map(|_| Mutex::default()).collect(),
             stamp: AtomicU32::new(0),
@@ -186,9 +190,12 @@ impl Device {
     /// Turns reuse on or off (the policy's `reuse`); off drops every kept record.
     pub(in crate::device) fn set_reuse(&self, on: bool) {
         if let Some(b) = &self.backing {
-            b.reuse.on.store(on, Ordering::Relaxed);
+            b.reuse.on.store(on && b.reuse.keyed, Ordering::Relaxed);
             if !on {
                 self.drop_kept();
+                for recent in b.reuse.recent.iter() {
+                    *recent.lock() = Recent::default();
+                }
             }
         }
     }
@@ -234,9 +241,8 @@ impl Device {
         old: &SlotState,
     ) -> bool {
         let r = &b.reuse;
-        if !r.on.load(Ordering::Relaxed) || pack(location, sealed_for).is_none() {
-            return false;
-        }
+        // The note is taken whatever is decided: a note left behind could match a later
+        // record of other content at the same place.
         let digest = {
             let mut recent = r.recent[(index.0 % RECENT as u64) as usize].lock();
             if recent.index_plus_1 != index.0 + 1 || recent.location != location {
@@ -246,6 +252,9 @@ impl Device {
             *recent = Recent::default();
             d
         };
+        if pack(location, sealed_for).is_none() {
+            return false;
+        }
         let new = Kept {
             digest,
             stamp: r.stamp.fetch_add(1, Ordering::Relaxed),
@@ -259,6 +268,10 @@ impl Device {
         };
         let victim = {
             let mut bucket = r.bucket(digest).lock();
+            // Under the bucket's lock: `drop_kept` takes every bucket's after reuse is off.
+            if !r.on.load(Ordering::Relaxed) {
+                return false;
+            }
             // An empty way, else the same content kept twice, else the oldest.
             let way = (0..WAYS)
                 .find(|&w| bucket[w].digest.key == 0)
@@ -268,12 +281,13 @@ impl Device {
                         .max_by_key(|&w| new.stamp.wrapping_sub(bucket[w].stamp))
                         .unwrap_or(0)
                 });
+            // Counted before it can be taken: the gauges never go below zero.
+            r.hold(&new, 1);
             std::mem::replace(&mut bucket[way], new)
         };
         // The page is off the store as far as bd_stat goes; its sectors stay taken.
         b.counters.count.fetch_sub(1, Ordering::Relaxed);
         self.tier.count_kept(1);
-        r.hold(&new, 1);
         if victim.digest.key != 0 {
             self.release_kept(b, &victim);
         }
@@ -293,21 +307,27 @@ impl Device {
     pub(in crate::device) fn adopt_kept(&self, page: &[u8; PAGE_SIZE]) -> Option<SlotState> {
         let b = self.backing.as_ref()?;
         let r = &b.reuse;
-        if r.held.load(Ordering::Relaxed) == 0 {
+        if r.held.load(Ordering::Relaxed) == 0 || !r.on.load(Ordering::Relaxed) {
+            return None;
+        }
+        // A same-filled page is never written back, so never kept: spare it the digest.
+        if crate::device::same_filled(page).is_some() {
             return None;
         }
         let digest = r.digest(page);
         let k = {
             let mut bucket = r.bucket(digest).lock();
             let way = (0..WAYS).find(|&w| bucket[w].digest == digest)?;
-            std::mem::take(&mut bucket[way])
+            let k = std::mem::take(&mut bucket[way]);
+            r.hold(&k, -1);
+            k
         };
         let Some(word) = pack(k.location, PageIndex(u64::from(k.sealed_for))) else {
             // Never: only packable records are kept.
+            r.hold(&k, 1);
             self.release_kept(b, &k);
             return None;
         };
-        r.hold(&k, -1);
         b.counters.count.fetch_add(1, Ordering::Relaxed);
         self.tier.count_reused(1);
         Some(SlotState {

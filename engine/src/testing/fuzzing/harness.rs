@@ -324,6 +324,11 @@ impl Harness {
     /// counters (io_stat, huge_pages_since, mem_used_max) simply go on from where they are.
     pub(super) fn reuse(&mut self) {
         debug_assert!(self.pages.is_empty() && self.marked.is_empty());
+        // Records the last input left kept for reuse must not serve this one: each input
+        // runs as if alone.
+        for policy in ["reuse=0", "reuse=1"] {
+            self.device.set_policy(policy).expect("a valid policy");
+        }
         self.current = 0;
         self.limit_pages = 0;
         self.device.set_mem_limit(None);
@@ -553,7 +558,7 @@ impl Harness {
                         "step {step}: {what} {r:?}: page {index} before the failed {failed} was not written"
                     );
                 }
-                if first_must_fail {
+                if first_must_fail && !self.adopted(plan[0].0) {
                     let (index, _) = plan[0];
                     let old = self.pages.get(&index).cloned();
                     assert!(
