@@ -34,14 +34,17 @@ disk_sectors() { awk '{ print $3, $7 }' /sys/block/vda/stat; }
 
 swap_errors() { dmesg | grep -c 'Write-error on swap-device'; }
 
+oom_kills() { dmesg | grep -c 'Killed process'; }
+
 # starved_run LABEL EXTRA_JSON: the workload on whatever swap is on now; one BENCH line
 starved_run() {
-    local label=$1 extra=$2 t0 r0 w0 e0 rc peak=0 used p secs
+    local label=$1 extra=$2 t0 r0 w0 e0 k0 rc peak=0 used p secs
     sync
     echo 3 >/proc/sys/vm/drop_caches
     set -- $(disk_sectors)
     r0=$1 w0=$2
     e0=$(swap_errors)
+    k0=$(oom_kills)
     note "starved: $STARVED_SHAPE: $label: $STARVED_MB MiB x $STARVED_PASSES passes (timeout ${STARVED_TIMEOUT}s)"
     t0=$(uptime_s)
     case $STARVED_WALK in
@@ -61,6 +64,11 @@ starved_run() {
     secs=$(elapsed "$t0")
     set -- $(disk_sectors)
     note "starved: $label: exit $rc in ${secs}s, disk read $(mib $((($1 - r0) * 512))), written $(mib $((($2 - w0) * 512))); $(tail -1 "$UZ_TMP/starved-$label.log")"
+    if [ "$rc" != 0 ]; then
+        # why: bad pages the program named, or the kernel killing it
+        grep -m 5 -e MISMATCH -e 'FAILED' "$UZ_TMP/starved-$label.log" | while read -r l; do note "starved: $label: $l"; done
+        [ "$(oom_kills)" != "$k0" ] && note "starved: $label: $(($(oom_kills) - k0)) process(es) killed: $(dmesg | grep -e 'Killed process' | tail -n 3 | tr '\n' ' ')"
+    fi
     emit "{\"kind\":\"starved\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak$extra}"
 }
 
@@ -111,15 +119,17 @@ starved_zswap() { # ALGO
 
 # uzram lz4 with zstd recompression, the disk as backing device (--force: the disk swap
 # configurations left a swap signature on it), no disk swap; the default
-# policy, or POLICY's settings on top of it
+# policy, or POLICY's settings on top of it. Its size is the swap zram + disk offers (1.5x
+# RAM and the disk): the same room, and the same point where the kernel finds swap half full
+# and starts freeing slots on swap-in (vm_swap_full).
 starved_uzram() { # LABEL [POLICY]
-    local label=$1 policy=${2:-} ram dev ps bd ms
-    ram=$(($(meminfo_kb MemTotal) / 1024))
+    local label=$1 policy=${2:-} size dev ps bd ms
+    size=$(($(meminfo_kb MemTotal) / 1024 * 3 / 2 + $(cat /sys/block/vda/size) / 2048))
     uzram_reset
     # The last configuration's daemon may still be exiting, holding the disk (O_EXCL) after
     # its device is gone: wait for it, up to 20 s.
     for _ in 1 2 3 4 5 6 7 8 9 10; do
-        dev=$(UZRAM_PROGRESS_SECS=10 "$UZRAM_BIN" --find --size $((ram * 3))M --algorithm lz4 \
+        dev=$(UZRAM_PROGRESS_SECS=10 "$UZRAM_BIN" --find --size ${size}M --algorithm lz4 \
             --recomp-algorithm zstd --backing-dev "$STARVED_DISK" --force ${policy:+--policy "$policy"} \
             --log "$UZRAM_LOG" 2>"$UZ_TMP/starved-$label.err")
         grep -q 'is in use' "$UZ_TMP/starved-$label.err" || break

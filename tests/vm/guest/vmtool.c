@@ -432,14 +432,20 @@ static int cmd_phases(uint64_t mib, uint64_t seed, int passes, int n, int stagge
 		if (pids[k] == 0)
 			_exit(cmd_walk(mib / n, seed + k, passes, "cyclic"));
 	}
+	int bad = 0, sig = 0;
 	for (int k = 0; k < n; k++) {
-		int st;
+		int st = 0;
 		if (waitpid(pids[k], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
 			failed++;
+		if (WIFEXITED(st) && WEXITSTATUS(st))
+			bad++;
+		else if (WIFSIGNALED(st))
+			sig = WTERMSIG(st);
 	}
-	printf("vmtool: phases %s: %d programs of %" PRIu64 " MiB, %d failed\n",
-	       failed ? "FAILED" : "ok", n, mib / n, failed);
-	return failed ? 1 : 0;
+	printf("vmtool: phases %s: %d programs of %" PRIu64 " MiB, %d failed (%d with bad pages)\n",
+	       failed ? "FAILED" : "ok", n, mib / n, failed, bad);
+	/* as a shell reports it: bad pages first, then a program the kernel killed */
+	return bad ? 1 : sig ? 128 + sig : failed ? 1 : 0;
 }
 
 static int cmd_swaphold(uint64_t mib, uint64_t seed)
