@@ -531,25 +531,6 @@ fn disable_writeback_throttling(id: u32) {
     }
 }
 
-/// The device's request timeout, in milliseconds (the block layer's default is 30 s).
-const IO_TIMEOUT_MS: u32 = 1000;
-
-/// Shortens the device's request timeout to [`IO_TIMEOUT_MS`]. While a worker lives, a request
-/// that times out only has its timer rearmed (ublk's handler for a privileged server), so a
-/// slow request costs nothing. When a worker dies with every tag of a queue in its hands, as in
-/// a swap storm, Linux before 6.15 has no command of that queue left to cancel: only the timeout
-/// handler aborts its requests and lets the device be quiesced for the successor, meanwhile
-/// holding the device's mutex, so a takeover (and every task waiting on swap) waited 30 s.
-fn shorten_io_timeout(id: u32) {
-    let path = format!("/sys/block/ublkb{id}/queue/io_timeout");
-    if let Err(e) = std::fs::write(&path, IO_TIMEOUT_MS.to_string()) {
-        log(&format!(
-            "warning: cannot set the request timeout ({path}): {e}; a worker that dies with a \
-             full queue leaves its requests waiting up to 30 s"
-        ));
-    }
-}
-
 /// Points stdout at /dev/null: `uzram --find` has its answer and waits for its pipe to close.
 fn redirect_stdout_to_null() {
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {

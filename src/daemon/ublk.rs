@@ -381,7 +381,6 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
                 ));
             }
             super::disable_writeback_throttling(ctrl.dev_info().dev_id);
-            super::shorten_io_timeout(ctrl.dev_info().dev_id);
             super::watch_slot_frees(slot_free, &ctrl.get_bdev_path(), &watched);
             // `uzram --find` may have gone: serving goes on without its answer.
             let _ = crate::common::output::outln(ctrl.get_bdev_path());

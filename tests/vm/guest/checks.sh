@@ -822,8 +822,6 @@ check_recover() {
     grep -q 'lets its memory be swapped' "$UZRAM_LOG" && note "$name: $(grep 'lets its memory be swapped' "$UZRAM_LOG" | tail -n 1)"
     : >"$log"
     swap_begin "$dev" --discard=pages || return
-    # the request timeout the first worker's death meets (a successor sets its own)
-    [ -n "${UZRAM_VM_IO_TIMEOUT_MS:-}" ] && echo "$UZRAM_VM_IO_TIMEOUT_MS" >"/sys/block/${dev#/dev/}/queue/io_timeout"
     fill=$((avail * 2))
     oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
     o0=$(vmstat_val pswpout)
