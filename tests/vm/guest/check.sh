@@ -26,7 +26,7 @@ if [ "$UZRAM_VM_MODE" = guest ]; then
 fi
 
 # UZRAM_VM_BREAK=hang (guest only): a writer blocked on a frozen ext4 sits in D state; the
-# kernel's hung-task detector must panic the guest, and run must fail within about 90 s.
+# kernel's hung-task detector must panic the guest, and run must fail within about 4 minutes.
 if [ "$UZRAM_VM_BREAK" = hang ] && [ "$UZRAM_VM_MODE" = guest ] && zram_begin && zram_setup lz4 64M; then
     note "UZRAM_VM_BREAK=hang: blocking a writer on a frozen ext4 (expect a hung-task panic)"
     mkdir -p /mnt/frozen && mke2fs -q -t ext4 /dev/zram0 && mount /dev/zram0 /mnt/frozen &&

@@ -67,7 +67,7 @@ starved_run() {
     if [ "$rc" != 0 ]; then
         # why: bad pages the program named, or the kernel killing it
         grep -m 5 -e MISMATCH -e 'FAILED' "$UZ_TMP/starved-$label.log" | while read -r l; do note "starved: $label: $l"; done
-        [ "$(oom_kills)" != "$k0" ] && note "starved: $label: $(($(oom_kills) - k0)) process(es) killed: $(dmesg | grep -e 'Killed process' | tail -n 3 | tr '\n' ' ')"
+        [ "$(oom_kills)" != "$k0" ] && note "starved: $label: $(($(oom_kills) - k0)) process(es) killed: $(dmesg | grep -e 'Killed process' | tail -n $(($(oom_kills) - k0)) | tr '\n' ' ')"
     fi
     emit "{\"kind\":\"starved\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak$extra}"
 }
@@ -120,8 +120,9 @@ starved_zswap() { # ALGO
 # uzram lz4 with zstd recompression, the disk as backing device (--force: the disk swap
 # configurations left a swap signature on it), no disk swap; the default
 # policy, or POLICY's settings on top of it. Its size is the swap zram + disk offers (1.5x
-# RAM and the disk): the same room, and the same point where the kernel finds swap half full
-# and starts freeing slots on swap-in (vm_swap_full).
+# RAM and the disk): the same room, and the kernel finds swap half full, and starts freeing
+# uzram's slots on swap-in (vm_swap_full), where it would for the disk swap (zram, a synchronous
+# device, has its slot freed on every swap-in).
 starved_uzram() { # LABEL [POLICY]
     local label=$1 policy=${2:-} size dev ps bd ms
     size=$(($(meminfo_kb MemTotal) / 1024 * 3 / 2 + $(cat /sys/block/vda/size) / 2048))

@@ -429,15 +429,18 @@ static int cmd_phases(uint64_t mib, uint64_t seed, int passes, int n, int stagge
 			perror("vmtool: fork");
 			return 2;
 		}
-		if (pids[k] == 0)
-			_exit(cmd_walk(mib / n, seed + k, passes, "cyclic"));
+		if (pids[k] == 0) {
+			int rc = cmd_walk(mib / n, seed + k, passes, "cyclic");
+			fflush(stdout);
+			_exit(rc);
+		}
 	}
 	int bad = 0, sig = 0;
 	for (int k = 0; k < n; k++) {
 		int st = 0;
 		if (waitpid(pids[k], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
 			failed++;
-		if (WIFEXITED(st) && WEXITSTATUS(st))
+		if (WIFEXITED(st) && WEXITSTATUS(st) == 1)
 			bad++;
 		else if (WIFSIGNALED(st))
 			sig = WTERMSIG(st);
