@@ -890,11 +890,6 @@ check_upgrade() {
     uzram_reset
     : >"$log"
     cp "$UZRAM_BIN" "$bin" || { fail_log "$name" "$log" "cannot copy $UZRAM_BIN"; return; }
-    # The check is about the handover, from a calm guest: right after the recover checks'
-    # swapoff, memory is short, a fresh device's writes wait for each arena the memory thread
-    # maps (at most 1 s before ENOMEM), and the new binary's --check-region starting beside fio
-    # on two emulated CPUs has held it that long (fio's writes failed with ENOMEM).
-    calm_memory
     UZRAM_DEV=$(UZRAM_PROGRESS_SECS=5 "$bin" --find --size 512M --algorithm lz4 --slot-free discard \
         --log "$UZRAM_LOG" 2>>"$log")
     dev=$UZRAM_DEV
@@ -1400,17 +1395,6 @@ check_tier() {
         return
     fi
     pass "$name" "mem_limit ${lim}M: $fill MiB (2x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
-}
-
-# calm_memory: caches dropped, then up to 30 s for MemAvailable to be half of MemTotal again
-calm_memory() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-    for _ in $(seq 1 60); do
-        [ "$(meminfo_kb MemAvailable)" -ge $(($(meminfo_kb MemTotal) / 2)) ] && return 0
-        sleep 0.5
-    done
-    note "MemAvailable still $(($(meminfo_kb MemAvailable) / 1024)) MiB after 30 s"
 }
 
 # quarter_out PID: waits (up to 10 min) until a quarter of $fill MiB went out to swap since
