@@ -8,7 +8,41 @@ D=$(dirname "$0")
 . "$D/checks.sh"
 
 CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt systemd sleep hibernate}
-want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
+# A check still running after CHECK_LIMIT seconds is taken for a hang (the kernel's hung-task
+# watchdog sees only tasks in D state, not a spinning one or an interruptible wait): the guest's
+# state goes to the console, the check FAILs and the guest powers off, minutes after the hang
+# instead of at the host's timeout. Each `want` that says yes re-arms it for the next check.
+CHECK_LIMIT=${UZRAM_VM_CHECK_LIMIT:-600}
+WATCH_PID=
+want() {
+    case " $CHECKS " in *" $1 "*) ;; *) return 1 ;; esac
+    [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null
+    watch_check "$1" &
+    WATCH_PID=$!
+    return 0
+}
+
+watch_check() { # CHECK
+    sleep "$CHECK_LIMIT"
+    note "WATCHDOG: $1 still running after ${CHECK_LIMIT} s; processes, threads running or in D state, the daemons' log, the kernel's view"
+    { ps -o pid,ppid,time,args 2>/dev/null || ps; } | grep -v ' \[.*\]$'
+    for _t in /proc/[0-9]*/task/[0-9]*; do
+        _st=$(sed 's/.*) //' "$_t/stat" 2>/dev/null | cut -d' ' -f1)
+        case $_st in D | R)
+            echo "---- $_t $(cat "$_t/comm" 2>/dev/null) $_st wchan $(cat "$_t/wchan" 2>/dev/null)"
+            cat "$_t/stack" 2>/dev/null ;;
+        esac
+    done
+    echo "---- the daemons' log"
+    tail -n 40 "$UZRAM_LOG" 2>/dev/null
+    echo 8 >/proc/sys/kernel/printk
+    echo l >/proc/sysrq-trigger
+    echo w >/proc/sysrq-trigger
+    sleep 5
+    echo "FAIL: $1 ran past ${CHECK_LIMIT} s (a hang: the state above)"
+    echo "UZRAM-VM-RESULT: FAIL n=$UZ_N fail=$((UZ_FAIL + 1)) skip=$UZ_SKIP"
+    poweroff -f
+}
 
 trap 'check_cleanup; zram_reset; uzram_reset' EXIT
 trap 'echo "VM: interrupted"; exit 130' INT TERM
@@ -150,5 +184,6 @@ if { want hibernate || want rtcwake; } && [ "$UZRAM_VM_MODE" = guest ]; then
     fi
 fi
 
+[ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null
 note "checks done in $(elapsed "$T0") s"
 vm_result
