@@ -104,6 +104,7 @@ fn fuzz_corpus_replays() {
         ("written-back pages", t.written_back_pages),
         ("pages freed by their marks", t.notice_freed_pages),
         ("restarts", t.restarts),
+        ("promoted pages", t.promoted_pages),
     ] {
         assert!(n > 0, "the corpus has no {what}: {t:?}");
     }

@@ -90,7 +90,7 @@ pub struct DeviceArgs {
     pub force: bool,
     /// The tiering policy, uzram's `policy` attribute: "key=value ..." of recompress_after,
     /// writeback_after, high_watermark, low_watermark, min_free, psi, pool_share, share_floor,
-    /// budget, evict, spill, reuse
+    /// budget, evict, spill, reuse, promote
     #[arg(long, value_name = "SETTINGS")]
     pub policy: Option<String>,
     /// zram's mem_limit (0 = none)

@@ -457,13 +457,25 @@ impl Pool {
     /// Allocates an object of `size` bytes (1..=4096). Its contents are unspecified until written.
     pub fn alloc(&self, size: usize) -> Result<Handle, Error> {
         Self::check_size(size)?;
-        Ok(self.alloc_locked(size)?.1)
+        Ok(self.alloc_locked(size, true)?.1)
     }
 
     /// Allocates an object holding `data` (1..=4096 bytes) under one lock acquisition.
     pub fn store(&self, data: &[u8]) -> Result<Handle, Error> {
+        self.store_with(data, true)
+    }
+
+    /// [`Pool::store`], but in [`Growth::Reserve`] mode it never waits for the maintenance
+    /// thread: with no room in the mapped arenas it fails at once with
+    /// [`Error::ReserveExhausted`] (and asks for a refill). For an optional store, such as a
+    /// copy kept to spare a later read, that must not hold up the caller.
+    pub fn try_store(&self, data: &[u8]) -> Result<Handle, Error> {
+        self.store_with(data, false)
+    }
+
+    fn store_with(&self, data: &[u8], wait: bool) -> Result<Handle, Error> {
         Self::check_size(data.len())?;
-        let (mut class, h) = self.alloc_locked(data.len())?;
+        let (mut class, h) = self.alloc_locked(data.len(), wait)?;
         class
             .object_mut(h)
             .expect("just allocated")
@@ -471,11 +483,12 @@ impl Pool {
         Ok(h)
     }
 
-    /// Allocates in `size`'s class and returns the class still locked. In reserve mode, waits
-    /// (without the class lock) for the maintenance thread when no arena has room.
+    /// Allocates in `size`'s class and returns the class still locked. In reserve mode, with
+    /// `wait`, waits (without the class lock) for the maintenance thread when no arena has room.
     fn alloc_locked(
         &self,
         size: usize,
+        wait_for_refill: bool,
     ) -> Result<(parking_lot::MutexGuard<'_, ClassState>, Handle), Error> {
         let class = &self.classes[self.table.class_of(size)];
         let mut started: Option<(Instant, RefillWait)> = None;
@@ -483,6 +496,7 @@ impl Pool {
             let mut c = class.lock();
             match c.alloc(size, &self.shared()) {
                 Ok(h) => return Ok((c, h)),
+                Err(e @ Error::ReserveExhausted { .. }) if !wait_for_refill => return Err(e),
                 Err(Error::ReserveExhausted { .. }) => {
                     drop(c);
                     let Growth::Reserve { wait } = self.growth else {

@@ -468,8 +468,11 @@ impl Device {
                 self.note_stored(index, flags);
             } else {
                 // Read-modify-write under the slot lock, so no other write slips in between.
+                // Decoded, not loaded: the page is rewritten at once, so neither its access
+                // time nor a promotion of a written-back page would last.
                 let mut g = slot.lock();
-                self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, &mut ctx.page)?;
+                let old = g.get();
+                self.decode(&mut ctx.streams, &mut ctx.buf, index, &old, &mut ctx.page)?;
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
                 let new = self.encode(
                     &mut ctx.streams,
@@ -578,21 +581,7 @@ impl Device {
         self.decode(streams, buf, index, &s, out)?;
         let now = self.now();
         if s.flags.contains(SlotFlags::WB) {
-            // A written-back page's atime is when it was written back, and a read leaves it
-            // there (the page stays on the backing store): a read soon after is the policy's
-            // mistake, counted once (the stamp then moves out of the window, to 0 at the
-            // latest, which is never counted: second 0 is before any writeback worth judging).
-            // An adopted record was not the policy's choice: its reads are no mistake.
-            let early = s.atime != 0
-                && !s.flags.contains(SlotFlags::ADOPTED)
-                && self.tier.note_read_back(now.saturating_sub(s.atime));
-            if early {
-                s.atime = now.saturating_sub(policy::EARLY_READ_SECS);
-            }
-            if early || s.flags.contains(SlotFlags::IDLE) {
-                s.flags = s.flags.difference(SlotFlags::IDLE);
-                g.set(s);
-            }
+            self.after_read_back(buf, index, g, s, now);
             return Ok(());
         }
         if s.atime != now || s.flags.contains(SlotFlags::IDLE) {

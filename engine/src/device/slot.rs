@@ -63,6 +63,9 @@ impl SlotFlags {
     pub const HUGE: SlotFlags = SlotFlags(1 << 1);
     /// Marked idle and not accessed since.
     pub const IDLE: SlotFlags = SlotFlags(1 << 2);
+    /// On a written-back slot (never marked idle: only stored pages are): read back since its
+    /// writeback, its access time then the last read's. The same bit as [`SlotFlags::IDLE`].
+    pub const READ_BACK: SlotFlags = SlotFlags(1 << 2);
     /// Written back to the backing store.
     pub const WB: SlotFlags = SlotFlags(1 << 3);
     /// No codec shrinks this page; recompression skips it.

@@ -23,7 +23,8 @@ STARVED_PASSES=${UZRAM_BENCH_STARVED_PASSES:-2}
 STARVED_FAMILY=${UZRAM_BENCH_STARVED_FAMILY:-swapfill,mixed,$STARVED_X10,0}
 STARVED_TIMEOUT=${UZRAM_BENCH_STARVED_TIMEOUT:-1800}
 # uzram-lz4-shareN: uzram with pool_share=N; uzram-lz4-nospill: uzram with spill=0;
-# uzram-lz4-noreuse: uzram with reuse=0; uzram-lz4-floorN: uzram with share_floor=N
+# uzram-lz4-noreuse: uzram with reuse=0; uzram-lz4-floorN: uzram with share_floor=N;
+# uzram-lz4-nopromote: uzram with promote=0
 # zswap comes last: in Debian's 6.12.117 under TCG it has oopsed the guest's kernel under
 # zswap_store (in ZSTD_CCtx_reset with zstd; a double fault with lz4), which ends the run.
 STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 uzram-lz4 zram-zstd uzram-lz4-pc3 uzram-lz4-nospill zswap-lz4 zswap-zstd}
@@ -187,6 +188,7 @@ starved_config() {
     uzram-lz4-share*) starved_uzram "$c" "pool_share=${c#uzram-lz4-share}" ;;
     uzram-lz4-nospill) starved_uzram "$c" "spill=0" ;;
     uzram-lz4-noreuse) starved_uzram "$c" "reuse=0" ;;
+    uzram-lz4-nopromote) starved_uzram "$c" "promote=0" ;;
     uzram-lz4-floor*) starved_uzram "$c" "share_floor=${c#uzram-lz4-floor}" ;;
     *) note "starved: unknown configuration $c" ;;
     esac

@@ -46,6 +46,10 @@ pub struct PolicyConfig {
     /// page's next swap-out, unchanged, takes it over instead of writing the page again
     /// (`reuse`, 1/0; see the engine's `writeback::reuse`).
     pub reuse: bool,
+    /// Bring a written-back page back into the pool when it is read a second time since its
+    /// writeback sooner than the pool's coldest pages have gone untouched (`promote`, 1/0): a
+    /// page the kernel keeps reading from the backing store is hotter than what the pool holds.
+    pub promote: bool,
 }
 
 impl Default for PolicyConfig {
@@ -63,6 +67,7 @@ impl Default for PolicyConfig {
             evict: true,
             spill: true,
             reuse: true,
+            promote: true,
         }
     }
 }
@@ -109,7 +114,7 @@ impl fmt::Display for PolicyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} share_floor={} budget={} evict={} spill={} reuse={}",
+            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} share_floor={} budget={} evict={} spill={} reuse={} promote={}",
             duration_text(self.recompress_after),
             duration_text(self.writeback_after),
             self.high_watermark,
@@ -122,6 +127,7 @@ impl fmt::Display for PolicyConfig {
             u8::from(self.evict),
             u8::from(self.spill),
             u8::from(self.reuse),
+            u8::from(self.promote),
         )
     }
 }
@@ -182,9 +188,10 @@ impl PolicyConfig {
                 "evict" => next.evict = on_off(v).ok_or(bad("evict is 1 or 0"))?,
                 "spill" => next.spill = on_off(v).ok_or(bad("spill is 1 or 0"))?,
                 "reuse" => next.reuse = on_off(v).ok_or(bad("reuse is 1 or 0"))?,
+                "promote" => next.promote = on_off(v).ok_or(bad("promote is 1 or 0"))?,
                 _ => {
                     return Err(bad(
-                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share share_floor budget evict spill reuse",
+                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share share_floor budget evict spill reuse promote",
                     ))
                 }
             }

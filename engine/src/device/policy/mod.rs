@@ -173,17 +173,36 @@ impl Tier {
         t.counters
             .cold_age_secs
             .store(u64::from(COLD_AGE_START), Ordering::Relaxed);
+        // Until a round has written back for room, the policy's own idea of cold.
+        t.set_promote_age(COLD_AGE_START);
         t
     }
 
-    /// A written-back page was read `age` seconds after its writeback: counts an early read
-    /// (the policy's mistake) when that is under [`EARLY_READ_SECS`]. Returns whether it did.
-    pub(super) fn note_read_back(&self, age: u32) -> bool {
-        let early = age < EARLY_READ_SECS;
-        if early {
+    /// A written-back page was first read `age` seconds after its writeback: counts an early
+    /// read (the policy's mistake) when that is under [`EARLY_READ_SECS`].
+    pub(super) fn note_read_back(&self, age: u32) {
+        if age < EARLY_READ_SECS {
             self.counters.early_reads.fetch_add(1, Ordering::Relaxed);
         }
-        early
+    }
+
+    /// A written-back page read again within this many seconds of its last read is brought
+    /// back into the pool (0: never, `promote=0`).
+    pub(super) fn promote_age(&self) -> u32 {
+        u32::try_from(self.counters.promote_age_secs.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
+    }
+
+    pub(super) fn count_promoted(&self) {
+        self.counters.promoted_pages.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets the promote age to the idle age of the youngest pages a round wrote back for room
+    /// (the pool's coldest), or to 0 with promotion off.
+    fn set_promote_age(&self, secs: u32) {
+        let secs = if self.config.lock().promote { secs } else { 0 };
+        self.counters
+            .promote_age_secs
+            .store(u64::from(secs), Ordering::Relaxed);
     }
 
     /// Pages written back so far, for every reason.
@@ -212,6 +231,17 @@ fn age_bucket(age: u32) -> usize {
     } else {
         (l * 4 + ((a >> (l - 2)) & 3) as u32) as usize
     }
+}
+
+/// The youngest age in bucket `b` of [`age_bucket`].
+fn bucket_min_age(b: usize) -> u32 {
+    let b = b as u32;
+    if b < 8 {
+        // 0 and 4..=7 are never a bucket.
+        return b.min(4).saturating_sub(1);
+    }
+    let (l, q) = (u64::from(b / 4), u64::from(b % 4));
+    u32::try_from(((4 + q) << (l - 2).min(40)) - 1).unwrap_or(u32::MAX)
 }
 
 /// Why a tick writes pages back.
@@ -526,6 +556,11 @@ impl Policy {
                 break;
             }
         }
+        if total.written > 0 {
+            device
+                .tier
+                .set_promote_age(bucket_min_age(cutoff).max(min_age));
+        }
         total
     }
 
@@ -668,6 +703,12 @@ impl Device {
         self.tier.budget.lock().set(cfg.budget, self.now());
         // Under the settings' lock, so that two changes at once leave reuse as the last says.
         self.set_reuse(cfg.reuse);
+        let promote_age = &self.tier.counters.promote_age_secs;
+        if !cfg.promote {
+            promote_age.store(0, Ordering::Relaxed);
+        } else if promote_age.load(Ordering::Relaxed) == 0 {
+            promote_age.store(u64::from(COLD_AGE_START), Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -677,5 +718,7 @@ impl Device {
     }
 }
 
+#[cfg(test)]
+mod read_back_tests;
 #[cfg(test)]
 mod tests;

@@ -95,6 +95,12 @@ policy_counters! {
     /// A gauge, not a counter: the idle age host pressure writes back at below `pool_share`,
     /// which the early reads push up and a clean round brings down.
     cold_age_secs => "cold_age_secs",
+    /// Written-back pages read a second time since their writeback, sooner than the pool's
+    /// coldest pages had gone untouched, and so brought back into the pool.
+    promoted_pages => "promoted_pages",
+    /// A gauge: the idle age of the youngest pages the last writeback round for room wrote
+    /// back; a written-back page read again within it is promoted.
+    promote_age_secs => "promote_age_secs",
 }
 
 /// Adds what a batch (or a pass of batches) wrote back to a pair of counters: its pages and
@@ -132,7 +138,7 @@ mod tests {
         c.pages_compacted.store(3, Ordering::Relaxed);
         let text = c.snapshot(Some(42)).to_string();
         let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
-        assert_eq!(keys.len(), 25);
+        assert_eq!(keys.len(), 27);
         assert_eq!(keys.first(), Some(&"ticks"));
         assert_eq!(
             keys[21..],
@@ -140,6 +146,8 @@ mod tests {
                 "pages_compacted",
                 "early_reads",
                 "cold_age_secs",
+                "promoted_pages",
+                "promote_age_secs",
                 "budget_left_bytes"
             ]
         );

@@ -411,6 +411,7 @@ impl Harness {
         let offset = index.0 * PAGE_SIZE as u64;
         let ctx = &mut self.ctxs[self.current];
         self.device.read(ctx, offset, &mut buf).expect("read");
+        self.follow_promotion(index);
         match want {
             None => state.is_empty() && buf.iter().all(|&b| b == 0),
             Some(p) => !state.is_empty() && buf[..] == p.data[..],
@@ -433,6 +434,8 @@ impl Harness {
             &want_data[..],
             format_args!("step {}: page {index}", self.step),
         );
+        self.follow_promotion(index);
+        let want = self.pages.get(&index);
         let state = self.device.slot_state(index).expect("page in range");
         check_slot(state, want.map(|p| p.stored))
             .unwrap_or_else(|e| panic!("step {}: page {index}: {e}", self.step));
@@ -480,6 +483,31 @@ impl Harness {
             );
             done += n;
         }
+        for (index, _, _) in r.pieces() {
+            self.follow_promotion(index);
+        }
+    }
+
+    /// After a read of page `index`: a written-back page read a second time soon comes back
+    /// into the pool (the policy's `promote`), stored as it was written; the model follows.
+    fn follow_promotion(&mut self, index: PageIndex) {
+        let Some(Stored::Backing(n)) = self.pages.get(&index).map(|p| p.stored) else {
+            return;
+        };
+        let s = self.device.slot_state(index).expect("page in range");
+        if !s.flags.contains(SlotFlags::STORED) {
+            return;
+        }
+        let stored = if n == PAGE_SIZE {
+            self.huge_pages_since += 1;
+            Stored::Huge
+        } else {
+            Stored::Compressed(n)
+        };
+        if let Some(p) = self.pages.get_mut(&index) {
+            p.stored = stored;
+        }
+        self.tally.promoted_pages += 1;
     }
 
     /// Checks a request on a bad range failed as it should and changed no slot.

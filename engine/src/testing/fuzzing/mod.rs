@@ -269,6 +269,8 @@ pub struct Tally {
     pub restarts: u64,
     /// Whole-page writes that took over a record kept for reuse.
     pub reused_pages: u64,
+    /// Written-back pages a second read brought back into the pool.
+    pub promoted_pages: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -286,6 +288,7 @@ impl std::ops::AddAssign for Tally {
         self.notice_freed_pages += o.notice_freed_pages;
         self.restarts += o.restarts;
         self.reused_pages += o.reused_pages;
+        self.promoted_pages += o.promoted_pages;
     }
 }
 

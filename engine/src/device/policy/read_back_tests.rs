@@ -1,0 +1,145 @@
+//! Reads of written-back pages: early reads judge the policy, second reads promote.
+
+use super::super::testutil::tempdir;
+use super::super::writeback::WritebackRequest;
+use super::tests::{check_all, full_of_noise, short_of_memory};
+use super::*;
+
+/// Writes pages 0..100 of a [`full_of_noise`] device back by hand, 5 s after they were written.
+fn hundred_written_back(d: &Device, ctx: &mut IoContext) {
+    d.advance_clock(5);
+    let s = d
+        .writeback(ctx, WritebackRequest::Pages { first: 0, last: 99 })
+        .unwrap();
+    assert_eq!(s.written, 100, "{s:?}");
+}
+
+fn on_store(d: &Device) -> u64 {
+    d.backing().unwrap().pages()
+}
+
+#[test]
+fn pages_read_back_soon_after_writeback_count_once_and_raise_the_cold_age() {
+    let dir = tempdir("policy-early");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    d.set_policy("promote=0").unwrap();
+    hundred_written_back(&d, &mut ctx);
+    // Read at once (twice): 100 early reads, not 200.
+    check_all(&d, &mut ctx, &model[..100]);
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!(d.policy_stats().early_reads, 100);
+    // Read again later: not early.
+    d.advance_clock(EARLY_READ_SECS + 1);
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!(d.policy_stats().early_reads, 100);
+    // The next pressured tick judges: a tenth and more read back early, so the age doubles.
+    let mut policy = Policy::new();
+    policy.tick(&d, &mut ctx, &short_of_memory(40)).unwrap();
+    assert_eq!(
+        d.policy_stats().cold_age_secs,
+        u64::from(COLD_AGE_START * 2)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_page_read_twice_since_its_writeback_within_the_promote_age_comes_back_into_the_pool() {
+    let dir = tempdir("policy-promote");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    let objects = d.pool.stats().objects;
+    hundred_written_back(&d, &mut ctx);
+    assert_eq!(d.pool.stats().objects, objects - 100);
+    // The first read leaves the pages where they are.
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (100, 0));
+    // A second one, within the promote age (60 s before any round for room), brings them back.
+    d.advance_clock(30);
+    check_all(&d, &mut ctx, &model[..100]);
+    let p = d.policy_stats();
+    assert_eq!((on_store(&d), p.promoted_pages), (0, 100));
+    assert_eq!(d.pool.stats().objects, objects);
+    // Their records are kept for reuse, as on any free of a page just read back.
+    assert_eq!(p.kept_pages, 100);
+    // From the pool now: nothing more to promote, and every page still reads right.
+    check_all(&d, &mut ctx, &model);
+    assert_eq!(d.policy_stats().promoted_pages, 100);
+    // A promoted page that goes cold can be written back again.
+    d.advance_clock(5);
+    let s = d
+        .writeback(&mut ctx, WritebackRequest::Pages { first: 0, last: 9 })
+        .unwrap();
+    assert_eq!(s.written, 10, "{s:?}");
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_second_read_after_the_promote_age_leaves_the_page_on_the_store_and_restarts_the_clock() {
+    let dir = tempdir("policy-promote-late");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    hundred_written_back(&d, &mut ctx);
+    check_all(&d, &mut ctx, &model[..100]);
+    d.advance_clock(COLD_AGE_START);
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (100, 0));
+    // Measured from the last read, not from the writeback.
+    d.advance_clock(COLD_AGE_START - 1);
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (0, 100));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn promote_off_leaves_pages_read_twice_on_the_store() {
+    let dir = tempdir("policy-promote-off");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    d.set_policy("promote=0").unwrap();
+    assert_eq!(d.policy_stats().promote_age_secs, 0);
+    hundred_written_back(&d, &mut ctx);
+    for _ in 0..3 {
+        check_all(&d, &mut ctx, &model[..100]);
+    }
+    assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (100, 0));
+    d.set_policy("promote=1").unwrap();
+    assert_eq!(d.policy_stats().promote_age_secs, u64::from(COLD_AGE_START));
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (0, 100));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_pool_at_its_limit_leaves_pages_read_twice_on_the_store() {
+    let dir = tempdir("policy-promote-full");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    hundred_written_back(&d, &mut ctx);
+    d.set_mem_limit(Some(d.pool.pages_used() * PAGE_SIZE as u64));
+    check_all(&d, &mut ctx, &model[..100]);
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (100, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_round_for_room_sets_the_promote_age_to_the_age_of_the_pages_it_wrote_back() {
+    let dir = tempdir("policy-promote-age");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    // Pages 0..100 read a second ago; the rest untouched for 1000 s.
+    d.advance_clock(1000);
+    check_all(&d, &mut ctx, &model[..100]);
+    d.advance_clock(1);
+    let mut policy = Policy::new();
+    // A 40 MiB host: a share of 8 MiB, within which the pool's cold pages go, down to half.
+    let r = policy.tick(&d, &mut ctx, &short_of_memory(40)).unwrap();
+    assert!(r.written_back > 0, "{r:?}");
+    let age = d.policy_stats().promote_age_secs;
+    assert!((512..=1001).contains(&age), "promote age {age}");
+    // What was read a second ago stayed in the pool.
+    for i in 0..100 {
+        assert!(
+            d.peek(PageIndex(i)).flags.contains(SlotFlags::STORED),
+            "page {i}"
+        );
+    }
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
