@@ -30,6 +30,7 @@ use parking_lot::{Condvar, Mutex};
 
 mod config;
 mod evict;
+mod read_back;
 mod spill;
 mod stats;
 
@@ -176,33 +177,6 @@ impl Tier {
         // Until a round has written back for room, the policy's own idea of cold.
         t.set_promote_age(COLD_AGE_START);
         t
-    }
-
-    /// A written-back page was first read `age` seconds after its writeback: counts an early
-    /// read (the policy's mistake) when that is under [`EARLY_READ_SECS`].
-    pub(super) fn note_read_back(&self, age: u32) {
-        if age < EARLY_READ_SECS {
-            self.counters.early_reads.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// A written-back page read again within this many seconds of its last read is brought
-    /// back into the pool (0: never, `promote=0`).
-    pub(super) fn promote_age(&self) -> u32 {
-        u32::try_from(self.counters.promote_age_secs.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
-    }
-
-    pub(super) fn count_promoted(&self) {
-        self.counters.promoted_pages.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Sets the promote age to the idle age of the youngest pages a round wrote back for room
-    /// (the pool's coldest), or to 0 with promotion off.
-    fn set_promote_age(&self, secs: u32) {
-        let secs = if self.config.lock().promote { secs } else { 0 };
-        self.counters
-            .promote_age_secs
-            .store(u64::from(secs), Ordering::Relaxed);
     }
 
     /// Pages written back so far, for every reason.
@@ -703,12 +677,7 @@ impl Device {
         self.tier.budget.lock().set(cfg.budget, self.now());
         // Under the settings' lock, so that two changes at once leave reuse as the last says.
         self.set_reuse(cfg.reuse);
-        let promote_age = &self.tier.counters.promote_age_secs;
-        if !cfg.promote {
-            promote_age.store(0, Ordering::Relaxed);
-        } else if promote_age.load(Ordering::Relaxed) == 0 {
-            promote_age.store(u64::from(COLD_AGE_START), Ordering::Relaxed);
-        }
+        self.tier.follow_promote_setting(cfg.promote);
         Ok(())
     }
 

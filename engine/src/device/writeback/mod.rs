@@ -232,50 +232,6 @@ impl Device {
         Ok(())
     }
 
-    /// After written-back page `index` (state `s`, its slot locked in `g`) was read from the
-    /// store through `buf`, which still holds its object: the first read since the writeback
-    /// judges it (a read soon after is the policy's mistake, an early read, counted once) and
-    /// stamps the page read back; a second one within the promote age brings the page back
-    /// into the pool, if the pool has room at once, since a page read again sooner than the
-    /// pool's coldest pages have gone untouched is hotter than they are. The record is then
-    /// freed, or kept for reuse, as on any free. An adopted record was not the policy's choice,
-    /// and second 0 is before any writeback worth judging: neither is an early read.
-    pub(super) fn after_read_back(
-        &self,
-        buf: &[u8],
-        index: PageIndex,
-        g: &mut slot::SlotGuard<'_>,
-        mut s: SlotState,
-        now: u32,
-    ) {
-        let age = now.saturating_sub(s.atime);
-        if !s.flags.contains(SlotFlags::READ_BACK) {
-            if s.atime != 0 && !s.flags.contains(SlotFlags::ADOPTED) {
-                self.tier.note_read_back(age);
-            }
-        } else if age < self.tier.promote_age() {
-            let object = &buf[..usize::from(s.size)];
-            if let Ok(h) = self.pool.try_store(object) {
-                let stored = SlotState {
-                    word: h.to_raw(),
-                    flags: s
-                        .flags
-                        .intersection(SlotFlags::HUGE | SlotFlags::INCOMPRESSIBLE)
-                        | SlotFlags::STORED,
-                    prio: s.prio,
-                    size: s.size,
-                    atime: now,
-                };
-                self.replace(index, g, stored);
-                self.tier.count_promoted();
-                return;
-            }
-        }
-        s.flags = s.flags | SlotFlags::READ_BACK;
-        s.atime = now;
-        g.set(s);
-    }
-
     fn wb_eligible(s: &SlotState, req: WritebackRequest, index: u64) -> bool {
         match req {
             WritebackRequest::Pages { first, last } => {

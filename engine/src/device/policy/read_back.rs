@@ -1,0 +1,93 @@
+//! Reads of written-back pages: the first read since a writeback judges it (an early read is
+//! the policy's mistake) and stamps the page; a second read soon after brings it back into the
+//! pool (`promote`).
+
+use std::sync::atomic::Ordering;
+
+use super::{Tier, COLD_AGE_START, EARLY_READ_SECS};
+use crate::device::{slot, Device, PageIndex, SlotFlags, SlotState};
+
+impl Tier {
+    /// A written-back page was first read `age` seconds after its writeback: counts an early
+    /// read when that is under [`EARLY_READ_SECS`].
+    fn note_read_back(&self, age: u32) {
+        if age < EARLY_READ_SECS {
+            self.counters.early_reads.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A written-back page read again within this many seconds of its last read is brought
+    /// back into the pool (0: never, `promote=0`).
+    fn promote_age(&self) -> u32 {
+        u32::try_from(self.counters.promote_age_secs.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
+    }
+
+    /// Sets the promote age to the idle age of the youngest pages a round wrote back for room
+    /// (the pool's coldest), or to 0 with promotion off.
+    pub(super) fn set_promote_age(&self, secs: u32) {
+        let secs = if self.config.lock().promote { secs } else { 0 };
+        self.counters
+            .promote_age_secs
+            .store(u64::from(secs), Ordering::Relaxed);
+    }
+
+    /// The `promote` setting changed (its caller holds the settings' lock): off sets the
+    /// promote age to 0, on from off to [`COLD_AGE_START`] until the next round for room.
+    pub(super) fn follow_promote_setting(&self, on: bool) {
+        let age = &self.counters.promote_age_secs;
+        if !on {
+            age.store(0, Ordering::Relaxed);
+        } else if age.load(Ordering::Relaxed) == 0 {
+            age.store(u64::from(COLD_AGE_START), Ordering::Relaxed);
+        }
+    }
+}
+
+impl Device {
+    /// After written-back page `index` (state `s`, its slot locked in `g`) was read from the
+    /// store through `buf`, which still holds its object: the first read since the writeback
+    /// judges it (a read soon after is the policy's mistake, an early read, counted once) and
+    /// stamps the page read back; a second one within the promote age brings the page back
+    /// into the pool, if the pool has room at once, since a page read again sooner than the
+    /// pool's coldest pages have gone untouched is hotter than they are. The record is then
+    /// freed, or kept for reuse, as on any free. An adopted record was not the policy's choice,
+    /// and second 0 is before any writeback worth judging: neither is an early read.
+    pub(in crate::device) fn after_read_back(
+        &self,
+        buf: &[u8],
+        index: PageIndex,
+        g: &mut slot::SlotGuard<'_>,
+        mut s: SlotState,
+        now: u32,
+    ) {
+        let age = now.saturating_sub(s.atime);
+        if !s.flags.contains(SlotFlags::READ_BACK) {
+            if s.atime != 0 && !s.flags.contains(SlotFlags::ADOPTED) {
+                self.tier.note_read_back(age);
+            }
+        } else if age < self.tier.promote_age() {
+            let object = &buf[..usize::from(s.size)];
+            if let Ok(h) = self.pool.try_store(object) {
+                let stored = SlotState {
+                    word: h.to_raw(),
+                    flags: s
+                        .flags
+                        .intersection(SlotFlags::HUGE | SlotFlags::INCOMPRESSIBLE)
+                        | SlotFlags::STORED,
+                    prio: s.prio,
+                    size: s.size,
+                    atime: now,
+                };
+                self.replace(index, g, stored);
+                self.tier
+                    .counters
+                    .promoted_pages
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        s.flags = s.flags | SlotFlags::READ_BACK;
+        s.atime = now;
+        g.set(s);
+    }
+}
