@@ -8,22 +8,32 @@ D=$(dirname "$0")
 . "$D/checks.sh"
 
 CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput sigterm kill recover1 recover10 upgrade corrupt systemd sleep hibernate}
-# A check still running after CHECK_LIMIT seconds is taken for a hang (the kernel's hung-task
-# watchdog sees only tasks in D state, not a spinning one or an interruptible wait): the guest's
-# state goes to the console, the check FAILs and the guest powers off, minutes after the hang
-# instead of at the host's timeout. Each `want` that says yes re-arms it for the next check.
+# In the guest, a check still running after CHECK_LIMIT seconds is taken for a hang (the
+# kernel's hung-task watchdog sees only tasks in D state, not a spinning one or an
+# interruptible wait): the guest's state goes to the console, the check FAILs and the guest
+# powers off, minutes after the hang instead of at the host's timeout. Each `want` that says
+# yes re-arms it for the next check (a loop of runs re-arms it each pass). Never on a host:
+# it powers off.
 CHECK_LIMIT=${UZRAM_VM_CHECK_LIMIT:-600}
 WATCH_PID=
 want() {
     case " $CHECKS " in *" $1 "*) ;; *) return 1 ;; esac
-    [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null
-    watch_check "$1" &
-    WATCH_PID=$!
+    disarm
+    if [ "$UZRAM_VM_MODE" = guest ]; then
+        watch_check "$1" &
+        WATCH_PID=$!
+    fi
     return 0
 }
 
+disarm() { [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null; WATCH_PID=; }
+
 watch_check() { # CHECK
-    sleep "$CHECK_LIMIT"
+    # its own sleep, killed with it: a lingering sleep would hold the console's pipe
+    sleep "$CHECK_LIMIT" &
+    _s=$!
+    trap 'kill $_s 2>/dev/null; exit 0' TERM
+    wait $_s
     note "WATCHDOG: $1 still running after ${CHECK_LIMIT} s; processes, threads running or in D state, the daemons' log, the kernel's view"
     { ps -o pid,ppid,time,args 2>/dev/null || ps; } | grep -v ' \[.*\]$'
     for _t in /proc/[0-9]*/task/[0-9]*; do
@@ -44,7 +54,7 @@ watch_check() { # CHECK
     poweroff -f
 }
 
-trap 'check_cleanup; zram_reset; uzram_reset' EXIT
+trap 'disarm; check_cleanup; zram_reset; uzram_reset' EXIT
 trap 'echo "VM: interrupted"; exit 130' INT TERM
 
 vm_setup
@@ -113,6 +123,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         [ "$UZRAM_VM_MODE" = guest ] && swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
         # UZRAM_VM_SWAP_RUNS=N: uzram's swap check N times (a flake hunt)
         for _ in $(seq "${UZRAM_VM_SWAP_RUNS:-1}"); do
+            want swap
             uzram_setup lz4 $swapsize && check_swap "$UZRAM_DEV" ""
         done
     fi
@@ -134,6 +145,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         if [ -b /dev/vda ]; then
             # UZRAM_VM_WRITEBACK_RUNS=N: the check N times (a flake hunt)
             for _ in $(seq "${UZRAM_VM_WRITEBACK_RUNS:-1}"); do
+                want writeback
                 check_writeback /dev/vda
             done
         else
@@ -154,6 +166,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     if want sleep; then
         # UZRAM_VM_SLEEP_RUNS=N: the check N times (a flake hunt)
         for _ in $(seq "${UZRAM_VM_SLEEP_RUNS:-1}"); do
+            want sleep
             uzram_setup lz4 1024M && check_sleep "$UZRAM_DEV" ""
         done
     fi
@@ -184,6 +197,6 @@ if { want hibernate || want rtcwake; } && [ "$UZRAM_VM_MODE" = guest ]; then
     fi
 fi
 
-[ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null
+disarm
 note "checks done in $(elapsed "$T0") s"
 vm_result

@@ -252,6 +252,9 @@ pub struct Policy {
     seen_written: u64,
     /// Pages spilled since the pool was last compacted.
     spilled_since_compact: u64,
+    /// The idle age of the youngest pages the last round of [`Policy::write_back_coldest`]
+    /// would write (its cutoff bucket's least age).
+    youngest_written: u32,
 }
 
 impl Default for Policy {
@@ -272,6 +275,7 @@ impl Policy {
             seen_early: 0,
             seen_written: 0,
             spilled_since_compact: 0,
+            youngest_written: 0,
         }
     }
 
@@ -315,6 +319,7 @@ impl Policy {
             return 0;
         }
         let done = self.write_back_coldest(device, bytes.min(TICK_BYTES), 0, now);
+        self.note_round_for_room(device, &done);
         let c = &device.tier.counters;
         stats::count_written(&c.watermark_wb_pages, &c.watermark_wb_bytes, &done);
         if done.written > 0 {
@@ -405,6 +410,9 @@ impl Policy {
             return Ok(report);
         }
         let done = self.write_back_coldest(device, bytes.min(TICK_BYTES), min_age, now);
+        if reason != Reason::Age {
+            self.note_round_for_room(device, &done);
+        }
         let (pages, bytes_c) = match reason {
             Reason::Age => (&tier.counters.age_wb_pages, &tier.counters.age_wb_bytes),
             Reason::Watermark => (
@@ -530,11 +538,7 @@ impl Policy {
                 break;
             }
         }
-        if total.written > 0 {
-            device
-                .tier
-                .set_promote_age(bucket_min_age(cutoff).max(min_age));
-        }
+        self.youngest_written = bucket_min_age(cutoff).max(min_age);
         total
     }
 

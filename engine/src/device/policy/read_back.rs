@@ -4,8 +4,18 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Tier, COLD_AGE_START, EARLY_READ_SECS};
+use super::{BatchStats, Policy, Tier, COLD_AGE_START, EARLY_READ_SECS};
 use crate::device::{slot, Device, PageIndex, SlotFlags, SlotState};
+
+impl Policy {
+    /// A round that wrote back for room (the watermark, host pressure) sets the promote age
+    /// to the idle age of the youngest pages it wrote: the pool's coldest.
+    pub(super) fn note_round_for_room(&self, device: &Device, done: &BatchStats) {
+        if done.written > 0 {
+            device.tier.set_promote_age(self.youngest_written);
+        }
+    }
+}
 
 impl Tier {
     /// A written-back page was first read `age` seconds after its writeback: counts an early
@@ -23,9 +33,11 @@ impl Tier {
     }
 
     /// Sets the promote age to the idle age of the youngest pages a round wrote back for room
-    /// (the pool's coldest), or to 0 with promotion off.
+    /// (the pool's coldest; at least 1 s, as 0 means off), or to 0 with promotion off. Under
+    /// the settings' lock, so that a change of `promote` meanwhile is not undone.
     pub(super) fn set_promote_age(&self, secs: u32) {
-        let secs = if self.config.lock().promote { secs } else { 0 };
+        let cfg = self.config.lock();
+        let secs = if cfg.promote { secs.max(1) } else { 0 };
         self.counters
             .promote_age_secs
             .store(u64::from(secs), Ordering::Relaxed);
@@ -86,8 +98,10 @@ impl Device {
                 return;
             }
         }
-        s.flags = s.flags | SlotFlags::READ_BACK;
-        s.atime = now;
-        g.set(s);
+        if !s.flags.contains(SlotFlags::READ_BACK) || s.atime != now {
+            s.flags = s.flags | SlotFlags::READ_BACK;
+            s.atime = now;
+            g.set(s);
+        }
     }
 }

@@ -209,8 +209,12 @@ impl Harness {
             backing_devs: vec![backing.clone()],
             // The model is zram's: a write past mem_limit fails. Eviction (which writes pages
             // back instead) has its own model tests in device::policy.
+            // Promotion on zstd's runs only: the checks read every page twice at once, so
+            // with it a written-back page would rarely stay on the store long enough for the
+            // other operations to meet it.
             policy: crate::PolicyConfig {
                 evict: false,
+                promote: algorithm == Algorithm::Zstd,
                 ..crate::PolicyConfig::default()
             },
             backing_key: Some(crate::BackingKey::generate()),
@@ -411,7 +415,11 @@ impl Harness {
         let offset = index.0 * PAGE_SIZE as u64;
         let ctx = &mut self.ctxs[self.current];
         self.device.read(ctx, offset, &mut buf).expect("read");
-        self.follow_promotion(index);
+        // Only where the model has the page as `want` (the page a write failed on): a page
+        // written before the failure is not in the model yet.
+        if self.pages.get(&index) == want {
+            self.follow_promotion(index);
+        }
         match want {
             None => state.is_empty() && buf.iter().all(|&b| b == 0),
             Some(p) => !state.is_empty() && buf[..] == p.data[..],
