@@ -228,6 +228,7 @@ fn io_path_fits_in_the_prefaulted_stack() {
                 op,
                 start_sector,
                 nr_sectors,
+                swap: true,
             };
             for i in 0..64u64 {
                 let mut two = text_page(i).to_vec();

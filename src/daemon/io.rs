@@ -61,6 +61,8 @@ pub struct Request {
     pub start_sector: u64,
     /// Sectors.
     pub nr_sectors: u32,
+    /// Swap's (`UBLK_IO_F_SWAP`): a write that fails is kept and tried again later.
+    pub swap: bool,
 }
 
 /// Requests started and finished, by [`Op::counter`]: what the progress log prints.
@@ -191,7 +193,10 @@ fn serve_one(
         Op::Read | Op::Write => match buf.get_mut(..len as usize) {
             Some(data) if req.op == Op::Read => device.read(ctx, offset, data),
             Some(data) => match transfer.fetch(data) {
-                Ok(()) => device.write(ctx, offset, data),
+                Ok(()) => {
+                    ctx.set_reserve_wait(req.swap.then_some(super::SWAP_RESERVE_WAIT));
+                    device.write(ctx, offset, data)
+                }
                 Err(_) => return copy_failed(req.op, offset, len),
             },
             None => return -libc::EINVAL,
@@ -217,7 +222,7 @@ fn serve_one(
             }
         }
         Err(e) => {
-            mailbox::note_failure(req.op, offset, len, &e);
+            mailbox::note_failure(req.op, req.swap, offset, len, &e);
             -errno(&e)
         }
     }
@@ -276,6 +281,7 @@ mod tests {
             op,
             start_sector,
             nr_sectors,
+            swap: false,
         }
     }
 

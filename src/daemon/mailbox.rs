@@ -19,6 +19,8 @@ use super::threads::{memory_phase, Phase};
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Failure {
     op: Op,
+    /// Swap's request (see [`io::Request::swap`]).
+    swap: bool,
     offset: u64,
     len: u64,
     errno: i32,
@@ -38,7 +40,7 @@ static LATEST_FAILURE: Mutex<Option<Failure>> = Mutex::new(None);
 static RAN_OUT: Mutex<Option<Failure>> = Mutex::new(None);
 
 /// Counts a failed request and, if nobody holds the mailbox, leaves its details there.
-pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
+pub(super) fn note_failure(op: Op, swap: bool, offset: u64, len: u64, e: &IoError) {
     let (waited_ms, memory) = match e {
         IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms }) => {
             (*waited_ms, Some(memory_phase()))
@@ -47,6 +49,7 @@ pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
     };
     record(Failure {
         op,
+        swap,
         offset,
         len,
         errno: io::errno(e),
@@ -60,6 +63,7 @@ pub(super) fn note_failure(op: Op, offset: u64, len: u64, e: &IoError) {
 pub(super) fn note(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str) {
     record(Failure {
         op,
+        swap: false,
         offset,
         len,
         errno,
@@ -103,7 +107,7 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
         return;
     };
     super::log(&format!(
-        "{} requests failed{}; the latest: {} of {} bytes at byte {}: {} ({}{})",
+        "{} requests failed{}; the latest: {}{} of {} bytes at byte {}: {} ({}{})",
         n - *reported,
         if *reported == 0 {
             ""
@@ -111,6 +115,7 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
             " since the last report"
         },
         f.op.name(),
+        swap_word(f.swap),
         f.len,
         f.offset,
         io::errno_name(f.errno),
@@ -132,9 +137,10 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
     if let Some(f) = RAN_OUT.lock().take() {
         if let Some((phase, ms)) = f.memory {
             super::log(&format!(
-                "the first of them to wait for the reserve ({} of {} bytes at byte {}) gave up \
-                 after {} ms; the memory thread had been {} for {ms} ms",
+                "the first of them to wait for the reserve ({}{} of {} bytes at byte {}) gave \
+                 up after {} ms; the memory thread had been {} for {ms} ms",
                 f.op.name(),
+                swap_word(f.swap),
                 f.len,
                 f.offset,
                 f.waited_ms,
@@ -144,4 +150,13 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
     }
     *reported = n;
     *last = Some(Instant::now());
+}
+
+/// " (swap's)" after a request's name, for swap's requests.
+fn swap_word(swap: bool) -> &'static str {
+    if swap {
+        " (swap's)"
+    } else {
+        ""
+    }
 }

@@ -51,14 +51,19 @@ use uzram_engine::{Device, DeviceSetup, Growth};
 /// size; larger requests would only cost memory.
 pub const MAX_IO_BYTES: u32 = 128 << 10;
 /// Longest a write waits for the memory thread to refill the pool's reserve without seeing it
-/// make progress, before it fails with ENOMEM (swap then keeps the page and retries it later,
-/// but a file system or a raw writer takes it as an I/O error); a refill that keeps faulting
+/// make progress, before it fails with ENOMEM (a file system or a raw writer takes it as an
+/// I/O error; swap's writes wait less: [`SWAP_RESERVE_WAIT`]); a refill that keeps faulting
 /// pages in is waited for up to 8 times this (see `Growth::Reserve`). Kernel zram waits in
 /// reclaim for its memory; this waits for a thread that does, so it is long enough for a fault
 /// of 32 pages while memory is short and reclaim takes back page cache under it (over 1 s on a
 /// busy or emulated machine), and short enough that a memory thread truly stuck fails the
 /// queue's writes well before the kernel's hung-task watchdog (120 s) notices them.
 const RESERVE_WAIT: Duration = Duration::from_secs(4);
+/// [`RESERVE_WAIT`] for swap's writes. Swap keeps a page whose write failed and tries it later,
+/// so failing is cheap, and waiting is not: the writer is reclaim (often kswapd), and while it
+/// waits here it reclaims nothing else (clean page cache, other devices) and cannot be frozen
+/// for a suspend, where a refill under memory starvation can take tens of seconds.
+pub(super) const SWAP_RESERVE_WAIT: Duration = Duration::from_secs(1);
 
 /// The reserve a fresh or idle device keeps unless told: none. While memory is plentiful the
 /// first write that needs a new arena waits for the memory thread to map one (a millisecond);

@@ -56,6 +56,7 @@ fn request(iod: &sys::ublksrv_io_desc) -> Request {
         op,
         start_sector: iod.start_sector,
         nr_sectors: iod.nr_sectors,
+        swap: iod.op_flags & sys::UBLK_IO_F_SWAP != 0,
     }
 }
 

@@ -20,7 +20,7 @@ mod reserve;
 
 pub use self::class_state::FULLNESS_GROUPS;
 use self::class_state::{ClassState, Shared, AUTO_COMPACT_MOVES, AUTO_DEFRAG_MOVES};
-use self::reserve::{Demand, RefillWait, ReserveSignal, RESERVE_WAIT_CAP};
+use self::reserve::{Demand, RefillPatience, RefillWait, ReserveSignal, RESERVE_WAIT_CAP};
 
 /// Largest zspage the pool accepts in its configuration.
 pub const MAX_PAGES_PER_ZSPAGE: usize = 16;
@@ -457,12 +457,20 @@ impl Pool {
     /// Allocates an object of `size` bytes (1..=4096). Its contents are unspecified until written.
     pub fn alloc(&self, size: usize) -> Result<Handle, Error> {
         Self::check_size(size)?;
-        Ok(self.alloc_locked(size, true)?.1)
+        Ok(self.alloc_locked(size, RefillPatience::Own)?.1)
     }
 
     /// Allocates an object holding `data` (1..=4096 bytes) under one lock acquisition.
     pub fn store(&self, data: &[u8]) -> Result<Handle, Error> {
-        self.store_with(data, true)
+        self.store_with(data, RefillPatience::Own)
+    }
+
+    /// [`Pool::store`], but in [`Growth::Reserve`] mode a wait for the maintenance thread runs
+    /// out after `wait` without progress (at most [`RESERVE_WAIT_CAP`] times it) instead of the
+    /// pool's own: for a writer that keeps what failed and tries again later, so it is better
+    /// told at once than held.
+    pub fn store_within(&self, data: &[u8], wait: Duration) -> Result<Handle, Error> {
+        self.store_with(data, RefillPatience::For(wait))
     }
 
     /// [`Pool::store`], but in [`Growth::Reserve`] mode it never waits for the maintenance
@@ -470,10 +478,10 @@ impl Pool {
     /// [`Error::ReserveExhausted`] (and asks for a refill). For an optional store, such as a
     /// copy kept to spare a later read, that must not hold up the caller.
     pub fn try_store(&self, data: &[u8]) -> Result<Handle, Error> {
-        self.store_with(data, false)
+        self.store_with(data, RefillPatience::None)
     }
 
-    fn store_with(&self, data: &[u8], wait: bool) -> Result<Handle, Error> {
+    fn store_with(&self, data: &[u8], wait: RefillPatience) -> Result<Handle, Error> {
         Self::check_size(data.len())?;
         let (mut class, h) = self.alloc_locked(data.len(), wait)?;
         class
@@ -484,11 +492,12 @@ impl Pool {
     }
 
     /// Allocates in `size`'s class and returns the class still locked. In reserve mode, with
-    /// `wait`, waits (without the class lock) for the maintenance thread when no arena has room.
+    /// `wait`, waits (without the class lock) for the maintenance
+    /// thread when no arena has room.
     fn alloc_locked(
         &self,
         size: usize,
-        wait_for_refill: bool,
+        wait_for_refill: RefillPatience,
     ) -> Result<(parking_lot::MutexGuard<'_, ClassState>, Handle), Error> {
         let class = &self.classes[self.table.class_of(size)];
         let mut started: Option<(Instant, RefillWait)> = None;
@@ -496,11 +505,19 @@ impl Pool {
             let mut c = class.lock();
             match c.alloc(size, &self.shared()) {
                 Ok(h) => return Ok((c, h)),
-                Err(e @ Error::ReserveExhausted { .. }) if !wait_for_refill => return Err(e),
+                Err(e @ Error::ReserveExhausted { .. })
+                    if wait_for_refill == RefillPatience::None =>
+                {
+                    return Err(e)
+                }
                 Err(Error::ReserveExhausted { .. }) => {
                     drop(c);
-                    let Growth::Reserve { wait } = self.growth else {
+                    let Growth::Reserve { wait: own } = self.growth else {
                         unreachable!("only reserve mode runs out of reserve")
+                    };
+                    let wait = match wait_for_refill {
+                        RefillPatience::For(w) => w,
+                        _ => own,
                     };
                     let (start, w) = started.get_or_insert_with(|| {
                         let now = Instant::now();

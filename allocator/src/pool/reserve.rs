@@ -165,6 +165,17 @@ impl Demand {
 /// or emulated machine) is waited for; one that is stuck (in reclaim) fails after `wait`.
 pub(super) const RESERVE_WAIT_CAP: u32 = 8;
 
+/// How long an allocation in [`Growth::Reserve`] mode waits for a refill without progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RefillPatience {
+    /// Not at all: it fails at once.
+    None,
+    /// The pool's own `wait`.
+    Own,
+    /// This long.
+    For(Duration),
+}
+
 /// Where an allocation's wait for a refill stands (see [`Pool::wait_for_refill`]).
 pub(super) struct RefillWait {
     /// Fail at this point unless the maintenance thread made progress since `progress`.

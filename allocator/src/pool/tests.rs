@@ -112,6 +112,62 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
 }
 
 #[test]
+fn a_store_within_a_shorter_wait_gives_up_sooner_and_takes_a_refill_alike() {
+    let (pool, live) = full_pool();
+    let short = WAIT / 3;
+    // A slow refill: progress for 2 WAITs, then an arena. The pool's own wait follows it; a
+    // store within the short wait sees the same progress and follows it too, up to its cap
+    // (8 short waits, longer than the refill): both get the arena.
+    let t = Instant::now();
+    pool.note_progress(1);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            slow_refill(&pool, || t.elapsed() < WAIT);
+            pool.maintain().unwrap();
+        });
+        let h = pool.store_within(&[9u8; 3000], short).unwrap();
+        assert_eq!(pool.read(h, |o| o[0]).unwrap(), 9);
+    });
+    assert!(t.elapsed() >= WAIT, "{:?}", t.elapsed());
+    // The refill may have mapped a second arena (see above): fill what there is.
+    let spare = pool.stats().pages_reserved as usize / ARENA_PAGES;
+    for _ in 1..live.len() * (1 + spare) {
+        pool.store(&[9u8; 3000]).unwrap();
+    }
+    // Full again, and a refill that never ends: the short store gives up at its own cap, far
+    // sooner than the pool's would.
+    pool.note_progress(1);
+    let stop = AtomicBool::new(false);
+    let (stored, waited) = std::thread::scope(|s| {
+        s.spawn(|| slow_refill(&pool, || !stop.load(Ordering::Relaxed)));
+        let t = Instant::now();
+        let stored = pool.store_within(&[11u8; 3000], short);
+        stop.store(true, Ordering::Relaxed);
+        (stored, t.elapsed())
+    });
+    assert!(
+        matches!(stored, Err(Error::ReserveExhausted { .. })),
+        "{stored:?}"
+    );
+    assert!(
+        waited >= short * RESERVE_WAIT_CAP && waited < WAIT * RESERVE_WAIT_CAP / 2,
+        "waited {waited:?}"
+    );
+    // Once a refill lands, the next store that finds no room waits again; for a stuck
+    // refill (no progress) the short store gives up after one short wait.
+    pool.maintain().unwrap();
+    let spare = pool.stats().pages_reserved as usize / ARENA_PAGES;
+    for _ in 0..live.len() * spare {
+        pool.store_within(&[12u8; 3000], short).unwrap();
+    }
+    let t = Instant::now();
+    assert!(pool.store_within(&[13u8; 3000], short).is_err());
+    let waited = t.elapsed();
+    assert!(waited >= short && waited < WAIT, "waited {waited:?}");
+    pool.check_invariants().unwrap();
+}
+
+#[test]
 fn rounds_that_fail_to_map_do_not_grow_the_reserve() {
     let mut d = reserve::Demand::default();
     let t0 = Instant::now();

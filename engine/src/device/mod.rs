@@ -5,6 +5,7 @@
 //! holds its slot's lock across its read-modify-write.
 
 mod backing_io;
+mod context;
 mod freed;
 #[allow(unsafe_code)] // the slot lock's parking, each call with its SAFETY reason
 mod park;
@@ -21,14 +22,15 @@ pub mod writeback;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use policy::{Policy, PolicyConfig, PolicyStats, Pressure, TickReport};
 pub use recompress::{RecompressRequest, RecompressStats, RecompressType};
 pub use uzram_allocator::{Growth, Maintenance, Region, RegionSize};
 use uzram_allocator::{Handle, Pool, PoolConfig};
-use uzram_codecs::{Algorithm, Codec, Stream, MAX_COMPRESSED_LEN};
+use uzram_codecs::{Algorithm, Codec, Stream};
 
+pub use self::context::IoContext;
 pub use self::freed::{FreeMarks, FreedPages};
 pub use self::setup::{DeviceConfig, DeviceSetup};
 use self::slot::{Slot, SlotRef, SlotTable};
@@ -51,29 +53,6 @@ pub struct PageIndex(pub u64);
 impl std::fmt::Display for PageIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)
-    }
-}
-
-/// Per-thread state for I/O: the codec streams (zram's per-CPU zcomp streams) and scratch
-/// buffers, reused for every page. Make one per I/O thread with [`Device::context`].
-pub struct IoContext {
-    device: u64,
-    /// The counter shard this context's event counters (failed I/O) go to.
-    shard: usize,
-    /// By codec priority; `None` where the device has no codec of that priority.
-    streams: Vec<Option<Stream>>,
-    /// Compressed bytes, and written-back records read by direct I/O: aligned.
-    buf: writeback::AlignedBuf,
-    page: Box<[u8; PAGE_SIZE]>,
-    /// Eviction's batch buffers (devices with a backing store only).
-    evict: Option<writeback::WbBuffers>,
-}
-
-impl std::fmt::Debug for IoContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IoContext")
-            .field("device", &self.device)
-            .finish_non_exhaustive()
     }
 }
 
@@ -311,48 +290,6 @@ impl Device {
         &self.pool
     }
 
-    /// A context for one I/O thread. Every stream compresses and decompresses one page before
-    /// it is returned, so that codecs that allocate their work memory lazily (zstd) have done so:
-    /// the I/O path then runs on memory it already holds.
-    pub fn context(&self) -> Result<IoContext, Error> {
-        Ok(self.new_context()?)
-    }
-
-    fn new_context(&self) -> Result<IoContext, uzram_codecs::ConfigError> {
-        let streams = self
-            .codecs
-            .iter()
-            .map(|c| c.as_ref().map(Codec::stream).transpose())
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut ctx = IoContext {
-            device: self.id,
-            shard: self.next_shard.fetch_add(1, Ordering::Relaxed),
-            streams,
-            buf: writeback::AlignedBuf::new(MAX_COMPRESSED_LEN.max(writeback::READ_WINDOW)),
-            page: Box::new([0; PAGE_SIZE]),
-            evict: self
-                .backing
-                .as_ref()
-                .map(|_| writeback::WbBuffers::new(policy::EVICT_BATCH)),
-        };
-        let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
-        for stream in ctx.streams.iter_mut().flatten() {
-            ctx.page.copy_from_slice(&sample);
-            if let Ok(n) = stream.compress(&ctx.page, &mut ctx.buf) {
-                let _ = stream.decompress(&ctx.buf[..n], &mut ctx.page);
-            }
-        }
-        Ok(ctx)
-    }
-
-    /// Gives `ctx` streams for this device if it was made for another one.
-    fn fit_context(&self, ctx: &mut IoContext) -> Result<(), IoError> {
-        if ctx.device != self.id {
-            *ctx = self.new_context().map_err(IoError::Context)?;
-        }
-        Ok(())
-    }
-
     fn now(&self) -> u32 {
         (self.epoch.elapsed().as_secs() as u32)
             .wrapping_add(self.clock_skew.load(Ordering::Relaxed))
@@ -457,6 +394,7 @@ impl Device {
                     &mut ctx.streams,
                     &mut ctx.buf,
                     ctx.evict.as_mut(),
+                    ctx.reserve_wait,
                     index,
                     page,
                 )?;
@@ -478,6 +416,7 @@ impl Device {
                     &mut ctx.streams,
                     &mut ctx.buf,
                     ctx.evict.as_mut(),
+                    ctx.reserve_wait,
                     index,
                     &ctx.page,
                 )?;
@@ -633,6 +572,7 @@ impl Device {
         streams: &mut [Option<Stream>],
         buf: &mut [u8],
         mut evict: Option<&mut writeback::WbBuffers>,
+        reserve_wait: Option<Duration>,
         index: PageIndex,
         page: &[u8; PAGE_SIZE],
     ) -> Result<SlotState, IoError> {
@@ -658,7 +598,11 @@ impl Device {
         };
         let mut rounds = 0;
         let handle = loop {
-            let e = match self.pool.store(bytes) {
+            let stored = match reserve_wait {
+                Some(wait) => self.pool.store_within(bytes, wait),
+                None => self.pool.store(bytes),
+            };
+            let e = match stored {
                 Ok(h) => break h,
                 Err(e) => e,
             };

@@ -273,3 +273,50 @@ fn a_table_larger_than_memory_is_refused() {
         r => panic!("a {}-page device was not refused: {r:?}", pages),
     }
 }
+
+#[test]
+fn a_context_with_a_shorter_reserve_wait_fails_a_write_sooner() {
+    let own = Duration::from_millis(400);
+    let mut setup = DeviceSetup::new();
+    setup.set_pool_reserve(2 << 20);
+    setup.set_pool_reserve_min(2 << 20);
+    setup.set_pool_growth(Growth::Reserve { wait: own });
+    let d = setup.init(4096 * PAGE_SIZE as u64).unwrap();
+    d.maintain_memory_with(&mut || {}).unwrap();
+    let mut ctx = d.context().unwrap();
+    // Nobody refills: incompressible pages fill the reserve's arena, then a write waits.
+    let short = Duration::from_millis(50);
+    ctx.set_reserve_wait(Some(short));
+    let mut written = 0;
+    let (err, waited) = loop {
+        let t = Instant::now();
+        match d.write(&mut ctx, written * 4096, &noise_page(written)) {
+            Ok(()) => written += 1,
+            Err(e) => break (e, t.elapsed()),
+        }
+        assert!(written < 4096, "the reserve never ran out");
+    };
+    assert!(
+        matches!(
+            err,
+            IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(waited >= short && waited < own, "waited {waited:?}");
+    // Every page written before is intact, and the failed one reads as it was (zeros).
+    for i in 0..written {
+        let mut got = [0u8; PAGE_SIZE];
+        d.read(&mut ctx, i * 4096, &mut got).unwrap();
+        assert_page(&got, &noise_page(i));
+    }
+    let mut got = [1u8; PAGE_SIZE];
+    d.read(&mut ctx, written * 4096, &mut got).unwrap();
+    assert_page(&got, &[0u8; PAGE_SIZE]);
+    // A context made for another device keeps its wait when it is refitted.
+    let other = DeviceSetup::new().init(PAGE_SIZE as u64).unwrap();
+    let mut foreign = other.context().unwrap();
+    foreign.set_reserve_wait(Some(short));
+    d.fit_context(&mut foreign).unwrap();
+    assert_eq!(foreign.reserve_wait, Some(short));
+}

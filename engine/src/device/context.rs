@@ -1,0 +1,93 @@
+//! [`IoContext`]: what one I/O thread brings to each request (codec streams, scratch buffers,
+//! how long its writes wait for the pool's reserve).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use uzram_codecs::{Codec, Stream, MAX_COMPRESSED_LEN};
+
+use super::{policy, writeback, Device, PAGE_SIZE};
+use crate::{Error, IoError};
+
+/// Per-thread state for I/O: the codec streams (zram's per-CPU zcomp streams) and scratch
+/// buffers, reused for every page. Make one per I/O thread with [`Device::context`].
+pub struct IoContext {
+    pub(super) device: u64,
+    /// The counter shard this context's event counters (failed I/O) go to.
+    pub(super) shard: usize,
+    /// By codec priority; `None` where the device has no codec of that priority.
+    pub(super) streams: Vec<Option<Stream>>,
+    /// Compressed bytes, and written-back records read by direct I/O: aligned.
+    pub(super) buf: writeback::AlignedBuf,
+    pub(super) page: Box<[u8; PAGE_SIZE]>,
+    /// Eviction's batch buffers (devices with a backing store only).
+    pub(super) evict: Option<writeback::WbBuffers>,
+    /// How long a write waits for the pool's reserve to be refilled: see
+    /// [`IoContext::set_reserve_wait`].
+    pub(super) reserve_wait: Option<Duration>,
+}
+
+impl IoContext {
+    /// How long this context's next writes wait, without progress, for the pool's reserve to
+    /// be refilled before they fail (`None`: the pool's own wait). A writer that keeps a page
+    /// whose write failed and tries it again later (swap) is better told at once than held:
+    /// held, it reclaims nothing else meanwhile.
+    pub fn set_reserve_wait(&mut self, wait: Option<Duration>) {
+        self.reserve_wait = wait;
+    }
+}
+
+impl std::fmt::Debug for IoContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoContext")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    /// A context for one I/O thread. Every stream compresses and decompresses one page before
+    /// it is returned, so that codecs that allocate their work memory lazily (zstd) have done so:
+    /// the I/O path then runs on memory it already holds.
+    pub fn context(&self) -> Result<IoContext, Error> {
+        Ok(self.new_context()?)
+    }
+
+    pub(super) fn new_context(&self) -> Result<IoContext, uzram_codecs::ConfigError> {
+        let streams = self
+            .codecs
+            .iter()
+            .map(|c| c.as_ref().map(Codec::stream).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut ctx = IoContext {
+            device: self.id,
+            shard: self.next_shard.fetch_add(1, Ordering::Relaxed),
+            streams,
+            buf: writeback::AlignedBuf::new(MAX_COMPRESSED_LEN.max(writeback::READ_WINDOW)),
+            page: Box::new([0; PAGE_SIZE]),
+            evict: self
+                .backing
+                .as_ref()
+                .map(|_| writeback::WbBuffers::new(policy::EVICT_BATCH)),
+            reserve_wait: None,
+        };
+        let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
+        for stream in ctx.streams.iter_mut().flatten() {
+            ctx.page.copy_from_slice(&sample);
+            if let Ok(n) = stream.compress(&ctx.page, &mut ctx.buf) {
+                let _ = stream.decompress(&ctx.buf[..n], &mut ctx.page);
+            }
+        }
+        Ok(ctx)
+    }
+
+    /// Gives `ctx` streams for this device if it was made for another one.
+    pub(super) fn fit_context(&self, ctx: &mut IoContext) -> Result<(), IoError> {
+        if ctx.device != self.id {
+            let reserve_wait = ctx.reserve_wait;
+            *ctx = self.new_context().map_err(IoError::Context)?;
+            ctx.reserve_wait = reserve_wait;
+        }
+        Ok(())
+    }
+}
