@@ -46,6 +46,7 @@ use std::str::FromStr;
 use std::sync::atomic::Ordering;
 
 mod label;
+mod open;
 mod reuse;
 mod store;
 

@@ -1,8 +1,8 @@
 //! The backing store: its files (each with a sector bitmap), the key that seals records, and
 //! its counters (zram's `bd_stat`). The record format is in docs/design.md.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -124,7 +124,7 @@ pub(super) struct Space {
 }
 
 impl Space {
-    fn new(sectors: u64) -> Space {
+    pub(super) fn new(sectors: u64) -> Space {
         Space {
             used: vec![0; sectors.div_ceil(64) as usize],
             sectors,
@@ -137,7 +137,7 @@ impl Space {
         self.used[(s / 64) as usize] & (1 << (s % 64)) != 0
     }
 
-    fn set(&mut self, start: u64, n: u64, used: bool) {
+    pub(super) fn set(&mut self, start: u64, n: u64, used: bool) {
         for s in start..start + n {
             let (w, b) = ((s / 64) as usize, s % 64);
             if used {
@@ -207,115 +207,6 @@ pub(super) struct BackingFile {
     pub(super) bytes: u64,
     pub(super) space: Mutex<Space>,
     pub(super) writes: AtomicU64,
-}
-
-impl BackingFile {
-    /// Opens (creating it 0600 if need be) `path`: a regular file, or a block device (opened
-    /// exclusively: not one mounted or in use as swap). A regular file of size 0 is sized to
-    /// `default_bytes`; an existing file or block device keeps its size. Its start must be
-    /// uzram's label or zeros unless `force` (see [`super::label`]).
-    ///
-    /// `adopting`: the file of a device a successor takes over, which must already be
-    /// uzram's (its label at its start); nothing is sized, allocated or written (its blocks were
-    /// allocated and its label written when the device was made, and the successor opens it
-    /// while the device's I/O waits: a journal commit could wait for that very I/O).
-    fn open(
-        path: &Path,
-        default_bytes: u64,
-        force: bool,
-        adopting: bool,
-        wrap: &dyn Fn(File) -> Box<dyn BackingIo>,
-    ) -> Result<BackingFile, BackingError> {
-        let open_err = |source| BackingError::Open {
-            path: path.to_path_buf(),
-            source,
-        };
-        let label = super::label::resolve(path)?;
-        let block = label.as_ref().is_some_and(|t| t.block);
-        let real = label.map_or_else(|| path.to_path_buf(), |t| t.path);
-        let open = |direct: bool| {
-            // O_EXCL without O_CREAT opens a block device exclusively.
-            let excl = if block { libc::O_EXCL } else { 0 };
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(!block)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(
-                    libc::O_CLOEXEC
-                        | libc::O_NOFOLLOW
-                        | excl
-                        | if direct { libc::O_DIRECT } else { 0 },
-                )
-                .open(&real)
-        };
-        // A filesystem without direct I/O (tmpfs before Linux 6.6) refuses O_DIRECT with EINVAL.
-        let (file, direct) = match open(true) {
-            Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                (open(false).map_err(open_err)?, false)
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                return Err(BackingError::NotUsable {
-                    path: path.to_path_buf(),
-                    why: "is in use (mounted, swap, or held by another device)",
-                })
-            }
-            Err(e) => return Err(open_err(e)),
-        };
-        let meta = file.metadata().map_err(open_err)?;
-        super::label::check_mode(&meta, path)?;
-        if !block {
-            // Held while the store is open: another device cannot take the same file.
-            super::label::check_unshared(&file, path)?;
-        }
-        let mut bytes = if block {
-            use std::io::{Seek, SeekFrom};
-            (&file).seek(SeekFrom::End(0)).map_err(open_err)?
-        } else {
-            meta.len()
-        };
-        if adopting {
-            super::label::check_label(&file, path)?;
-        } else {
-            // What is there is judged before anything is written, sized or allocated.
-            if bytes > 0 || block {
-                super::label::check_contents(&file, path, bytes, force)?;
-            } else {
-                bytes = default_bytes
-                    .max(super::label::MIN_BYTES)
-                    .next_multiple_of(ALIGN as u64);
-                file.set_len(bytes).map_err(open_err)?;
-            }
-            if !block {
-                // Allocate every block now (see the module docs). A filesystem without
-                // fallocate keeps a sparse file; one without room for it is an error now, not
-                // at swap-out.
-                if let Err(e) = crate::sys::allocate(&file, bytes) {
-                    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-                        return Err(open_err(e));
-                    }
-                }
-            }
-            super::label::write_label(&file, path, bytes)?;
-        }
-        // Reads must not dirty the inode (an atime update is a journal transaction), an adopted
-        // file's no more than a new one's. Needs the file's owner or CAP_FOWNER; without it,
-        // atime updates stay.
-        crate::sys::set_noatime(&file);
-        let mut space = Space::new(bytes / SECTOR);
-        // The label's sectors are never a record's.
-        space.set(0, super::label::LABEL_LEN / SECTOR, true);
-        Ok(BackingFile {
-            io: wrap(file),
-            path: path.to_path_buf(),
-            direct,
-            bytes,
-            space: Mutex::new(space),
-            writes: AtomicU64::new(0),
-        })
-    }
 }
 
 /// The key that seals a device's records on its backing store (ChaCha20-Poly1305, 256 bits).
@@ -556,19 +447,26 @@ impl BackingStore {
         };
         #[cfg(not(any(test, feature = "testing")))]
         let wrap = |f: File| -> Box<dyn BackingIo> { Box::new(f) };
-        let files = paths
-            .iter()
-            .map(|p| BackingFile::open(p, default_bytes, force, adopting.is_some(), &wrap))
-            .collect::<Result<Vec<_>, _>>()?;
-        for (i, a) in files.iter().enumerate() {
-            let ma = a.io.file().metadata()?;
-            if files[..i].iter().any(|b| {
-                b.io.file().metadata().is_ok_and(|mb| {
-                    (mb.dev(), mb.ino(), mb.rdev()) == (ma.dev(), ma.ino(), ma.rdev())
-                })
-            }) {
-                return Err(BackingError::Config("the same file named twice"));
+        // Judged before any file is opened: the second opening of one file would find the
+        // first one's lock, after the first had sized and labelled it.
+        super::open::check_distinct(paths)?;
+        let mut files = Vec::with_capacity(paths.len());
+        let mut made = Vec::with_capacity(paths.len());
+        let opened = paths.iter().try_for_each(|p| {
+            let (file, undo) =
+                BackingFile::open(p, default_bytes, force, adopting.is_some(), &wrap)?;
+            files.push(file);
+            made.push(undo);
+            Ok(())
+        });
+        // A store that is not made leaves its files as they were: what opening the ones before
+        // the failure created, sized or labelled is undone.
+        let distinct = opened.and_then(|()| super::open::check_distinct_files(&files));
+        if let Err(e) = distinct {
+            for (file, undo) in files.iter().zip(made) {
+                undo.undo(file.io.file());
             }
+            return Err(e);
         }
         Ok(BackingStore {
             files,

@@ -296,3 +296,42 @@ fn a_successors_nonces_are_its_own_and_records_open_across_epochs() {
     assert_ne!(BackingKey::generate().check_value(), key.check_value());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A store that is not made leaves its files as it found them: a file it created is gone, an
+/// empty one is empty again, and a start it labelled (forced, over a document) is restored.
+#[test]
+fn a_store_that_fails_to_open_leaves_its_files_as_they_were() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir("wb-undo");
+    let new = dir.join("new");
+    let empty = dir.join("empty");
+    let doc = dir.join("document");
+    let text = b"my thesis\n".repeat(30_000);
+    std::fs::write(&empty, b"").unwrap();
+    std::fs::write(&doc, &text).unwrap();
+    for p in [&empty, &doc] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    // Each store's second file is not usable (a character device): its first is put back.
+    for (first, force) in [(&new, false), (&empty, false), (&doc, true)] {
+        let paths = [first.clone(), PathBuf::from("/dev/null")];
+        let e = BackingStore::open_all(&paths, 1 << 20, force).unwrap_err();
+        assert!(matches!(e, BackingError::NotUsable { .. }), "{e}");
+    }
+    assert!(!new.exists(), "the file it created is left");
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0);
+    assert!(std::fs::read(&doc).unwrap() == text, "the document's start");
+    // One file named twice (under two names): refused before either is touched.
+    let alias = dir.join(".").join("empty");
+    let e = BackingStore::open_all(&[empty.clone(), alias], 1 << 20, false).unwrap_err();
+    assert!(matches!(e, BackingError::Config(_)), "{e}");
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0);
+    let e = BackingStore::open_all(&[new.clone(), new.clone()], 1 << 20, false).unwrap_err();
+    assert!(matches!(e, BackingError::Config(_)), "{e}");
+    assert!(!new.exists());
+    // And a store that is made keeps what it made.
+    drop(BackingStore::open_all(&[new.clone(), empty.clone()], 1 << 20, false).unwrap());
+    assert!(std::fs::read(&new).unwrap().starts_with(b"uzram backing"));
+    assert!(std::fs::read(&empty).unwrap().starts_with(b"uzram backing"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
