@@ -304,6 +304,19 @@ pub fn kill(pid: u32, signal: libc::c_int) {
     unsafe { libc::kill(pid, signal) };
 }
 
+/// Sends `signal` to every process of group `pgid` (errors ignored: it may be gone).
+pub fn kill_group(pgid: u32, signal: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: kill takes integers only; a negative pid names a process group, never this
+    // process's own unless it leads it (a child made with process_group(0) leads its own).
+    unsafe { libc::kill(-pgid, signal) };
+}
+
 /// Sends `signal` to process `pid`; the kernel's error if it refuses (ESRCH, EPERM).
 pub fn send_signal(pid: u32, signal: libc::c_int) -> io::Result<()> {
     let pid = libc::pid_t::try_from(pid)

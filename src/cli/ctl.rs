@@ -500,6 +500,7 @@ pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
 /// file system, and ids given twice. The dry run checks the same.
 pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
     let mut seen = std::collections::BTreeSet::new();
+    let mut backing: std::collections::BTreeMap<PathBuf, &str> = Default::default();
     for d in plan {
         let id = parse_device(&d.device)?;
         if !seen.insert(id) {
@@ -507,6 +508,16 @@ pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
                 "[{}]: {} is planned twice",
                 d.section, d.device
             )));
+        }
+        if let Some(dev) = &d.writeback {
+            // One file (under any of its names) backs one device.
+            let key = std::fs::canonicalize(dev).unwrap_or_else(|_| PathBuf::from(dev));
+            if let Some(first) = backing.insert(key, &d.section) {
+                return Err(err(format!(
+                    "[{}]: writeback-device {dev} is [{first}]'s too: a backing file serves one device",
+                    d.section
+                )));
+            }
         }
         let mut args = d.device_args();
         if kernel_knows(id) {

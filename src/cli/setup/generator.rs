@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::{apply_algorithms, err, DevicePlan, SetupError};
 
@@ -165,6 +166,9 @@ fn read_file(
     vars: &mut BTreeMap<String, f64>,
     notes: &mut Vec<String>,
 ) -> Result<(), SetupError> {
+    // A byte-order mark is no part of the first line: rust-ini's file loader, which
+    // zram-generator reads with, skips it too.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let ini = ini::Ini::load_from_str(text).map_err(|e| err(file, e.to_string()))?;
     for (section, props) in ini.iter() {
         let Some(name) = section else {
@@ -208,20 +212,109 @@ fn set_var(
         return Ok(());
     }
     let bad = |m: String| err(file, format!("{k} = {v}: {m}"));
-    let out = std::process::Command::new("/bin/sh")
-        .args(["-c", "--", v])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| bad(format!("cannot run /bin/sh: {e}")))?;
-    if !out.status.success() {
-        notes.push(format!("{file}: {k}: {v} exited {}", out.status));
+    if std::env::var_os(SET_ENV).is_some() {
+        return Err(bad(format!(
+            "not run: this uzram was started by a set! command ({SET_ENV} is set), and running \
+             set! commands from there could run the same one again without end"
+        )));
     }
-    let text = String::from_utf8(out.stdout).map_err(|_| bad("its output is not UTF-8".into()))?;
+    notes.push(format!("{file}: ran {k}: /bin/sh -c {v:?}"));
+    let (status, stdout) = run_set(v, SET_TIMEOUT).map_err(bad)?;
+    if !status.success() {
+        notes.push(format!("{file}: {k}: {v} exited {status}"));
+    }
+    let text = String::from_utf8(stdout).map_err(|_| bad("its output is not UTF-8".into()))?;
     let value = eval(text.trim(), ram, vars)
         .map_err(|m| bad(format!("its output {:?}: {m}", text.trim())))?;
     vars.insert(var.to_string(), value);
     Ok(())
+}
+
+/// The most a `set!` command may print (zram-generator reads all of it): an expression over a
+/// few numbers needs far less.
+pub const SET_OUTPUT_MAX: usize = 4096;
+/// The longest a `set!` command may run (zram-generator waits for it): setup runs at boot.
+pub const SET_TIMEOUT: Duration = Duration::from_secs(10);
+/// Set in a `set!` command's environment; `uzram setup` refuses to run where it is set: a
+/// `set!` that ran `uzram setup` on its own file would run itself again without end.
+pub const SET_ENV: &str = "UZRAM_SETUP_SET_COMMAND";
+
+/// Runs a `set!` command under /bin/sh in a process group of its own, with [`SET_ENV`] set:
+/// its exit status and output, or why it was stopped (it ran past `timeout`, or printed
+/// more than [`SET_OUTPUT_MAX`] bytes: then its whole group is killed).
+pub(super) fn run_set(
+    command: &str,
+    timeout: Duration,
+) -> Result<(std::process::ExitStatus, Vec<u8>), String> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new("/bin/sh")
+        .args(["-c", "--", command])
+        .env(SET_ENV, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("cannot run /bin/sh: {e}"))?;
+    let Some(mut stdout) = child.stdout.take() else {
+        crate::sys::kill_group(child.id(), libc::SIGKILL);
+        let _ = child.wait();
+        return Err("no pipe for its output".into());
+    };
+    let full = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = std::thread::spawn({
+        let full = std::sync::Arc::clone(&full);
+        move || {
+            let mut out = Vec::new();
+            let _ = (&mut stdout)
+                .take(SET_OUTPUT_MAX as u64 + 1)
+                .read_to_end(&mut out);
+            if out.len() > SET_OUTPUT_MAX {
+                full.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            out
+        }
+    });
+    let deadline = Instant::now() + timeout;
+    let mut status = None;
+    let stopped = loop {
+        if status.is_none() {
+            status = child
+                .try_wait()
+                .map_err(|e| format!("waiting for it: {e}"))?;
+        }
+        if full.load(std::sync::atomic::Ordering::Relaxed) {
+            break Some(format!(
+                "it printed more than {SET_OUTPUT_MAX} bytes (a size expression needs a few): stopped"
+            ));
+        }
+        // Done once the shell has exited and its output is closed (a command it left running
+        // in the background may hold it open: that is waited for too, to the deadline).
+        if reader.is_finished() && status.is_some() {
+            break None;
+        }
+        if Instant::now() >= deadline {
+            break Some(format!(
+                "still running after {} s: stopped (a set! command must finish within that)",
+                timeout.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    if stopped.is_some() || status.is_none() {
+        crate::sys::kill_group(child.id(), libc::SIGKILL);
+    }
+    let status = match status {
+        Some(s) => s,
+        None => child.wait().map_err(|e| format!("waiting for it: {e}"))?,
+    };
+    // Killed above if it still held the pipe: the reader ends.
+    let out = reader.join().unwrap_or_default();
+    match stopped {
+        Some(why) => Err(why),
+        None => Ok((status, out)),
+    }
 }
 
 /// Evaluates a size expression (MiB) over `ram` and the `set!` variables (`ram` first).
@@ -326,7 +419,17 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
             "swap-priority"
         }
         "mount-point" => {
-            s.plan.mount = Some(normalise(k, v).map_err(bad)?);
+            let at = normalise(k, v).map_err(bad)?;
+            // zram-generator would plan it; an empty file system over the root would hide the
+            // whole system.
+            if at == "/" {
+                return Err(bad(
+                    "a new, empty file system mounted over the root would hide the whole system; \
+                     name another directory"
+                        .into(),
+                ));
+            }
+            s.plan.mount = Some(at);
             "mount-point"
         }
         "fs-type" => {
@@ -417,13 +520,17 @@ fn finish(
         }
         bytes
     };
-    if let Some(dev) = plan.writeback.take() {
-        // zram-generator's setup writes backing_dev only if the device exists, else warns.
-        if std::path::Path::new(&dev).exists() {
-            plan.writeback = Some(dev);
-        } else {
-            plan.warnings.push(format!(
-                "writeback-device {dev} does not exist: the device has none (as zram-generator sets it up)"
+    if let Some(dev) = &plan.writeback {
+        // zram-generator's setup fails the device when the kernel refuses its backing_dev,
+        // as it refuses a path that does not exist.
+        if !Path::new(dev).exists() {
+            return Err(err(
+                &from("writeback-device"),
+                format!(
+                    "[{section}] writeback-device={dev}: it does not exist (zram-generator's \
+                     setup fails the device then; uzram makes backing files only from its own \
+                     options, --backing-dev)"
+                ),
             ));
         }
     }
