@@ -49,7 +49,12 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             let usage = e.use_stderr();
-            if e.print().is_err() {
+            if let Err(w) = e.print() {
+                // The help's reader went away: nothing to say. A full disk: say so, on stderr.
+                let o = OutputError(w);
+                if !o.is_closed_pipe() {
+                    warn(format_args!("uzram: {o}"));
+                }
                 return ExitCode::FAILURE;
             }
             // --help and --version succeed; a usage error fails with 1, as zramctl's.

@@ -338,9 +338,13 @@ fn an_unwritable_stdout_is_exit_1_without_a_panic() {
         assert_eq!(code, Some(1), "{args:?} | (closed): {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
-    let (code, err, _) = run(&["--list-columns".into()], Stdio::from(full()));
-    assert_eq!(code, Some(1));
-    assert!(err.contains("No space left"), "{err}");
+    // A full disk is said (a closed pipe is not): the help's too.
+    for args in [&["--list-columns"][..], &["--help"]] {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let (code, err, _) = run(&args, Stdio::from(full()));
+        assert_eq!(code, Some(1));
+        assert!(err.contains("No space left"), "{args:?}: {err}");
+    }
 }
 
 #[test]

@@ -114,6 +114,12 @@ pub enum Error {
         /// What was given.
         text: String,
     },
+    /// A size past what 64 bits of bytes can count.
+    #[error("size {text:?} is more than 16 EiB (2^64 - 1 bytes), the most any size can be")]
+    SizeTooLarge {
+        /// What was given.
+        text: String,
+    },
     /// A disksize too large for this machine's memory to index.
     #[error(
         "disksize {disksize} needs a {table_bytes}-byte slot table when full, more than this machine's memory"

@@ -27,8 +27,12 @@ pub fn parse_size(text: &str) -> Result<u64, Error> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(invalid());
     }
-    let n: u64 = digits.parse().map_err(|_| invalid())?;
-    n.checked_mul(1u64 << shift).ok_or_else(invalid)
+    // Only digits: the one way left for parse or the shift to fail is too large a number.
+    let too_large = || Error::SizeTooLarge {
+        text: text.to_string(),
+    };
+    let n: u64 = digits.parse().map_err(|_| too_large())?;
+    n.checked_mul(1u64 << shift).ok_or_else(too_large)
 }
 
 /// A size in zramctl's human form: `4G`, `1.5M`, `512B` (one decimal, dropped when it is 0).
@@ -73,12 +77,15 @@ mod tests {
             "-1",
             "4X",
             "4GB",
-            "99999999999999999999",
-            "16E",
         ] {
             let err = parse_size(bad).unwrap_err();
             assert!(err.to_string().contains("invalid size"), "{bad}: {err}");
         }
+        for big in ["99999999999999999999", "16E", "16384P"] {
+            let err = parse_size(big).unwrap_err();
+            assert!(err.to_string().contains("more than 16 EiB"), "{big}: {err}");
+        }
+        assert_eq!(parse_size("15E").unwrap(), 15 << 60);
     }
 
     #[test]

@@ -56,6 +56,15 @@ impl Request {
     /// Parses a request line (without its newline).
     pub fn decode(line: &str) -> Result<Request, AttrError> {
         let bad = || AttrError::new(libc::EINVAL, format!("malformed request {line:?}"));
+        if line.chars().any(char::is_control) {
+            return Err(AttrError::new(
+                libc::EINVAL,
+                format!(
+                    "request {line:?} holds a control character (a newline?): one request \
+                     names one attribute, and a value is one line of text"
+                ),
+            ));
+        }
         let name_ok =
             |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
         let (verb, rest) = line.split_once(' ').unwrap_or((line, ""));
@@ -119,13 +128,20 @@ fn answer(
     stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io_err)?;
     let who = peer(stream).map_err(io_err)?;
     let mut line = Vec::new();
-    BufReader::new(stream.take(MAX_REQUEST as u64 + 1))
-        .read_until(b'\n', &mut line)
-        .map_err(io_err)?;
+    let mut reader = BufReader::new(stream.take(MAX_REQUEST as u64 + 1));
+    reader.read_until(b'\n', &mut line).map_err(io_err)?;
     if line.last() != Some(&b'\n') {
         return Err(AttrError::new(
             libc::EINVAL,
             format!("request not a line of at most {MAX_REQUEST} bytes"),
+        ));
+    }
+    // One request per connection: a second line sent with it is refused, not ignored (the
+    // client meant something by it).
+    if !reader.buffer().is_empty() {
+        return Err(AttrError::new(
+            libc::EINVAL,
+            "more than one line sent: one request per connection",
         ));
     }
     line.pop();
@@ -236,6 +252,9 @@ pub fn call(id: u32, request: &Request) -> Result<String, CallError> {
 
 /// [`call`] on a given socket path.
 pub fn call_at(path: &Path, request: &Request) -> Result<String, CallError> {
+    // What would not arrive as itself (a name or value with a newline would be two lines) is
+    // refused here, before anything is sent.
+    Request::decode(&request.encode()).map_err(CallError::Refused)?;
     let mut stream = UnixStream::connect(path).map_err(|source| CallError::NoDaemon {
         path: path.to_path_buf(),
         source,
@@ -289,6 +308,10 @@ mod tests {
             "info x",
             "frob mm_stat",
             "write",
+            "read mm_stat\nreset",
+            "write policy psi=off\nreset",
+            "write policy a\tb",
+            "write comp_algorithm lz4\r",
         ] {
             assert_eq!(
                 Request::decode(bad).unwrap_err().errno,
@@ -357,11 +380,26 @@ mod tests {
             }
             r => panic!("{r:?}"),
         }
-        // Raw garbage, an overlong line and a silent client: errors, and the server lives on.
+        // A name or value that would not arrive as itself is refused before it is sent.
+        for r in [
+            Request::Read("mm_stat\nreset".into()),
+            Request::Write("policy".into(), "psi=off\nreset".into()),
+        ] {
+            match call_at(&path, &r) {
+                Err(CallError::Refused(e)) => {
+                    assert_eq!(e.errno, libc::EINVAL);
+                    assert!(e.message.contains("control character"), "{}", e.message);
+                }
+                r => panic!("{r:?}"),
+            }
+        }
+        // Raw garbage, an overlong line, a silent client and two requests in one: errors, and
+        // the server lives on.
         for junk in [
             &b"\xff\xfe\n"[..],
             &vec![b'a'; MAX_REQUEST + 10][..],
             b"read mm_stat",
+            b"read mm_stat\nreset\n",
         ] {
             let mut s = UnixStream::connect(&path).unwrap();
             s.write_all(junk).unwrap();

@@ -16,6 +16,15 @@ pub enum OptionsError {
     /// The engine refused a value (it names it).
     #[error(transparent)]
     Engine(#[from] Error),
+    /// An option's value the engine refused.
+    #[error("{option}: {source}")]
+    Option {
+        /// The option.
+        option: &'static str,
+        /// Why.
+        #[source]
+        source: Error,
+    },
     /// `--size 0`.
     #[error("invalid size 0: a device needs at least one page")]
     ZeroSize,
@@ -119,7 +128,7 @@ impl DeviceArgs {
     /// the algorithm, the secondary algorithms (`algorithm_params` may name one by priority),
     /// the parameters, the backing devices, the policy, `mem_limit`. Every check the engine
     /// makes before `disksize` is made here.
-    pub fn setup(&self) -> Result<DeviceSetup, Error> {
+    pub fn setup(&self) -> Result<DeviceSetup, OptionsError> {
         let mut setup = DeviceSetup::new();
         if let Some(a) = &self.algorithm {
             setup.set_comp_algorithm(a)?;
@@ -138,7 +147,11 @@ impl DeviceArgs {
             setup.set_policy(p)?;
         }
         if let Some(l) = &self.mem_limit {
-            setup.set_mem_limit(Some(parse_size(l)?));
+            let limit = parse_size(l).map_err(|source| OptionsError::Option {
+                option: "--mem-limit",
+                source,
+            })?;
+            setup.set_mem_limit(Some(limit));
         }
         Ok(setup)
     }

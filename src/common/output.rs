@@ -47,16 +47,24 @@ pub fn warn(line: impl fmt::Display) {
 /// [`Replacing::commit`]: a failure (or a drop without commit) leaves `path` as it was, and the
 /// temporary file, which uzram created, is removed. `path` must be a new name or a regular file
 /// (a symlink to one is followed): a device, FIFO or directory there is refused before anything
-/// is written.
+/// is written. A file replaced keeps its mode and owner (the content was asked for, not
+/// those); a new one is made 0600 (what uzram writes is often a process's memory).
 pub struct Replacing {
     target: std::path::PathBuf,
     file: io::BufWriter<tempfile::NamedTempFile>,
+    /// The replaced file's mode, owner and group.
+    keep: Option<(u32, u32, u32)>,
 }
 
 impl Replacing {
     pub fn new(path: &std::path::Path) -> io::Result<Replacing> {
+        use std::os::unix::fs::MetadataExt;
+        let mut keep = None;
         let target = match std::fs::metadata(path) {
-            Ok(m) if m.is_file() => std::fs::canonicalize(path)?,
+            Ok(m) if m.is_file() => {
+                keep = Some((m.mode() & 0o7777, m.uid(), m.gid()));
+                std::fs::canonicalize(path)?
+            }
             Ok(_) => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -73,19 +81,45 @@ impl Replacing {
         let tmp = tempfile::Builder::new()
             .prefix(".uzram-")
             .suffix(".tmp")
-            .tempfile_in(dir)?;
+            .tempfile_in(&dir)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot make a file in {} to write it under a temporary name: {}",
+                        dir.display(),
+                        io::Error::from(e.kind())
+                    ),
+                )
+            })?;
         Ok(Replacing {
             target,
             file: io::BufWriter::new(tmp),
+            keep,
         })
     }
 
-    /// Flushes the file to disk and renames it over the target.
+    /// Flushes the file to disk, gives it the replaced file's mode and owner, and renames it
+    /// over the target. A file whose owner cannot be kept (another user's, and uzram is not
+    /// root) is left as it was.
     pub fn commit(self) -> io::Result<()> {
         let tmp = self
             .file
             .into_inner()
             .map_err(io::IntoInnerError::into_error)?;
+        if let Some((mode, uid, gid)) = self.keep {
+            let f = tmp.as_file();
+            std::os::unix::fs::fchown(f, Some(uid), Some(gid)).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot keep its owner (uid {uid}, gid {gid}), so it was not replaced: {e}"
+                    ),
+                )
+            })?;
+            // After the owner: a change of owner clears the set-id bits.
+            f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        }
         tmp.as_file().sync_all()?;
         tmp.persist(&self.target).map_err(|e| e.error)?;
         Ok(())
@@ -99,5 +133,48 @@ impl Write for Replacing {
 
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A file replaced keeps its mode and owner; a new one is 0600; a dropped one leaves the
+    /// old content and no temporary file.
+    #[test]
+    fn a_replaced_file_keeps_its_mode_and_owner() {
+        let dir = std::env::temp_dir().join(format!("uzram-output-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out");
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let other = crate::sys::uid() == 0;
+        if other {
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        }
+        let mut r = Replacing::new(&path).unwrap();
+        r.write_all(b"dropped").unwrap();
+        drop(r);
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        let mut r = Replacing::new(&path).unwrap();
+        r.write_all(b"new").unwrap();
+        r.commit().unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(m.mode() & 0o7777, 0o640);
+        if other {
+            assert_eq!((m.uid(), m.gid()), (65534, 65534));
+        }
+        let fresh = dir.join("fresh");
+        let mut r = Replacing::new(&fresh).unwrap();
+        r.write_all(b"x").unwrap();
+        r.commit().unwrap();
+        assert_eq!(std::fs::metadata(&fresh).unwrap().mode() & 0o7777, 0o600);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -84,6 +84,8 @@ pub struct DumpStats {
 pub enum DumpError {
     #[error("no process with pid {pid}")]
     NoSuchProcess { pid: u32 },
+    #[error("process {pid} has no memory of its own to dump (a kernel thread?)")]
+    NoMemory { pid: u32 },
     #[error(
         "permission denied opening {}: reading another process's memory needs ptrace access, {hint}",
         path.display()
@@ -262,6 +264,10 @@ pub fn dump_process(
 ) -> Result<DumpStats, DumpError> {
     let maps_path = proc_path(pid, "maps");
     let maps = fs::read_to_string(&maps_path).map_err(|e| open_error(pid, &maps_path, e))?;
+    if maps.is_empty() {
+        // A kernel thread's maps read empty, and its mem does not open (ESRCH): say which.
+        return Err(DumpError::NoMemory { pid });
+    }
     let mut entries = Vec::new();
     for (i, line) in maps.lines().enumerate() {
         let entry = parse_maps_line(line).map_err(|source| DumpError::ParseMaps {

@@ -62,6 +62,11 @@ pub fn device_options() -> Vec<Case> {
         ("--mem-limit -1", "-1"),
         ("--mem-limit 1.5G", "1.5G"),
         ("--mem-limit 99999999999999999999", "99999999999999999999"),
+        (
+            "--mem-limit 16E",
+            "--mem-limit: size \"16E\" is more than 16 EiB",
+        ),
+        ("--mem-limit lots", "--mem-limit: invalid size \"lots\""),
         ("--backing-dev /dev/null", "/dev/null"),
         ("--backing-dev @a-dir", "a-dir"),
         ("--backing-dev @fifo", "fifo"),
@@ -156,6 +161,20 @@ pub fn subcommands() -> Vec<Case> {
         ("bench --algorithm-params level=banana", "banana"),
         ("bench --policy colour=blue", "colour=blue"),
         ("bench --backing-dev @data", "@data"),
+        // One file twice, under two names: refused before either is sized or labelled.
+        (
+            "bench --backing-dev @empty --backing-dev @empty",
+            "named twice",
+        ),
+        (
+            "bench --backing-dev @new-wb --backing-dev @a-dir/../new-wb",
+            "named twice",
+        ),
+        (
+            "bench --backing-dev @new-wb --backing-dev /dev/null",
+            "/dev/null",
+        ),
+        ("bench --mem-limit 16E", "--mem-limit"),
         ("bench --pid 4294967295", "4294967295"),
         ("bench --pid abc", "abc"),
     ] {
@@ -171,10 +190,18 @@ pub fn subcommands() -> Vec<Case> {
         ("dump-pages --pid 1 -o @a-dir", "a-dir"),
         ("dump-pages --pid 1 -o @nowhere/x", "nowhere"),
         ("dump-pages --pid abc -o @x", "abc"),
+        (
+            "dump-pages --pid 1 -o /proc/version",
+            "cannot make a file in /proc",
+        ),
         ("dump-pages --pid 1 --max-mib abc -o @x", "abc"),
         ("dump-pages -o @x", "--pid"),
     ] {
         v.push(case(args, names));
+    }
+    // A kernel thread has no memory to dump (where pid 2 is one, as on a host).
+    if std::fs::read_to_string("/proc/2/status").is_ok_and(|s| s.starts_with("Name:\tkthreadd")) {
+        v.push(case("dump-pages --pid 2 -o @x", "kernel thread"));
     }
     // setup and teardown: the files themselves.
     for (args, names) in [
@@ -201,6 +228,17 @@ pub fn subcommands() -> Vec<Case> {
 /// zram-generator.conf and zramswap files with one bad value each.
 pub fn configs(s: &Scratch) -> Vec<Case> {
     let gen = |body: &str| format!("[zram0]\n{body}\n");
+    // A set! that runs uzram setup on a config with a set! of its own: the inner one refuses.
+    s.write("set-inner.conf", b"set!y = echo 1\n[zram0]\n");
+    let recurse = format!(
+        "set!x = {} setup --dry-run --ram-mib 4096 --config {}\n[zram0]\n",
+        env!("CARGO_BIN_EXE_uzram"),
+        s.path("set-inner.conf").display()
+    );
+    let shared = format!(
+        "[zram0]\nwriteback-device = {e}\n[zram1]\nwriteback-device = {e}\n",
+        e = s.path("empty").display()
+    );
     let table: &[(&str, &str, &str)] = &[
         // zram-generator.conf
         (
@@ -370,6 +408,35 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         ("zramswap", "ALGO=\"zstd\nPERCENT=1\n", "ALGO"),
         ("zramswap", "PERCENT=$(rm -rf /)\n", "rm -rf"),
         ("zramswap", "PERCENT=`reboot`\n", "reboot"),
+        // set! commands: bounded output, a time limit, no recursion.
+        (
+            "zram-generator.conf",
+            "set!x = yes 12345\n[zram0]\n",
+            "more than 4096 bytes",
+        ),
+        (
+            "zram-generator.conf",
+            "set!x = sleep 100\n[zram0]\n",
+            "still running after 10 s",
+        ),
+        ("zram-generator.conf", &recurse, "started by a set! command"),
+        // Read as zram-generator reads them.
+        (
+            "zram-generator.conf",
+            "\u{feff}[zram0]\nzram-size = lots\n",
+            "lots",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nwriteback-device = /nonexistent/dev\n",
+            "/nonexistent/dev: it does not exist",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nmount-point = /\n",
+            "over the root",
+        ),
+        ("zram-generator.conf", &shared, "[zram0]'s too"),
     ];
     table
         .iter()

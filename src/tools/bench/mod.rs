@@ -130,6 +130,9 @@ pub enum BenchError {
     /// The device refused the configuration or an operation.
     #[error(transparent)]
     Device(#[from] Error),
+    /// A device option was refused (it names the option).
+    #[error(transparent)]
+    Options(#[from] crate::common::options::OptionsError),
     /// A read or write of the device failed.
     #[error(transparent)]
     Io(#[from] uzram_engine::IoError),
