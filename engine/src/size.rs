@@ -70,14 +70,7 @@ mod tests {
 
     #[test]
     fn refuses_what_zram_refuses() {
-        for bad in [
-            "",
-            "G",
-            "1.5G",
-            "-1",
-            "4X",
-            "4GB",
-        ] {
+        for bad in ["", "G", "1.5G", "-1", "4X", "4GB"] {
             let err = parse_size(bad).unwrap_err();
             assert!(err.to_string().contains("invalid size"), "{bad}: {err}");
         }
