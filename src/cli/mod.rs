@@ -350,12 +350,28 @@ fn setup(
         system_generator_files,
         ..
     } = plan(config, ram_mib, root)?;
+    // A device that fails alone (as zram-generator fails one device's unit) leaves the others
+    // to be set up; the command then fails, naming it.
+    let (plan, failed): (Vec<_>, Vec<_>) = plan.into_iter().partition(|d| d.failed.is_none());
+    let failure = (!failed.is_empty()).then(|| {
+        let why: Vec<String> = failed
+            .iter()
+            .map(|d| {
+                format!(
+                    "[{}] {}",
+                    d.section,
+                    d.failed.as_deref().unwrap_or_default()
+                )
+            })
+            .collect();
+        CtlError(why.join("; "))
+    });
     if dry_run {
         // The dry run checks what the real setup checks (ctl::setup checks it itself).
         ctl::check_plan(&plan)?;
         let text: String = plan.iter().map(|d| d.line() + "\n").collect();
         out(&text)?;
-        return Ok(());
+        return failure.map_or(Ok(()), |e| Err(e.into()));
     }
     if system_generator_files && setup::zram_generator_installed() {
         return Err(CtlError(
@@ -366,7 +382,7 @@ fn setup(
     for line in ctl::setup(&plan)? {
         outln(line)?;
     }
-    Ok(())
+    failure.map_or(Ok(()), |e| Err(e.into()))
 }
 
 fn teardown(config: Option<&std::path::Path>) -> Outcome {

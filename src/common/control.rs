@@ -136,8 +136,8 @@ fn answer(
             format!("request not a line of at most {MAX_REQUEST} bytes"),
         ));
     }
-    // One request per connection: a second line sent with it is refused, not ignored (the
-    // client meant something by it).
+    // One request per connection: a second line that arrived with it is refused, not ignored
+    // (the client meant something by it); one sent later is not seen (best effort).
     if !reader.buffer().is_empty() {
         return Err(AttrError::new(
             libc::EINVAL,
@@ -254,7 +254,17 @@ pub fn call(id: u32, request: &Request) -> Result<String, CallError> {
 pub fn call_at(path: &Path, request: &Request) -> Result<String, CallError> {
     // What would not arrive as itself (a name or value with a newline would be two lines) is
     // refused here, before anything is sent.
-    Request::decode(&request.encode()).map_err(CallError::Refused)?;
+    let sent = Request::decode(&request.encode()).map_err(CallError::Refused)?;
+    if sent != *request {
+        return Err(CallError::Refused(AttrError::new(
+            libc::EINVAL,
+            format!(
+                "{:?} would arrive as {:?}: a name has no spaces",
+                request.encode(),
+                sent
+            ),
+        )));
+    }
     let mut stream = UnixStream::connect(path).map_err(|source| CallError::NoDaemon {
         path: path.to_path_buf(),
         source,
@@ -392,6 +402,10 @@ mod tests {
                 }
                 r => panic!("{r:?}"),
             }
+        }
+        match call_at(&path, &Request::Write("policy x".into(), "y".into())) {
+            Err(CallError::Refused(e)) => assert!(e.message.contains("would arrive as"), "{e:?}"),
+            r => panic!("{r:?}"),
         }
         // Raw garbage, an overlong line, a silent client and two requests in one: errors, and
         // the server lives on.

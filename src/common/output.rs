@@ -47,8 +47,9 @@ pub fn warn(line: impl fmt::Display) {
 /// [`Replacing::commit`]: a failure (or a drop without commit) leaves `path` as it was, and the
 /// temporary file, which uzram created, is removed. `path` must be a new name or a regular file
 /// (a symlink to one is followed): a device, FIFO or directory there is refused before anything
-/// is written. A file replaced keeps its mode and owner (the content was asked for, not
-/// those); a new one is made 0600 (what uzram writes is often a process's memory).
+/// is written. A file replaced keeps its mode (less any set-id bits) and group: the content was
+/// asked for, not those; one that belongs to another user is refused, since what uzram writes
+/// is often a process's memory, which would then be that user's. A new one is made 0600.
 pub struct Replacing {
     target: std::path::PathBuf,
     file: io::BufWriter<tempfile::NamedTempFile>,
@@ -62,7 +63,18 @@ impl Replacing {
         let mut keep = None;
         let target = match std::fs::metadata(path) {
             Ok(m) if m.is_file() => {
-                keep = Some((m.mode() & 0o7777, m.uid(), m.gid()));
+                let me = crate::sys::uid();
+                if m.uid() != me {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "it belongs to uid {}, not to uzram's user (uid {me}): what uzram \
+                             writes would become theirs; remove it first or name another file",
+                            m.uid()
+                        ),
+                    ));
+                }
+                keep = Some((m.mode() & 0o777, m.uid(), m.gid()));
                 std::fs::canonicalize(path)?
             }
             Ok(_) => {
@@ -99,9 +111,8 @@ impl Replacing {
         })
     }
 
-    /// Flushes the file to disk, gives it the replaced file's mode and owner, and renames it
-    /// over the target. A file whose owner cannot be kept (another user's, and uzram is not
-    /// root) is left as it was.
+    /// Flushes the file to disk, gives it the replaced file's mode and group, and renames it
+    /// over the target.
     pub fn commit(self) -> io::Result<()> {
         let tmp = self
             .file
@@ -109,15 +120,12 @@ impl Replacing {
             .map_err(io::IntoInnerError::into_error)?;
         if let Some((mode, uid, gid)) = self.keep {
             let f = tmp.as_file();
-            std::os::unix::fs::fchown(f, Some(uid), Some(gid)).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "cannot keep its owner (uid {uid}, gid {gid}), so it was not replaced: {e}"
-                    ),
-                )
-            })?;
-            // After the owner: a change of owner clears the set-id bits.
+            // Its owner is uzram's user (see `new`); its group may not be one of theirs: then
+            // the group keeps nothing of the mode.
+            let mode = match std::os::unix::fs::fchown(f, Some(uid), Some(gid)) {
+                Ok(()) => mode,
+                Err(_) => mode & 0o700,
+            };
             f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
         }
         tmp.as_file().sync_all()?;
@@ -141,19 +149,19 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-    /// A file replaced keeps its mode and owner; a new one is 0600; a dropped one leaves the
-    /// old content and no temporary file.
+    /// A file replaced keeps its mode and group; another user's is refused; a new one is
+    /// 0600; a dropped one leaves the old content and no temporary file.
     #[test]
-    fn a_replaced_file_keeps_its_mode_and_owner() {
+    fn a_replaced_file_keeps_its_mode_and_group_and_another_users_is_refused() {
         let dir = std::env::temp_dir().join(format!("uzram-output-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("out");
         std::fs::write(&path, b"old").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
-        let other = crate::sys::uid() == 0;
-        if other {
-            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let root = crate::sys::uid() == 0;
+        if root {
+            std::os::unix::fs::chown(&path, None, Some(65534)).unwrap();
         }
         let mut r = Replacing::new(&path).unwrap();
         r.write_all(b"dropped").unwrap();
@@ -165,8 +173,13 @@ mod tests {
         let m = std::fs::metadata(&path).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         assert_eq!(m.mode() & 0o7777, 0o640);
-        if other {
-            assert_eq!((m.uid(), m.gid()), (65534, 65534));
+        if root {
+            assert_eq!((m.uid(), m.gid()), (0, 65534));
+            // Another user's file is not replaced: the dump would become theirs.
+            std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+            let e = Replacing::new(&path).err().expect("refused");
+            assert!(e.to_string().contains("belongs to uid 65534"), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), b"new");
         }
         let fresh = dir.join("fresh");
         let mut r = Replacing::new(&fresh).unwrap();

@@ -189,14 +189,12 @@ fn serve_one(
     }
     let offset = req.start_sector << 9;
     let len = u64::from(req.nr_sectors) << 9;
+    ctx.set_reserve_wait(req.swap.then_some(super::SWAP_RESERVE_WAIT));
     let result = match req.op {
         Op::Read | Op::Write => match buf.get_mut(..len as usize) {
             Some(data) if req.op == Op::Read => device.read(ctx, offset, data),
             Some(data) => match transfer.fetch(data) {
-                Ok(()) => {
-                    ctx.set_reserve_wait(req.swap.then_some(super::SWAP_RESERVE_WAIT));
-                    device.write(ctx, offset, data)
-                }
+                Ok(()) => device.write(ctx, offset, data),
                 Err(_) => return copy_failed(req.op, offset, len),
             },
             None => return -libc::EINVAL,

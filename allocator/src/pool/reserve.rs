@@ -47,12 +47,15 @@ pub(super) struct Starved {
     /// and is moving again, so the next write waits for it). `None` if the wait ran out at its
     /// cap while the thread was moving: a refill that slow is not waited for again.
     pub(super) touched: Option<u64>,
+    /// The wait (without progress) that ran out: an allocation willing to wait longer
+    /// ([`Pool::store_within`] with a longer wait, or the pool's own) waits out its own.
+    pub(super) wait: Duration,
 }
 
 impl Starved {
-    /// Whether an allocation that finds no room now fails at once.
-    pub(super) fn holds(&self, refills: u64, touched: u64) -> bool {
-        self.refills == refills && self.touched.map_or(true, |t| t == touched)
+    /// Whether an allocation that finds no room now, and would wait `wait`, fails at once.
+    pub(super) fn holds(&self, refills: u64, touched: u64, wait: Duration) -> bool {
+        self.refills == refills && self.touched.map_or(true, |t| t == touched) && wait <= self.wait
     }
 }
 
@@ -201,7 +204,10 @@ impl Pool {
             st.needed = true;
             self.signal.need.notify_one();
             let touched = self.signal.touched.load(Ordering::Relaxed);
-            if st.starved.is_some_and(|s| s.holds(st.refills, touched)) {
+            if st
+                .starved
+                .is_some_and(|s| s.holds(st.refills, touched, w.wait))
+            {
                 return false;
             }
             if !self
@@ -223,10 +229,18 @@ impl Pool {
                 w.deadline = now + w.wait;
                 continue;
             }
-            st.starved = Some(Starved {
+            let ran_out = Starved {
                 refills: st.refills,
                 touched: (progress == w.progress).then_some(progress),
-            });
+                wait: w.wait,
+            };
+            // A longer wait's running out that still holds is kept: it covers this one too.
+            let keep = st
+                .starved
+                .is_some_and(|s| s.holds(st.refills, progress, w.wait) && s.wait > w.wait);
+            if !keep {
+                st.starved = Some(ran_out);
+            }
             return false;
         }
     }

@@ -153,6 +153,14 @@ fn a_store_within_a_shorter_wait_gives_up_sooner_and_takes_a_refill_alike() {
         waited >= short * RESERVE_WAIT_CAP && waited < WAIT * RESERVE_WAIT_CAP / 2,
         "waited {waited:?}"
     );
+    // That running out holds for short waits (they fail at once), not for the pool's own
+    // longer one, which waits its own time.
+    let t = Instant::now();
+    assert!(pool.store_within(&[11u8; 3000], short).is_err());
+    assert!(t.elapsed() < short / 2, "{:?}", t.elapsed());
+    let t = Instant::now();
+    assert!(pool.store(&[11u8; 3000]).is_err());
+    assert!(t.elapsed() >= WAIT, "{:?}", t.elapsed());
     // Once a refill lands, the next store that finds no room waits again; for a stuck
     // refill (no progress) the short store gives up after one short wait.
     pool.maintain().unwrap();

@@ -280,9 +280,10 @@ pub(super) fn run_set(
     let mut status = None;
     let stopped = loop {
         if status.is_none() {
-            status = child
-                .try_wait()
-                .map_err(|e| format!("waiting for it: {e}"))?;
+            match child.try_wait() {
+                Ok(st) => status = st,
+                Err(e) => break Some(format!("waiting for it: {e}")),
+            }
         }
         if full.load(std::sync::atomic::Ordering::Relaxed) {
             break Some(format!(
@@ -302,19 +303,29 @@ pub(super) fn run_set(
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    if stopped.is_some() || status.is_none() {
+    if let Some(why) = stopped {
         crate::sys::kill_group(child.id(), libc::SIGKILL);
+        if status.is_none() {
+            let _ = child.wait();
+        }
+        // The reader is left to end when the pipe closes: a process that left the group (a
+        // new session of its own) may hold the pipe open after the kill, and a boot-time
+        // setup must not wait for it.
+        drop(reader);
+        return Err(why);
     }
     let status = match status {
         Some(s) => s,
-        None => child.wait().map_err(|e| format!("waiting for it: {e}"))?,
+        None => return Err("its status was lost".into()),
     };
-    // Killed above if it still held the pipe: the reader ends.
+    // Finished (checked above): joins at once.
     let out = reader.join().unwrap_or_default();
-    match stopped {
-        Some(why) => Err(why),
-        None => Ok((status, out)),
+    if out.len() > SET_OUTPUT_MAX {
+        return Err(format!(
+            "it printed more than {SET_OUTPUT_MAX} bytes (a size expression needs a few): stopped"
+        ));
     }
+    Ok((status, out))
 }
 
 /// Evaluates a size expression (MiB) over `ram` and the `set!` variables (`ram` first).
@@ -521,16 +532,13 @@ fn finish(
         bytes
     };
     if let Some(dev) = &plan.writeback {
-        // zram-generator's setup fails the device when the kernel refuses its backing_dev,
-        // as it refuses a path that does not exist.
+        // zram-generator's setup fails the device when the kernel refuses its backing_dev, as
+        // it refuses a path that does not exist; the other devices are set up.
         if !Path::new(dev).exists() {
-            return Err(err(
-                &from("writeback-device"),
-                format!(
-                    "[{section}] writeback-device={dev}: it does not exist (zram-generator's \
-                     setup fails the device then; uzram makes backing files only from its own \
-                     options, --backing-dev)"
-                ),
+            plan.failed = Some(format!(
+                "writeback-device={dev}: it does not exist, so this device is not set up (as \
+                 zram-generator's setup fails it); uzram makes backing files only from its own \
+                 option, --backing-dev"
             ));
         }
     }

@@ -63,6 +63,9 @@ pub struct DevicePlan {
     pub policy: Option<String>,
     /// What was changed to fit uzram.
     pub warnings: Vec<String>,
+    /// Why this device is not set up, though the others are (as zram-generator fails one
+    /// device's unit): its writeback device does not exist.
+    pub failed: Option<String>,
 }
 
 impl DevicePlan {
@@ -83,6 +86,7 @@ impl DevicePlan {
             mount: None,
             options: "discard".into(),
             warnings: Vec::new(),
+            failed: None,
         }
     }
 

@@ -1,8 +1,9 @@
-//! Opening a backing file, and undoing what the opening changed when the store is not made
+//! Opening a backing file, and undoing what the opening changed when the store is not opened
 //! after all (another of its files failed, or the file system has no room for this one): a file
 //! uzram created is removed, one it sized from empty is emptied again, and the start it labelled
-//! gets back what was there (zeros, or with `force` someone's data). A failed command leaves the
-//! user's files as it found them.
+//! gets back what was there (zeros, or with `force` someone's data). A store that fails to open
+//! leaves the user's files as it found them; a device whose setup fails after its store opened
+//! (the pool, the region, the driver) does not undo the store's files.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -72,7 +73,9 @@ impl BackingFile {
         let target = label::resolve(path)?;
         let block = target.as_ref().is_some_and(|t| t.block);
         let real = target.map_or_else(|| path.to_path_buf(), |t| t.path);
-        let (file, direct, created) = open_file(&real, block).map_err(|e| {
+        // A successor's file must be there already: it creates nothing (a journal operation
+        // while the device's I/O waits).
+        let (file, direct, created) = open_file(&real, block, !adopting).map_err(|e| {
             if e.raw_os_error() == Some(libc::EBUSY) {
                 BackingError::NotUsable {
                     path: path.to_path_buf(),
@@ -124,9 +127,9 @@ impl BackingFile {
 }
 
 /// Opens `real` for reading and writing, `O_DIRECT` where its file system has direct I/O: a
-/// block device exclusively (`O_EXCL` without `O_CREAT`), a regular file created if missing.
-/// Returns the file, whether it is direct, and whether this call created it.
-fn open_file(real: &Path, block: bool) -> std::io::Result<(File, bool, bool)> {
+/// block device exclusively (`O_EXCL` without `O_CREAT`), a regular file created if missing
+/// and `create`. Returns the file, whether it is direct, and whether this call created it.
+fn open_file(real: &Path, block: bool, create: bool) -> std::io::Result<(File, bool, bool)> {
     let open = |direct: bool, create_new: bool| {
         OpenOptions::new()
             .read(true)
@@ -141,13 +144,22 @@ fn open_file(real: &Path, block: bool) -> std::io::Result<(File, bool, bool)> {
             )
             .open(real)
     };
-    if !block {
+    if !block && create {
         match open(true, true) {
             Ok(f) => return Ok((f, true, true)),
             // A file system without direct I/O (tmpfs before Linux 6.6) refuses O_DIRECT with
             // EINVAL once the file is made: it is this call's.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                return open(false, false).map(|f| (f, false, true))
+                return open(false, false)
+                    .map(|f| (f, false, true))
+                    .inspect_err(|_| {
+                        // Not reopened: the empty file this call made goes again.
+                        if std::fs::symlink_metadata(real)
+                            .is_ok_and(|m| m.is_file() && m.len() == 0)
+                        {
+                            let _ = std::fs::remove_file(real);
+                        }
+                    });
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),

@@ -463,7 +463,8 @@ impl BackingStore {
         // the failure created, sized or labelled is undone.
         let distinct = opened.and_then(|()| super::open::check_distinct_files(&files));
         if let Err(e) = distinct {
-            for (file, undo) in files.iter().zip(made) {
+            // Last opened first: an undo puts back what the opening found.
+            for (file, undo) in files.iter().zip(made).rev() {
                 undo.undo(file.io.file());
             }
             return Err(e);
