@@ -523,9 +523,15 @@ impl Device {
             self.after_read_back(buf, index, g, s, now);
             return Ok(());
         }
-        if s.atime != now || s.flags.contains(SlotFlags::IDLE) {
+        // A stored page read is in use: the policy writes it back only after pages never read.
+        let read = if s.flags.contains(SlotFlags::STORED) {
+            SlotFlags::READ
+        } else {
+            SlotFlags::empty()
+        };
+        if s.atime != now || s.flags.contains(SlotFlags::IDLE) || !s.flags.contains(read) {
             s.atime = now;
-            s.flags = s.flags.difference(SlotFlags::IDLE);
+            s.flags = s.flags.difference(SlotFlags::IDLE) | read;
             g.set(s);
         }
         Ok(())

@@ -85,7 +85,8 @@ impl Device {
                     flags: s
                         .flags
                         .intersection(SlotFlags::HUGE | SlotFlags::INCOMPRESSIBLE)
-                        | SlotFlags::STORED,
+                        | SlotFlags::STORED
+                        | SlotFlags::READ,
                     prio: s.prio,
                     size: s.size,
                     atime: now,

@@ -408,6 +408,7 @@ impl Device {
                     .flags
                     .difference(SlotFlags::STORED)
                     .difference(SlotFlags::IDLE)
+                    .difference(SlotFlags::READ)
                     | SlotFlags::WB,
                 prio: s.prio,
                 size: s.size,
