@@ -523,15 +523,9 @@ impl Device {
             self.after_read_back(buf, index, g, s, now);
             return Ok(());
         }
-        // A stored page read is in use: the policy writes it back only after pages never read.
-        let read = if s.flags.contains(SlotFlags::STORED) {
-            SlotFlags::READ
-        } else {
-            SlotFlags::empty()
-        };
-        if s.atime != now || s.flags.contains(SlotFlags::IDLE) || !s.flags.contains(read) {
+        if s.atime != now || s.flags.contains(SlotFlags::IDLE) {
             s.atime = now;
-            s.flags = s.flags.difference(SlotFlags::IDLE) | read;
+            s.flags = s.flags.difference(SlotFlags::IDLE);
             g.set(s);
         }
         Ok(())

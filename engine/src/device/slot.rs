@@ -74,12 +74,8 @@ impl SlotFlags {
     pub const STORED: SlotFlags = SlotFlags(1 << 5);
     /// Written back, in a record kept from a page freed earlier with the same content: the
     /// word packs the record's location and the page index it was sealed for
-    /// (`writeback::reuse`). Only on a written-back slot: [`SlotFlags::READ`] is the same bit.
+    /// (`writeback::reuse`).
     pub const ADOPTED: SlotFlags = SlotFlags(1 << 6);
-    /// On a stored slot (never adopted: only written-back pages are): read since it was
-    /// stored, which puts it in the policy's second queue (`policy::coldest`). The same bit as
-    /// [`SlotFlags::ADOPTED`].
-    pub const READ: SlotFlags = SlotFlags(1 << 6);
 
     /// No flags.
     pub const fn empty() -> SlotFlags {

@@ -153,14 +153,6 @@ impl Device {
             } else if s.flags.contains(SlotFlags::HUGE) && !s.flags.contains(SlotFlags::WB) {
                 return Err(format!("page {i}: HUGE without STORED"));
             }
-            // READ on a stored page, ADOPTED (the same bit) on a written-back one.
-            if s.flags.contains(SlotFlags::READ)
-                && !s.flags.intersects(SlotFlags::STORED | SlotFlags::WB)
-            {
-                return Err(format!(
-                    "page {i}: READ on a page neither stored nor written back"
-                ));
-            }
             // IDLE on a stored page, READ_BACK (the same bit) on a written-back one.
             if s.flags.contains(SlotFlags::IDLE)
                 && !s.flags.intersects(SlotFlags::STORED | SlotFlags::WB)

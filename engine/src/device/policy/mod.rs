@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-mod coldest;
 mod config;
 mod evict;
 mod read_back;
@@ -39,8 +38,8 @@ pub use self::config::{PolicyConfig, Pressure};
 use self::stats::Counters;
 pub use self::stats::PolicyStats;
 
-use super::writeback::{BatchStats, WbBuffers, BATCH};
-use super::{Device, IoContext, PageIndex, PAGE_SIZE};
+use super::writeback::{BackingStore, BatchStats, WbBuffers, BATCH};
+use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, RecompressRequest};
 
 /// Longest a write waits for the policy thread to make room (hand-off mode) before it fails
@@ -484,6 +483,123 @@ impl Policy {
             (self.seen_early, self.seen_written) = (early, written);
         }
         age
+    }
+
+    /// Writes back the coldest stored pages at least `min_age` seconds old, oldest buckets
+    /// first, until `target` stored bytes have gone, the store is full, or the budget or
+    /// zram's writeback limit says stop.
+    fn write_back_coldest(
+        &mut self,
+        device: &Device,
+        target: u64,
+        min_age: u32,
+        now: u32,
+    ) -> BatchStats {
+        let mut total = BatchStats::default();
+        let Some(backing) = device.backing() else {
+            return total;
+        };
+        // Histogram of stored bytes by age; the cutoff bucket is the youngest one needed.
+        let mut hist = [0u64; BUCKETS];
+        for i in 0..device.pages() {
+            let s = device.peek(PageIndex(i));
+            if s.flags.contains(SlotFlags::STORED) {
+                let age = now.saturating_sub(s.atime);
+                if age >= min_age {
+                    hist[age_bucket(age).min(BUCKETS - 1)] += u64::from(s.size);
+                }
+            }
+        }
+        let mut sum = 0;
+        let mut cutoff = 0;
+        for b in (0..BUCKETS).rev() {
+            sum += hist[b];
+            cutoff = b;
+            if sum >= target {
+                break;
+            }
+        }
+        if sum == 0 {
+            return total;
+        }
+        // Pages older than the cutoff bucket first, then the cutoff bucket: each pass stops as
+        // soon as the target is met, so the coldest pages go first and no more than needed.
+        for min_bucket in [cutoff + 1, cutoff] {
+            if total.object_bytes >= target || min_bucket >= BUCKETS {
+                continue;
+            }
+            let keep = |s: &SlotState| {
+                s.flags.contains(SlotFlags::STORED) && {
+                    let age = now.saturating_sub(s.atime);
+                    age >= min_age && age_bucket(age).min(BUCKETS - 1) >= min_bucket
+                }
+            };
+            if !self.write_back_pass(device, backing, target, now, &keep, &mut total) {
+                break;
+            }
+        }
+        self.youngest_written = bucket_min_age(cutoff).max(min_age);
+        total
+    }
+
+    /// One pass over the slots for [`Policy::write_back_coldest`]: batches of the pages `keep`
+    /// accepts, until `total` reaches `target`. Returns false when writeback must stop (the
+    /// store full, a write failed, the budget or the writeback limit spent).
+    fn write_back_pass(
+        &mut self,
+        device: &Device,
+        backing: &BackingStore,
+        target: u64,
+        now: u32,
+        keep: &dyn Fn(&SlotState) -> bool,
+        total: &mut BatchStats,
+    ) -> bool {
+        self.pages.clear();
+        let mut i = 0;
+        while i < device.pages() && total.object_bytes < target {
+            // Fill a batch of candidates (no more than the target still needs), then write it.
+            let mut batch_bytes = 0;
+            while i < device.pages()
+                && self.pages.len() < BATCH
+                && total.object_bytes + batch_bytes < target
+            {
+                let s = device.peek(PageIndex(i));
+                if keep(&s) {
+                    self.pages.push(PageIndex(i));
+                    batch_bytes += u64::from(s.size);
+                }
+                i += 1;
+            }
+            if self.pages.is_empty() {
+                break;
+            }
+            if !device.tier.budget_allows(now) {
+                return false;
+            }
+            let allowed = backing.limit_allows(self.pages.len());
+            if allowed == 0 {
+                return false;
+            }
+            let b = device.write_batch(
+                backing,
+                buffers(&mut self.bufs),
+                &self.pages[..allowed],
+                keep,
+                true,
+            );
+            device.tier.budget.lock().charge(b.bytes);
+            self.pages.clear();
+            // Writes waiting for room come first (hand-off mode).
+            serve_pending(&mut self.bufs, device);
+            total.written += b.written;
+            total.object_bytes += b.object_bytes;
+            total.bytes += b.bytes;
+            total.failed += b.failed;
+            if b.full || b.failed > 0 {
+                return false;
+            }
+        }
+        true
     }
 }
 

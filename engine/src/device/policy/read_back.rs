@@ -85,8 +85,7 @@ impl Device {
                     flags: s
                         .flags
                         .intersection(SlotFlags::HUGE | SlotFlags::INCOMPRESSIBLE)
-                        | SlotFlags::STORED
-                        | SlotFlags::READ,
+                        | SlotFlags::STORED,
                     prio: s.prio,
                     size: s.size,
                     atime: now,

@@ -4,7 +4,6 @@ use super::super::testutil::tempdir;
 use super::super::writeback::WritebackRequest;
 use super::tests::{check_all, full_of_noise, short_of_memory};
 use super::*;
-use crate::device::SlotFlags;
 
 /// Writes pages 0..100 of a [`full_of_noise`] device back by hand, 5 s after they were written.
 fn hundred_written_back(d: &Device, ctx: &mut IoContext) {

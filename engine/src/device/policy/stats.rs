@@ -101,10 +101,6 @@ policy_counters! {
     /// A gauge: the idle age of the youngest pages the last writeback round for room wrote
     /// back; a written-back page read again within it is promoted.
     promote_age_secs => "promote_age_secs",
-    /// Of the pages the policy's rounds wrote back (age, watermark, host pressure), those swap
-    /// had read since they were stored: the second queue, taken only when the pages it had
-    /// not read were not enough.
-    read_wb_pages => "writeback_read_pages",
 }
 
 /// Adds what a batch (or a pass of batches) wrote back to a pair of counters: its pages and
@@ -142,7 +138,7 @@ mod tests {
         c.pages_compacted.store(3, Ordering::Relaxed);
         let text = c.snapshot(Some(42)).to_string();
         let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
-        assert_eq!(keys.len(), 28);
+        assert_eq!(keys.len(), 27);
         assert_eq!(keys.first(), Some(&"ticks"));
         assert_eq!(
             keys[21..],
@@ -152,7 +148,6 @@ mod tests {
                 "cold_age_secs",
                 "promoted_pages",
                 "promote_age_secs",
-                "writeback_read_pages",
                 "budget_left_bytes"
             ]
         );

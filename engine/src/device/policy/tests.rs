@@ -1,6 +1,5 @@
 use super::super::testutil::{noise_page, tempdir, text_page};
 use super::*;
-use crate::device::SlotFlags;
 use crate::{DeviceSetup, IoError};
 
 /// A device of `pages` with a backing file in `dir`, zstd as its secondary algorithm, and

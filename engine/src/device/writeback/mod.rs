@@ -408,7 +408,6 @@ impl Device {
                     .flags
                     .difference(SlotFlags::STORED)
                     .difference(SlotFlags::IDLE)
-                    .difference(SlotFlags::READ)
                     | SlotFlags::WB,
                 prio: s.prio,
                 size: s.size,

@@ -67,7 +67,7 @@ pub(super) fn pack(location: u64, sealed_for: PageIndex) -> Option<u64> {
 /// The record a written-back slot `s` of page `index` names: the page index it was sealed for,
 /// and its location.
 pub(in crate::device) fn record_of(index: PageIndex, s: &SlotState) -> (PageIndex, u64) {
-    if !s.flags.contains(SlotFlags::WB | SlotFlags::ADOPTED) {
+    if !s.flags.contains(SlotFlags::ADOPTED) {
         return (index, s.word);
     }
     let w = s.word;

@@ -543,7 +543,7 @@ impl Harness {
     fn adopted_size(&self, index: PageIndex) -> Option<usize> {
         let s = self.device.slot_state(index).expect("page in range");
         s.flags
-            .contains(SlotFlags::WB | SlotFlags::ADOPTED)
+            .contains(SlotFlags::ADOPTED)
             .then_some(usize::from(s.size))
     }
 
