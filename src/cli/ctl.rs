@@ -36,6 +36,10 @@ pub fn parse_device(name: &str) -> Result<u32, CtlError> {
         .filter(|&id| id < MAX_DEVICES);
     match id {
         Some(id) => Ok(id),
+        None if name == "serve" && !cfg!(feature = "ublk") => Err(err(
+            "serve: this uzram was built without the ublk feature, which serving a device needs \
+             (cargo build --release --features ublk)",
+        )),
         None if !name.contains('/') && !name.starts_with("ublkb") => Err(err(format!(
             "{name:?}: neither a subcommand (attr, setup, teardown, upgrade, sleep, bench, dump-pages) nor a device name (/dev/ublkbN)"
         ))),

@@ -80,6 +80,10 @@ pub fn device_options() -> Vec<Case> {
             "/dev/uzram-no-such-disk",
         ),
         ("--backing-dev @nowhere/file", "@nowhere/file"),
+        (
+            "--backing-dev /proc/self/status",
+            "kernel interface under /proc",
+        ),
         ("--backing-dev @tiny --force", "@tiny"),
         ("--streams 0", "streams"),
         ("--streams 70000", "70000"),
@@ -198,6 +202,10 @@ pub fn subcommands() -> Vec<Case> {
         ("dump-pages -o @x", "--pid"),
     ] {
         v.push(case(args, names));
+    }
+    // The daemon's subcommand on a build without it says so.
+    if !cfg!(feature = "ublk") {
+        v.push(case("serve --size 1G", "built without the ublk feature"));
     }
     // A kernel thread has no memory to dump (where pid 2 is one, as on a host).
     if std::fs::read_to_string("/proc/2/status").is_ok_and(|s| s.starts_with("Name:\tkthreadd")) {

@@ -236,10 +236,19 @@ pub(super) fn resolve(path: &Path) -> Result<Option<Target>, BackingError> {
             path: path.to_path_buf(),
             block: true,
         })),
-        Ok(m) if m.file_type().is_file() => Ok(Some(Target {
-            path: path.to_path_buf(),
-            block: false,
-        })),
+        Ok(m) if m.file_type().is_file() => {
+            // procfs and sysfs files look regular (and empty) but hold no data.
+            let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+            if real.starts_with("/proc") || real.starts_with("/sys") {
+                return Err(refuse(
+                    "is a kernel interface under /proc or /sys, not a file that can hold data",
+                ));
+            }
+            Ok(Some(Target {
+                path: path.to_path_buf(),
+                block: false,
+            }))
+        }
         Ok(_) => Err(refuse("is neither a block device nor a regular file")),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if path.starts_with("/dev") {
