@@ -56,10 +56,17 @@ fetch_kernel_612() {
 NEWER_APT=()
 newer_apt() {
     [ ${#NEWER_APT[@]} -gt 0 ] && return 0
-    local d=$CACHE/apt-newer uri keyring=/usr/share/keyrings/debian-archive-keyring.gpg s
-    uri=$(awk '$1 == "URIs:" && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+    local d=$CACHE/apt-newer uri codename keyring=/usr/share/keyrings/debian-archive-keyring.gpg s
+    # The stanza (or line) of this system's own release, not a third party's or security's.
+    codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+    [ -n "$codename" ] || die "KERNEL=$KERNEL: no VERSION_CODENAME in /etc/os-release"
+    uri=$(awk -v c="$codename" '
+        FNR == 1 || /^[[:space:]]*$/ { if (u != "" && s) { print u; exit } u = ""; s = 0 }
+        $1 == "URIs:" { u = $2 }
+        $1 == "Suites:" { for (i = 2; i <= NF; i++) if ($i == c) s = 1 }
+        END { if (u != "" && s) print u }' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1 || true)
     if [ -z "$uri" ]; then
-        uri=$(awk '$1 == "deb" && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { print $i; exit } }' /etc/apt/sources.list 2>/dev/null || true)
+        uri=$(awk -v c="$codename" '$1 == "deb" { for (i = 2; i < NF; i++) if ($i ~ /^[a-z]+:\/\// && $(i + 1) == c) { print $i; exit } }' /etc/apt/sources.list 2>/dev/null || true)
     fi
     [ -n "$uri" ] || die "KERNEL=$KERNEL: no Debian archive in this machine's apt sources to take the newer suites from"
     mkdir -p "$d/lists/partial" "$d/cache/archives/partial"
@@ -69,9 +76,10 @@ newer_apt() {
     NEWER_APT=(-o "Dir::Etc::SourceList=$d/sources.list" -o Dir::Etc::SourceParts=/dev/null
         -o "Dir::State::Lists=$d/lists" -o "Dir::Cache=$d/cache" -o Debug::NoLocking=1)
     # Refreshed once a day: "newest" means what the archive serves when the run starts.
-    if [ -z "$(find "$d/lists" -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+    if [ -z "$(find "$d" -maxdepth 1 -name updated -mmin -1440 2>/dev/null)" ]; then
         say "apt-get update (trixie, trixie-backports, sid; private lists)"
-        apt-get "${NEWER_APT[@]}" update -qq 2>&1 | grep -v 'unsandboxed' || true
+        apt-get "${NEWER_APT[@]}" update -qq || die "apt-get update of the newer suites failed"
+        touch "$d/updated"
     fi
 }
 
@@ -91,12 +99,17 @@ fetch_kernel_newer() {
         [ -n "$img" ] || die "KERNEL=$KERNEL: no package matches $pattern in trixie, trixie-backports or sid"
     fi
     ver=${img#linux-image-}
-    # From 7.0 the image package is a stub: the kernel and modules are in two others.
-    for p in "$img" "linux-binary-$ver" "linux-modules-$ver"; do
+    KDIR=$CACHE/kernel/$img
+    [ -f "$KDIR/.done" ] && return 0
+    # From 7.0 the image package is a stub depending on the kernel's and the modules' packages.
+    local parts=("$img")
+    newer_apt
+    if apt-cache "${NEWER_APT[@]}" depends "$img" 2>/dev/null | grep -q "linux-binary-$ver"; then
+        parts+=("linux-binary-$ver" "linux-modules-$ver")
+    fi
+    for p in "${parts[@]}"; do
         deb=$(ls "$CACHE/debs/${p}"_*.deb 2>/dev/null | sort -V | tail -1 || true)
         if [ -z "$deb" ]; then
-            newer_apt
-            apt-cache "${NEWER_APT[@]}" show "$p" >/dev/null 2>&1 || continue
             t=$(now)
             say "downloading $p"
             (cd "$CACHE/debs" && apt-get "${NEWER_APT[@]}" download -qq "$p" 2>&1 | grep -v 'unsandboxed' || true)
@@ -113,7 +126,7 @@ fetch_kernel_newer() {
 # drivers/* beyond block), from either layout, into DIR as DIR/boot/vmlinuz-VERSION and
 # DIR/lib/modules/VERSION, then depmod. Done once per DIR.
 extract_kernel() {
-    local dir=$1 deb t m
+    local dir=$1 deb t m mod
     shift
     KDIR=$dir
     [ -f "$KDIR/.done" ] && return 0
@@ -121,12 +134,23 @@ extract_kernel() {
     rm -rf "$KDIR"
     mkdir -p "$KDIR"
     for deb in "$@"; do
-        # tar fails on a pattern that matches nothing: a package holds one layout of the two.
+        # tar fails on a pattern that matches nothing (a package holds one of the layouts):
+        # that is expected; any other complaint, or dpkg-deb's failure, is not.
+        local err=$KDIR.tar-errors st
+        set +e +o pipefail
         dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$KDIR" --wildcards --no-anchored \
             'boot/vmlinuz-*' 'boot/config-*' 'modules/*/vmlinuz' 'modules/*/modules.*' \
             'modules/*/kernel/fs/*' 'modules/*/kernel/net/9p/*' 'modules/*/kernel/lib/*' \
             'modules/*/kernel/crypto/*' 'modules/*/kernel/mm/*' 'modules/*/kernel/arch/*' \
-            'modules/*/kernel/drivers/block/*' 2>/dev/null || true
+            'modules/*/kernel/drivers/block/*' 2>"$err"
+        st=("${PIPESTATUS[@]}")
+        set -e -o pipefail
+        if [ "${st[0]}" != 0 ] || grep -vqE 'Not found in archive|Exiting with failure status' "$err"; then
+            cat "$err" >&2
+            rm -f "$err"
+            die "extracting $deb failed (dpkg-deb exit ${st[0]}, tar exit ${st[1]})"
+        fi
+        rm -f "$err"
     done
     if [ -d "$KDIR/usr/lib/modules" ]; then
         mkdir -p "$KDIR/lib"
@@ -144,6 +168,11 @@ extract_kernel() {
     # Built-in modules are looked up here (a package may not carry the list).
     [ -f "$m/modules.builtin" ] || : >"$m/modules.builtin"
     /usr/sbin/depmod -b "$KDIR" "$KVER"
+    # A tree without the guest's drivers (a modules package missing) is not kept.
+    for mod in zram ublk_drv; do
+        grep -qE "/$mod\.ko(\.xz)?:" "$m/modules.dep" || grep -qE "/$mod\.ko\$" "$m/modules.builtin" \
+            || die "$KVER has no $mod module in $*"
+    done
     touch "$KDIR/.done"
     say "extracted $KVER in $(since "$t") s"
 }
