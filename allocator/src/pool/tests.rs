@@ -29,6 +29,21 @@ fn slow_refill(pool: &Pool, going: impl Fn() -> bool) {
     }
 }
 
+/// Runs `store` while a refill makes progress and never lands: its result and how long it took.
+fn beside_an_endless_refill(
+    pool: &Pool,
+    store: impl FnOnce() -> Result<Handle, Error>,
+) -> (Result<Handle, Error>, Duration) {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| slow_refill(pool, || !stop.load(Ordering::Relaxed)));
+        let t = Instant::now();
+        let stored = store();
+        stop.store(true, Ordering::Relaxed);
+        (stored, t.elapsed())
+    })
+}
+
 #[test]
 fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
     let (pool, live) = full_pool();
@@ -78,14 +93,7 @@ fn a_store_waits_for_a_slow_refill_and_gives_up_on_a_stuck_one() {
 
     // The third is full. A refill that never ends: progress all along, but the store
     // gives up at the cap.
-    let stop = AtomicBool::new(false);
-    let (stored, waited) = std::thread::scope(|s| {
-        s.spawn(|| slow_refill(&pool, || !stop.load(Ordering::Relaxed)));
-        let t = Instant::now();
-        let stored = pool.store(&[11u8; 3000]);
-        stop.store(true, Ordering::Relaxed);
-        (stored, t.elapsed())
-    });
+    let (stored, waited) = beside_an_endless_refill(&pool, || pool.store(&[11u8; 3000]));
     assert!(
         matches!(stored, Err(Error::ReserveExhausted { .. })),
         "{stored:?}"
@@ -137,14 +145,8 @@ fn a_store_within_a_shorter_wait_gives_up_sooner_and_takes_a_refill_alike() {
     // Full again, and a refill that never ends: the short store gives up at its own cap, far
     // sooner than the pool's would.
     pool.note_progress(1);
-    let stop = AtomicBool::new(false);
-    let (stored, waited) = std::thread::scope(|s| {
-        s.spawn(|| slow_refill(&pool, || !stop.load(Ordering::Relaxed)));
-        let t = Instant::now();
-        let stored = pool.store_within(&[11u8; 3000], short);
-        stop.store(true, Ordering::Relaxed);
-        (stored, t.elapsed())
-    });
+    let (stored, waited) =
+        beside_an_endless_refill(&pool, || pool.store_within(&[11u8; 3000], short));
     assert!(
         matches!(stored, Err(Error::ReserveExhausted { .. })),
         "{stored:?}"

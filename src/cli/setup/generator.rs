@@ -276,6 +276,11 @@ pub(super) fn run_set(
             out
         }
     });
+    let too_much = || {
+        format!(
+            "it printed more than {SET_OUTPUT_MAX} bytes (a size expression needs a few): stopped"
+        )
+    };
     let deadline = Instant::now() + timeout;
     let mut status = None;
     let stopped = loop {
@@ -286,9 +291,7 @@ pub(super) fn run_set(
             }
         }
         if full.load(std::sync::atomic::Ordering::Relaxed) {
-            break Some(format!(
-                "it printed more than {SET_OUTPUT_MAX} bytes (a size expression needs a few): stopped"
-            ));
+            break Some(too_much());
         }
         // Done once the shell has exited and its output is closed (a command it left running
         // in the background may hold it open: that is waited for too, to the deadline).
@@ -320,10 +323,9 @@ pub(super) fn run_set(
     };
     // Finished (checked above): joins at once.
     let out = reader.join().unwrap_or_default();
+    // The reader may have filled up after the loop last looked.
     if out.len() > SET_OUTPUT_MAX {
-        return Err(format!(
-            "it printed more than {SET_OUTPUT_MAX} bytes (a size expression needs a few): stopped"
-        ));
+        return Err(too_much());
     }
     Ok((status, out))
 }
