@@ -44,7 +44,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
                     .ok()
             })
             .flatten();
-        let mut line = [0u8; 512];
+        let mut line = [0u8; 640];
         let mut status = [0u8; 4096];
         let (mut last_finished, mut stalled_secs, mut dumped) = (0, 0, false);
         loop {
@@ -67,6 +67,9 @@ pub(super) fn progress_log(device: Arc<Device>) {
                 .unwrap_or(0);
             let rss = status_field(&status[..n], b"VmRSS:");
             let heap = super::heap::stats();
+            // Region pages an I/O thread wrote first (and so faulted on): each could have waited
+            // for reclaim.
+            let unready = device.region_unready();
             let mut w = std::io::Cursor::new(&mut line[..]);
             // "<3>" (error level) so that it reaches the console; one write(2) per record.
             let _ = write!(
@@ -92,7 +95,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused, largest block {} kB), reserve {} arenas{}, refilled {} (slowest {} ms){}{}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused, largest block {} kB), reserve {} arenas{}, refilled {} (slowest {} ms), unready leaves/chunks taken {}/{}{}{}",
                 rss,
                 heap.in_use >> 10,
                 heap.committed >> 10,
@@ -107,6 +110,8 @@ pub(super) fn progress_log(device: Arc<Device>) {
                 },
                 REFILLED_ARENAS.load(Ordering::Relaxed),
                 SLOWEST_REFILL_MS.load(Ordering::Relaxed),
+                unready.0,
+                unready.1,
                 MemoryThread(phase),
                 match (stalled_secs > 0, waiting) {
                     (true, true) => ", NOT SERVING YET",
