@@ -523,9 +523,15 @@ impl Device {
             self.after_read_back(buf, index, g, s, now);
             return Ok(());
         }
-        if s.atime != now || s.flags.contains(SlotFlags::IDLE) {
+        if s.flags.contains(SlotFlags::PROMOTED) {
+            self.tier.note_promoted_read(now.saturating_sub(s.atime));
+        }
+        if s.atime != now || s.flags.intersects(SlotFlags::IDLE | SlotFlags::PROMOTED) {
             s.atime = now;
-            s.flags = s.flags.difference(SlotFlags::IDLE);
+            s.flags = s
+                .flags
+                .difference(SlotFlags::IDLE)
+                .difference(SlotFlags::PROMOTED);
             g.set(s);
         }
         Ok(())

@@ -76,6 +76,10 @@ impl SlotFlags {
     /// word packs the record's location and the page index it was sealed for
     /// (`writeback::reuse`).
     pub const ADOPTED: SlotFlags = SlotFlags(1 << 6);
+    /// On a stored slot (never adopted: only written-back ones are): brought back into the
+    /// pool from the backing store and not read since (`policy::read_back` judges promotions
+    /// by it). The same bit as [`SlotFlags::ADOPTED`].
+    pub const PROMOTED: SlotFlags = SlotFlags(1 << 6);
 
     /// No flags.
     pub const fn empty() -> SlotFlags {

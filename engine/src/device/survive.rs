@@ -18,9 +18,11 @@ const SETTINGS_TAG: u64 = USER_CHUNK_TAG | (2 << 32);
 /// "uzramdev", little endian.
 const SETTINGS_MAGIC: u64 = u64::from_le_bytes(*b"uzramdev");
 /// 2: written-back slots may be adopted (`SlotFlags::ADOPTED`, a packed word a binary that
-/// knows only 1 would misread). A region of version 1 is taken over and marked 2.
-const SETTINGS_VERSION: u64 = 2;
-const SETTINGS_VERSIONS_READ: [u64; 2] = [1, 2];
+/// knows only 1 would misread). 3: stored slots may be marked `SlotFlags::PROMOTED` (bit 6,
+/// which a binary that knows only 2 would carry into a written-back slot as `ADOPTED`). An
+/// older region is taken over and marked 3.
+const SETTINGS_VERSION: u64 = 3;
+const SETTINGS_VERSIONS_READ: [u64; 3] = [1, 2, 3];
 
 // Settings words.
 const S_MAGIC: usize = 0;

@@ -153,6 +153,8 @@ pub(super) struct Tier {
     served: Condvar,
     /// Pages queued to go straight through to the backing store.
     spill: spill::Spill,
+    /// Whether a written-back page's first read brings it back.
+    first_read: read_back::FirstRead,
 }
 
 impl Tier {

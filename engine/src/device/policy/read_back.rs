@@ -1,11 +1,50 @@
 //! Reads of written-back pages: the first read since a writeback judges it (an early read is
 //! the policy's mistake) and stamps the page; a second read soon after brings it back into the
-//! pool (`promote`).
+//! pool (`promote`). The first read brings it back too while promotions have been paying: a
+//! promoted page read again from the pool within the promote age (sooner than the pool's
+//! coldest pages go untouched: a hit) counts for; one read later than that, or written back
+//! again unread (a miss), against ([`FirstRead`]). Where the pages read from the backing store
+//! are hot (a hot set the fill's order left there) promotions pay and each such page costs one
+//! read, not two; where the next page read is the one longest untouched (a cyclic walk larger
+//! than the pool) a promoted page is no hotter than those its room pushes out, and the layout
+//! stays as it is.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::{BatchStats, Policy, Tier, COLD_AGE_START, EARLY_READ_SECS};
 use crate::device::{slot, Device, PageIndex, SlotFlags, SlotState};
+
+/// Bound of [`FirstRead`]'s credit either way: how much past evidence a change of workload
+/// has to outweigh.
+const CREDIT_BOUND: i64 = 4096;
+
+/// Whether the first read of a written-back page brings it back: the promotions' hits less
+/// their misses, bounded. Second reads keep promoting whatever it says, so the evidence can
+/// turn both ways.
+#[derive(Debug, Default)]
+pub(super) struct FirstRead {
+    credit: AtomicI64,
+}
+
+impl FirstRead {
+    fn add(&self, delta: i64) {
+        let _ = self
+            .credit
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                Some((c + delta).clamp(-CREDIT_BOUND, CREDIT_BOUND))
+            });
+    }
+
+    /// Whether promotions have been paying.
+    fn promotes(&self) -> bool {
+        self.credit.load(Ordering::Relaxed) > 0
+    }
+
+    #[cfg(test)]
+    pub(super) fn credit(&self) -> i64 {
+        self.credit.load(Ordering::Relaxed)
+    }
+}
 
 impl Policy {
     /// A round that wrote back for room (the watermark, host pressure) sets the promote age
@@ -24,6 +63,24 @@ impl Tier {
         if age < EARLY_READ_SECS {
             self.counters.early_reads.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A promoted page was read from the pool `age` seconds after its promotion (the first
+    /// read since): a hit within the promote age, a miss after it.
+    pub(in crate::device) fn note_promoted_read(&self, age: u32) {
+        if age < self.promote_age() {
+            self.counters.promote_hits.fetch_add(1, Ordering::Relaxed);
+            self.first_read.add(1);
+        } else {
+            self.note_promote_miss();
+        }
+    }
+
+    /// A promoted page was written back again before any read from the pool, or read after
+    /// the promote age: a miss.
+    pub(in crate::device) fn note_promote_miss(&self) {
+        self.counters.promote_misses.fetch_add(1, Ordering::Relaxed);
+        self.first_read.add(-1);
     }
 
     /// A written-back page read again within this many seconds of its last read is brought
@@ -61,9 +118,10 @@ impl Device {
     /// judges it (a read soon after is the policy's mistake, an early read, counted once) and
     /// stamps the page read back; a second one within the promote age brings the page back
     /// into the pool, if the pool has room at once, since a page read again sooner than the
-    /// pool's coldest pages have gone untouched is hotter than they are. The record is then
-    /// freed, or kept for reuse, as on any free. An adopted record was not the policy's choice,
-    /// and second 0 is before any writeback worth judging: neither is an early read.
+    /// pool's coldest pages have gone untouched is hotter than they are; so does the first,
+    /// while promotions pay ([`FirstRead`]). The record is then freed, or kept for reuse, as
+    /// on any free. An adopted record was not the policy's choice, and second 0 is before any
+    /// writeback worth judging: neither is an early read.
     pub(in crate::device) fn after_read_back(
         &self,
         buf: &[u8],
@@ -73,35 +131,58 @@ impl Device {
         now: u32,
     ) {
         let age = now.saturating_sub(s.atime);
+        let window = self.tier.promote_age();
         if !s.flags.contains(SlotFlags::READ_BACK) {
             if s.atime != 0 && !s.flags.contains(SlotFlags::ADOPTED) {
                 self.tier.note_read_back(age);
             }
-        } else if age < self.tier.promote_age() {
-            let object = &buf[..usize::from(s.size)];
-            if let Ok(h) = self.pool.try_store(object) {
-                let stored = SlotState {
-                    word: h.to_raw(),
-                    flags: s
-                        .flags
-                        .intersection(SlotFlags::HUGE | SlotFlags::INCOMPRESSIBLE)
-                        | SlotFlags::STORED,
-                    prio: s.prio,
-                    size: s.size,
-                    atime: now,
-                };
-                self.replace(index, g, stored);
+            if window > 0 && self.tier.first_read.promotes() && self.promote(buf, index, g, &s, now)
+            {
                 self.tier
                     .counters
-                    .promoted_pages
+                    .promoted_first
                     .fetch_add(1, Ordering::Relaxed);
                 return;
             }
+        } else if age < window && self.promote(buf, index, g, &s, now) {
+            return;
         }
         if !s.flags.contains(SlotFlags::READ_BACK) || s.atime != now {
             s.flags = s.flags | SlotFlags::READ_BACK;
             s.atime = now;
             g.set(s);
         }
+    }
+
+    /// Brings written-back page `index` (state `s`, whose object `buf` holds) back into the
+    /// pool if the pool has room at once, marked promoted; whether it did.
+    fn promote(
+        &self,
+        buf: &[u8],
+        index: PageIndex,
+        g: &mut slot::SlotGuard<'_>,
+        s: &SlotState,
+        now: u32,
+    ) -> bool {
+        let Ok(h) = self.pool.try_store(&buf[..usize::from(s.size)]) else {
+            return false;
+        };
+        let stored = SlotState {
+            word: h.to_raw(),
+            flags: s
+                .flags
+                .intersection(SlotFlags::HUGE | SlotFlags::INCOMPRESSIBLE)
+                | SlotFlags::STORED
+                | SlotFlags::PROMOTED,
+            prio: s.prio,
+            size: s.size,
+            atime: now,
+        };
+        self.replace(index, g, stored);
+        self.tier
+            .counters
+            .promoted_pages
+            .fetch_add(1, Ordering::Relaxed);
+        true
     }
 }

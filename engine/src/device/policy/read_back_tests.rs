@@ -1,4 +1,5 @@
-//! Reads of written-back pages: early reads judge the policy, second reads promote.
+//! Reads of written-back pages: early reads judge the policy, second reads promote, and first
+//! reads too while promotions pay.
 
 use super::super::testutil::tempdir;
 use super::super::writeback::WritebackRequest;
@@ -16,6 +17,27 @@ fn hundred_written_back(d: &Device, ctx: &mut IoContext) {
 
 fn on_store(d: &Device) -> u64 {
     d.backing().unwrap().pages()
+}
+
+/// Writes pages `first..last` back by hand and reads them twice, 30 s apart: the second read
+/// promotes them (within the promote age, 60 s before any round for room).
+fn promoted_by_two_reads(
+    d: &Device,
+    ctx: &mut IoContext,
+    model: &[(u64, [u8; PAGE_SIZE])],
+    (first, last): (u64, u64),
+) {
+    d.advance_clock(5);
+    let s = d
+        .writeback(ctx, WritebackRequest::Pages { first, last })
+        .unwrap();
+    assert_eq!(s.written, last - first + 1, "{s:?}");
+    let pages = &model[first as usize..=last as usize];
+    let promoted = d.policy_stats().promoted_pages;
+    check_all(d, ctx, pages);
+    d.advance_clock(30);
+    check_all(d, ctx, pages);
+    assert_eq!(d.policy_stats().promoted_pages - promoted, last - first + 1);
 }
 
 #[test]
@@ -82,8 +104,9 @@ fn a_second_read_after_the_promote_age_leaves_the_page_on_the_store_and_restarts
     d.advance_clock(COLD_AGE_START);
     check_all(&d, &mut ctx, &model[..100]);
     assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (100, 0));
-    // Measured from the last read, not from the writeback.
-    d.advance_clock(COLD_AGE_START - 1);
+    // Measured from the last read, not from the writeback (10 s short of the age: the device's
+    // clock also runs in real time, and a loaded test machine may cross a second meanwhile).
+    d.advance_clock(COLD_AGE_START - 10);
     check_all(&d, &mut ctx, &model[..100]);
     assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (0, 100));
     let _ = std::fs::remove_dir_all(&dir);
@@ -141,5 +164,99 @@ fn a_round_for_room_sets_the_promote_age_to_the_age_of_the_pages_it_wrote_back()
         );
     }
     check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn promoted_pages_read_again_soon_turn_promotion_on_the_first_read_on() {
+    let dir = tempdir("policy-first-read");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
+    assert_eq!(d.tier.first_read.credit(), 0);
+    // Read from the pool within the promote age: 100 hits; once is what counts.
+    d.advance_clock(10);
+    check_all(&d, &mut ctx, &model[..100]);
+    check_all(&d, &mut ctx, &model[..100]);
+    let p = d.policy_stats();
+    assert_eq!((p.promote_hits, p.promote_misses), (100, 0));
+    assert_eq!(d.tier.first_read.credit(), 100);
+    // Now a written-back page comes back on its first read.
+    hundred_written_back(&d, &mut ctx);
+    check_all(&d, &mut ctx, &model[..100]);
+    let p = d.policy_stats();
+    assert_eq!(
+        (on_store(&d), p.promoted_first, p.promoted_pages),
+        (0, 100, 200)
+    );
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn promoted_pages_read_late_or_written_back_unread_turn_it_off_again() {
+    let dir = tempdir("policy-first-read-off");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    // 100 hits first: promotion on the first read is on.
+    promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!(d.tier.first_read.credit(), 100);
+    // 150 promoted on their first read; 100 of them read after the promote age, 50 written
+    // back again unread: 150 misses.
+    d.advance_clock(5);
+    d.writeback(
+        &mut ctx,
+        WritebackRequest::Pages {
+            first: 100,
+            last: 249,
+        },
+    )
+    .unwrap();
+    check_all(&d, &mut ctx, &model[100..250]);
+    assert_eq!(d.policy_stats().promoted_first, 150);
+    d.advance_clock(COLD_AGE_START);
+    check_all(&d, &mut ctx, &model[100..200]);
+    d.writeback(
+        &mut ctx,
+        WritebackRequest::Pages {
+            first: 200,
+            last: 249,
+        },
+    )
+    .unwrap();
+    let p = d.policy_stats();
+    assert_eq!((p.promote_hits, p.promote_misses), (100, 150));
+    assert_eq!(d.tier.first_read.credit(), -50);
+    // First reads leave pages on the store again; second reads still promote.
+    d.advance_clock(5);
+    d.writeback(
+        &mut ctx,
+        WritebackRequest::Pages {
+            first: 300,
+            last: 399,
+        },
+    )
+    .unwrap();
+    let on = on_store(&d);
+    check_all(&d, &mut ctx, &model[300..400]);
+    assert_eq!(on_store(&d), on);
+    d.advance_clock(30);
+    check_all(&d, &mut ctx, &model[300..400]);
+    assert_eq!(on_store(&d), on - 100);
+    assert_eq!(d.policy_stats().promoted_first, 150);
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn promote_off_turns_first_read_promotion_off_too() {
+    let dir = tempdir("policy-first-read-promote-off");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
+    check_all(&d, &mut ctx, &model[..100]);
+    assert!(d.tier.first_read.credit() > 0);
+    d.set_policy("promote=0").unwrap();
+    hundred_written_back(&d, &mut ctx);
+    check_all(&d, &mut ctx, &model[..100]);
+    assert_eq!((on_store(&d), d.policy_stats().promoted_first), (100, 0));
     let _ = std::fs::remove_dir_all(&dir);
 }

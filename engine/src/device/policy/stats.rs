@@ -101,6 +101,13 @@ policy_counters! {
     /// A gauge: the idle age of the youngest pages the last writeback round for room wrote
     /// back; a written-back page read again within it is promoted.
     promote_age_secs => "promote_age_secs",
+    /// Of the promoted pages, those brought back on their first read since their writeback,
+    /// while promotions were paying.
+    promoted_first => "promoted_first_pages",
+    /// Promoted pages read again from the pool within the promote age: promotions that paid.
+    promote_hits => "promote_hits",
+    /// Promoted pages read again later than that, or written back again unread.
+    promote_misses => "promote_misses",
 }
 
 /// Adds what a batch (or a pass of batches) wrote back to a pair of counters: its pages and
@@ -138,7 +145,7 @@ mod tests {
         c.pages_compacted.store(3, Ordering::Relaxed);
         let text = c.snapshot(Some(42)).to_string();
         let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
-        assert_eq!(keys.len(), 27);
+        assert_eq!(keys.len(), 30);
         assert_eq!(keys.first(), Some(&"ticks"));
         assert_eq!(
             keys[21..],
@@ -148,6 +155,9 @@ mod tests {
                 "cold_age_secs",
                 "promoted_pages",
                 "promote_age_secs",
+                "promoted_first_pages",
+                "promote_hits",
+                "promote_misses",
                 "budget_left_bytes"
             ]
         );

@@ -402,12 +402,16 @@ impl Device {
                 );
                 continue;
             };
+            if s.flags.contains(SlotFlags::PROMOTED) {
+                self.tier.note_promote_miss();
+            }
             let wb = SlotState {
                 word: BackingStore::location(extent.file, sector),
                 flags: s
                     .flags
                     .difference(SlotFlags::STORED)
                     .difference(SlotFlags::IDLE)
+                    .difference(SlotFlags::PROMOTED)
                     | SlotFlags::WB,
                 prio: s.prio,
                 size: s.size,

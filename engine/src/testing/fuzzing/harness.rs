@@ -542,8 +542,9 @@ impl Harness {
     /// The record size of page `index`, if its slot took over a record kept for reuse.
     fn adopted_size(&self, index: PageIndex) -> Option<usize> {
         let s = self.device.slot_state(index).expect("page in range");
+        // Bit 6 is PROMOTED on a stored slot.
         s.flags
-            .contains(SlotFlags::ADOPTED)
+            .contains(SlotFlags::WB | SlotFlags::ADOPTED)
             .then_some(usize::from(s.size))
     }
 
