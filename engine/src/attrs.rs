@@ -315,6 +315,7 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
     if let Some(b) = device.backing() {
         let (failed_writes, failed_reads) = b.failures();
         line("bd_bytes_written", b.bytes_written());
+        line("bd_bytes_read", b.bytes_read());
         line("bd_failed_write_batches", failed_writes);
         line("bd_failed_reads", failed_reads);
         for (i, f) in b.files().iter().enumerate() {
@@ -322,6 +323,7 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
             line(&format!("bd_file{i}_size"), f.size_bytes);
             line(&format!("bd_file{i}_batches"), f.writes);
             line(&format!("bd_file{i}_direct_io"), u64::from(f.direct));
+            line(&format!("bd_file{i}_read_align"), f.read_align as u64);
         }
     }
     // The one word that is not a number: why the last replaced worker ended.

@@ -1,5 +1,5 @@
-//! The engine's system calls that std does not wrap (three, on a backing file the engine opened),
-//! and the one view of shared memory as slots.
+//! The engine's system calls that std does not wrap (on a backing file the engine opened), and
+//! the one view of shared memory as slots.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -47,6 +47,34 @@ pub(crate) fn try_lock(file: &File) -> std::io::Result<bool> {
     } else {
         Err(e)
     }
+}
+
+/// The alignment `file` (open `O_DIRECT`) needs of a direct read's offset and length: what
+/// `statx` reports (`STATX_DIOALIGN`: Linux 6.1 for files, 6.11 for block devices), else a block
+/// device's logical block size (`BLKSSZGET`); `None` where neither says.
+pub(crate) fn dio_offset_align(file: &File) -> Option<usize> {
+    let fd = file.as_raw_fd();
+    // SAFETY: an all-zero statx is a valid value of the plain C struct.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx on an fd that `file` keeps open for the call, with an empty path and
+    // AT_EMPTY_PATH (the fd itself), writing only into `stx`, which outlives the call.
+    let rc = unsafe {
+        libc::statx(
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_offset_align > 0 {
+        return usize::try_from(stx.stx_dio_offset_align).ok();
+    }
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int into `size`, which outlives the call; on a file that
+    // is not a block device it fails (ENOTTY) and writes nothing.
+    let rc = unsafe { libc::ioctl(fd, libc::BLKSSZGET, &mut size) };
+    (rc == 0 && size > 0).then(|| usize::try_from(size).ok())?
 }
 
 /// A region's table words as slots: two words a slot, `words.len() / 2` of them.

@@ -105,6 +105,7 @@ impl BackingFile {
                 // an adopted file's no more than a new one's. Needs the file's owner or
                 // CAP_FOWNER; without it, atime updates stay.
                 crate::sys::set_noatime(&file);
+                let read_align = read_align(&file, direct);
                 let mut space = Space::new(bytes / SECTOR);
                 // The label's sectors are never a record's.
                 space.set(0, LABEL_LEN / SECTOR, true);
@@ -112,6 +113,7 @@ impl BackingFile {
                     io: wrap(file),
                     path: path.to_path_buf(),
                     direct,
+                    read_align,
                     bytes,
                     space: Mutex::new(space),
                     writes: AtomicU64::new(0),
@@ -124,6 +126,18 @@ impl BackingFile {
             }
         }
     }
+}
+
+/// The alignment of a record read from `file` (see [`BackingFile::read_align`]): a power of two
+/// from a sector to [`ALIGN`], which the read buffers' 4 KiB alignment and
+/// [`super::READ_WINDOW`] cover; [`ALIGN`] where the file's direct I/O says nothing usable.
+fn read_align(file: &File, direct: bool) -> usize {
+    if !direct {
+        return SECTOR as usize;
+    }
+    crate::sys::dio_offset_align(file)
+        .filter(|a| a.is_power_of_two() && (SECTOR as usize..=ALIGN).contains(a))
+        .unwrap_or(ALIGN)
 }
 
 /// Opens `real` for reading and writing, `O_DIRECT` where its file system has direct I/O: a

@@ -193,6 +193,7 @@ pub(super) struct BdCounters {
     pub(super) reads: AtomicU64,
     pub(super) writes: AtomicU64,
     pub(super) bytes_written: AtomicU64,
+    pub(super) bytes_read: AtomicU64,
     pub(super) failed_writes: AtomicU64,
     pub(super) failed_reads: AtomicU64,
 }
@@ -203,6 +204,10 @@ pub(super) struct BackingFile {
     pub(super) path: PathBuf,
     /// Opened `O_DIRECT`.
     pub(super) direct: bool,
+    /// Alignment of a record read's offset and length: the file's direct I/O alignment (a
+    /// sector on most disks, so a record is read as the sectors it takes, not the 4 KiB
+    /// blocks around it), a sector for buffered I/O.
+    pub(super) read_align: usize,
     /// Its size in bytes (the sector map covers the whole sectors of it).
     pub(super) bytes: u64,
     pub(super) space: Mutex<Space>,
@@ -401,6 +406,8 @@ pub struct FileUsage {
     pub writes: u64,
     /// Opened with `O_DIRECT`.
     pub direct: bool,
+    /// Alignment of its record reads (bytes).
+    pub read_align: usize,
 }
 
 impl BackingStore {
@@ -504,6 +511,7 @@ impl BackingStore {
                     size_bytes: s.sectors * SECTOR,
                     writes: f.writes.load(Ordering::Relaxed),
                     direct: f.direct,
+                    read_align: f.read_align,
                 }
             })
             .collect()
@@ -693,9 +701,10 @@ impl BackingStore {
             .ok_or(BackingError::Tampered { sector })?;
         let total = NONCE + len + TAG;
         let byte = sector * SECTOR;
-        let window_start = byte / ALIGN as u64 * ALIGN as u64;
+        let align = f.read_align;
+        let window_start = byte / align as u64 * align as u64;
         let skip = (byte - window_start) as usize;
-        let window = (skip + total).next_multiple_of(ALIGN);
+        let window = (skip + total).next_multiple_of(align);
         if window > buf.len() {
             return Err(BackingError::Tampered { sector });
         }
@@ -703,6 +712,9 @@ impl BackingStore {
             .inspect_err(|_| {
                 self.counters.failed_reads.fetch_add(1, Ordering::Relaxed);
             })?;
+        self.counters
+            .bytes_read
+            .fetch_add(window as u64, Ordering::Relaxed);
         let record = &mut buf[skip..skip + total];
         let nonce = *Nonce::from_slice(&record[..NONCE]);
         let tag = *Tag::from_slice(&record[NONCE + len..total]);
@@ -759,6 +771,11 @@ impl BackingStore {
     /// Bytes written to the store so far (4 KiB-rounded extents).
     pub fn bytes_written(&self) -> u64 {
         self.counters.bytes_written.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read from the store so far (each record read with the file's alignment).
+    pub fn bytes_read(&self) -> u64 {
+        self.counters.bytes_read.load(Ordering::Relaxed)
     }
 
     /// Batches whose write failed (their pages stayed in RAM), and reads that failed (I/O error

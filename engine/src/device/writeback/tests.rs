@@ -43,6 +43,21 @@ fn written_back_pages_read_back_sealed_and_packed() {
         d.read(&mut ctx, i as u64 * 4096, &mut back).unwrap();
         assert_eq!(&back, p, "page {i}");
     }
+    // Each record is read as the file's alignment allows (a sector on this disk, where its
+    // direct I/O says so), not as the 4 KiB blocks it touches: at most one alignment unit
+    // more than its own sectors.
+    let b = d.backing().unwrap();
+    let align = b.files()[0].read_align;
+    assert!(
+        align.is_power_of_two() && (512..=4096).contains(&align),
+        "{align}"
+    );
+    assert!(
+        b.bytes_read() <= s.bytes + 300 * align as u64,
+        "{} bytes read for 300 records of {} bytes written, alignment {align}",
+        b.bytes_read(),
+        s.bytes
+    );
     // Nothing of the plain text is in the file: every line of a text page starts with
     // "uzram: ", which compression keeps as a literal at least once per page.
     let file = std::fs::read(&path).unwrap();
