@@ -1,26 +1,33 @@
 //! Reads of written-back pages: the first read since a writeback judges it (an early read is
 //! the policy's mistake) and stamps the page; a second read soon after brings it back into the
-//! pool (`promote`). The first read brings it back too while promotions have been paying: a
-//! promoted page read again from the pool within the promote age (sooner than the pool's
-//! coldest pages go untouched: a hit) counts for; one read later than that, or written back
-//! again unread (a miss), against ([`FirstRead`]). Where the pages read from the backing store
-//! are hot (a hot set the fill's order left there) promotions pay and each such page costs one
-//! read, not two; where the next page read is the one longest untouched (a cyclic walk larger
-//! than the pool) a promoted page is no hotter than those its room pushes out, and the layout
-//! stays as it is.
+//! pool (`promote`). The first read brings it back too while promotions pay ([`FirstRead`]):
+//! each promotion is a bet of one credit, which a hit (the promoted page read again from the
+//! pool within the promote age, sooner than the pool's coldest pages go untouched) pays back
+//! twice and a miss (read later than that, or written back again unread) not at all; first
+//! reads promote while the credit lasts. The bet is taken when the page is promoted, not when
+//! it is judged (a miss may show only a pass of a cyclic walk later): so first-read promotions
+//! go on only as fast as hits come back. Where the pages read from the backing store are hot (a
+//! hot set the fill's order left there) promotions pay and each such page costs one read, not
+//! two; where the next page read is the one longest untouched (a cyclic walk larger than the
+//! pool) a promoted page is no hotter than those its room pushes out, and the layout stays as
+//! it is.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::{BatchStats, Policy, Tier, COLD_AGE_START, EARLY_READ_SECS};
 use crate::device::{slot, Device, PageIndex, SlotFlags, SlotState};
 
-/// Bound of [`FirstRead`]'s credit either way: how much past evidence a change of workload
-/// has to outweigh.
-const CREDIT_BOUND: i64 = 4096;
+/// Bound of [`FirstRead`]'s credit either way: the most first-read promotions awaiting their
+/// judgement (a hit may come minutes after its promotion), and how much past evidence a change
+/// of workload has to outweigh.
+const CREDIT_BOUND: i64 = 16 * 1024;
 
-/// Whether the first read of a written-back page brings it back: the promotions' hits less
-/// their misses, bounded. Second reads keep promoting whatever it says, so the evidence can
-/// turn both ways.
+/// Credit below which first reads do not promote: fewer hits than that are no evidence.
+const CREDIT_EVIDENCE: i64 = 32;
+
+/// Whether the first read of a written-back page brings it back: a credit every promotion
+/// spends one of and every hit pays two back to, bounded. Second reads keep promoting whatever
+/// it says (and so keep judging), so the evidence can turn both ways.
 #[derive(Debug, Default)]
 pub(super) struct FirstRead {
     credit: AtomicI64,
@@ -35,9 +42,18 @@ impl FirstRead {
             });
     }
 
-    /// Whether promotions have been paying.
-    fn promotes(&self) -> bool {
-        self.credit.load(Ordering::Relaxed) > 0
+    /// Whether a first read promotes: while the credit is past [`CREDIT_EVIDENCE`], spending
+    /// one (given back by [`FirstRead::refund`] if the promotion does not happen).
+    fn take(&self) -> bool {
+        self.credit
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                (c > CREDIT_EVIDENCE).then_some(c - 1)
+            })
+            .is_ok()
+    }
+
+    fn refund(&self) {
+        self.add(1);
     }
 
     #[cfg(test)]
@@ -66,21 +82,20 @@ impl Tier {
     }
 
     /// A promoted page was read from the pool `age` seconds after its promotion (the first
-    /// read since): a hit within the promote age, a miss after it.
+    /// read since): a hit within the promote age (its bet paid back twice), a miss after it.
     pub(in crate::device) fn note_promoted_read(&self, age: u32) {
         if age < self.promote_age() {
             self.counters.promote_hits.fetch_add(1, Ordering::Relaxed);
-            self.first_read.add(1);
+            self.first_read.add(2);
         } else {
             self.note_promote_miss();
         }
     }
 
     /// A promoted page was written back again before any read from the pool, or read after
-    /// the promote age: a miss.
+    /// the promote age: a miss (its bet is lost).
     pub(in crate::device) fn note_promote_miss(&self) {
         self.counters.promote_misses.fetch_add(1, Ordering::Relaxed);
-        self.first_read.add(-1);
     }
 
     /// A written-back page read again within this many seconds of its last read is brought
@@ -136,15 +151,19 @@ impl Device {
             if s.atime != 0 && !s.flags.contains(SlotFlags::ADOPTED) {
                 self.tier.note_read_back(age);
             }
-            if window > 0 && self.tier.first_read.promotes() && self.promote(buf, index, g, &s, now)
-            {
-                self.tier
-                    .counters
-                    .promoted_first
-                    .fetch_add(1, Ordering::Relaxed);
-                return;
+            if window > 0 && self.tier.first_read.take() {
+                if self.promote(buf, index, g, &s, now) {
+                    self.tier
+                        .counters
+                        .promoted_first
+                        .fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                self.tier.first_read.refund();
             }
         } else if age < window && self.promote(buf, index, g, &s, now) {
+            // A second-read promotion bets too: its hit or miss is evidence like any other.
+            self.tier.first_read.add(-1);
             return;
         }
         if !s.flags.contains(SlotFlags::READ_BACK) || s.atime != now {

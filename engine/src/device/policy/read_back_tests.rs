@@ -171,37 +171,39 @@ fn a_round_for_room_sets_the_promote_age_to_the_age_of_the_pages_it_wrote_back()
 fn promoted_pages_read_again_soon_turn_promotion_on_the_first_read_on() {
     let dir = tempdir("policy-first-read");
     let (d, mut ctx, model) = full_of_noise(&dir);
-    promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
-    assert_eq!(d.tier.first_read.credit(), 0);
-    // Read from the pool within the promote age: 100 hits; once is what counts.
+    // Each promotion bets one credit.
+    promoted_by_two_reads(&d, &mut ctx, &model, (0, 199));
+    assert_eq!(d.tier.first_read.credit(), -200);
+    // Read from the pool within the promote age: 200 hits, each paying two back; once is what
+    // counts.
     d.advance_clock(10);
-    check_all(&d, &mut ctx, &model[..100]);
-    check_all(&d, &mut ctx, &model[..100]);
+    check_all(&d, &mut ctx, &model[..200]);
+    check_all(&d, &mut ctx, &model[..200]);
     let p = d.policy_stats();
-    assert_eq!((p.promote_hits, p.promote_misses), (100, 0));
-    assert_eq!(d.tier.first_read.credit(), 100);
+    assert_eq!((p.promote_hits, p.promote_misses), (200, 0));
+    assert_eq!(d.tier.first_read.credit(), 200);
     // Now a written-back page comes back on its first read.
     hundred_written_back(&d, &mut ctx);
     check_all(&d, &mut ctx, &model[..100]);
     let p = d.policy_stats();
     assert_eq!(
         (on_store(&d), p.promoted_first, p.promoted_pages),
-        (0, 100, 200)
+        (0, 100, 300)
     );
+    assert_eq!(d.tier.first_read.credit(), 100);
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn promoted_pages_read_late_or_written_back_unread_turn_it_off_again() {
+fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back() {
     let dir = tempdir("policy-first-read-off");
     let (d, mut ctx, model) = full_of_noise(&dir);
-    // 100 hits first: promotion on the first read is on.
+    // 100 hits: a credit of 100.
     promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
     check_all(&d, &mut ctx, &model[..100]);
     assert_eq!(d.tier.first_read.credit(), 100);
-    // 150 promoted on their first read; 100 of them read after the promote age, 50 written
-    // back again unread: 150 misses.
+    // 150 first reads: 68 promote, down to the evidence floor of 32; the rest stay.
     d.advance_clock(5);
     d.writeback(
         &mut ctx,
@@ -212,21 +214,27 @@ fn promoted_pages_read_late_or_written_back_unread_turn_it_off_again() {
     )
     .unwrap();
     check_all(&d, &mut ctx, &model[100..250]);
-    assert_eq!(d.policy_stats().promoted_first, 150);
+    assert_eq!(d.policy_stats().promoted_first, 68);
+    assert_eq!(on_store(&d), 150 - 68);
+    assert_eq!(d.tier.first_read.credit(), 32);
+    // The 68 promoted pages: 40 read after the promote age, 28 written back again unread.
+    // 68 misses, nothing paid back.
+    let promoted: Vec<u64> = (100..250)
+        .filter(|&i| d.peek(PageIndex(i)).flags.contains(SlotFlags::PROMOTED))
+        .collect();
+    assert_eq!(promoted.len(), 68);
     d.advance_clock(COLD_AGE_START);
-    check_all(&d, &mut ctx, &model[100..200]);
-    d.writeback(
-        &mut ctx,
-        WritebackRequest::Pages {
-            first: 200,
-            last: 249,
-        },
-    )
-    .unwrap();
+    for &i in &promoted[..40] {
+        check_all(&d, &mut ctx, &model[i as usize..=i as usize]);
+    }
+    for &i in &promoted[40..] {
+        d.writeback(&mut ctx, WritebackRequest::Pages { first: i, last: i })
+            .unwrap();
+    }
     let p = d.policy_stats();
-    assert_eq!((p.promote_hits, p.promote_misses), (100, 150));
-    assert_eq!(d.tier.first_read.credit(), -50);
-    // First reads leave pages on the store again; second reads still promote.
+    assert_eq!((p.promote_hits, p.promote_misses), (100, 68));
+    assert_eq!(d.tier.first_read.credit(), 32);
+    // First reads leave pages on the store now; second reads still promote.
     d.advance_clock(5);
     d.writeback(
         &mut ctx,
@@ -242,7 +250,7 @@ fn promoted_pages_read_late_or_written_back_unread_turn_it_off_again() {
     d.advance_clock(30);
     check_all(&d, &mut ctx, &model[300..400]);
     assert_eq!(on_store(&d), on - 100);
-    assert_eq!(d.policy_stats().promoted_first, 150);
+    assert_eq!(d.policy_stats().promoted_first, 68);
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }
