@@ -602,6 +602,10 @@ impl Device {
         } else {
             (&buf[..n], SlotFlags::STORED)
         };
+        // Past the pool's ceiling under host pressure, room first (see `policy::spill`).
+        if self.backing.is_some() && self.past_ceiling() {
+            self.make_room(evict.as_deref_mut(), bytes.len());
+        }
         let mut rounds = 0;
         let handle = loop {
             let stored = match reserve_wait {

@@ -7,14 +7,18 @@
 //!
 //! The I/O path only queues the page's index ([`Device::note_stored`]: no lock, no
 //! allocation, no I/O); the policy thread writes the queued pages back in batches
-//! ([`Policy::drain_spill`]), so a write never waits for the backing store, whatever it is.
+//! ([`Policy::drain_spill`]), so a write does not wait for the backing store while the policy
+//! thread keeps up. When it does not (several programs swapping out at once), the pool would
+//! grow past its share into the memory the host is short of, and it is locked: so past a
+//! ceiling (the share and a sixteenth) a write makes room first, as a write at `mem_limit` does
+//! ([`Device::past_ceiling`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crossbeam::queue::ArrayQueue;
 
 use super::{Policy, BATCH};
-use crate::device::{Device, PageIndex, SlotFlags, SlotState};
+use crate::device::{Device, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 
 /// Page indexes the queue holds; a page that finds it full stays in the pool (host pressure
 /// writes it back later if it gets old).
@@ -31,6 +35,8 @@ pub(super) struct Spill {
     /// Set by the policy's tick; read by every write.
     on: AtomicBool,
     queue: ArrayQueue<u64>,
+    /// Pool pages past which a write makes room first (0: none), set with `on`.
+    ceiling_pages: AtomicU64,
 }
 
 impl Default for Spill {
@@ -38,6 +44,7 @@ impl Default for Spill {
         Spill {
             on: AtomicBool::new(false),
             queue: ArrayQueue::new(QUEUE),
+            ceiling_pages: AtomicU64::new(0),
         }
     }
 }
@@ -49,26 +56,37 @@ impl Spill {
     }
 
     /// Nothing more may go (the store is full or failing, the budget or the writeback limit
-    /// is spent): spill stops until the next tick decides again, and the queued pages stay in
-    /// the pool.
+    /// is spent): spill stops, and the ceiling with it, until the next tick decides again, and
+    /// the queued pages stay in the pool.
     fn stop(&self) {
         self.on.store(false, Ordering::Relaxed);
+        self.ceiling_pages.store(0, Ordering::Relaxed);
         while self.queue.pop().is_some() {}
     }
 
     /// Decides for the next tick, from the pool's `used` bytes and its `share` of RAM under
     /// host pressure (`None`: no pressure, or spill is off): on at 90 % of the share, off
-    /// below 80 % (the gap keeps it from flapping) or when the pressure is gone.
+    /// below 80 % (the gap keeps it from flapping) or when the pressure is gone; and the
+    /// ceiling, the share and a sixteenth, while there is pressure.
     pub(super) fn decide(&self, used: u64, share: Option<u64>) {
         let on = share.is_some_and(|share| {
             let at = if self.is_on() { 8 } else { 9 };
             share > 0 && used >= share / 10 * at
         });
         self.on.store(on, Ordering::Relaxed);
+        let ceiling = share.map_or(0, |s| (s + s / 16) / PAGE_SIZE as u64);
+        self.ceiling_pages.store(ceiling, Ordering::Relaxed);
     }
 }
 
 impl Device {
+    /// On the I/O path, before a page is stored: whether the pool is past its ceiling (see
+    /// the module docs), so that the write makes room first.
+    pub(in crate::device) fn past_ceiling(&self) -> bool {
+        let ceiling = self.tier.spill.ceiling_pages.load(Ordering::Relaxed);
+        ceiling > 0 && self.pool.pages_used() > ceiling
+    }
+
     /// On the I/O path, after page `index` was stored with `flags`: while spill is on, queues
     /// a stored (compressed or huge) page for the policy thread to write through.
     pub(in crate::device) fn note_stored(&self, index: PageIndex, flags: SlotFlags) {
@@ -138,3 +156,7 @@ impl Policy {
         written
     }
 }
+
+#[cfg(test)]
+#[path = "spill_tests.rs"]
+mod tests;

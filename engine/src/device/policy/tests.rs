@@ -378,9 +378,10 @@ fn at_nine_tenths_of_its_share_under_pressure_new_pages_spill_through() {
     let dir = tempdir("policy-spill");
     let (d, mut ctx, mut model) = full_of_noise(&dir);
     let mut policy = Policy::new();
-    // A 30 MiB host: the share is 6.0 MiB; the pool (5.9 MiB) is past nine tenths of it but
-    // within it, and young: host pressure writes nothing back, spill turns on.
-    let short = short_of_memory(30);
+    // A 32 MiB host: the share is 6.4 MiB; the pool (5.9 MiB) is past nine tenths of it but
+    // within it, and young: host pressure writes nothing back, spill turns on. (The 300 pages
+    // below stay within its ceiling, a sixteenth more: no write evicts.)
+    let short = short_of_memory(32);
     let r = policy.tick(&d, &mut ctx, &short).unwrap();
     assert_eq!(r.written_back, 0, "{r:?}");
     let backing = d.backing().unwrap();

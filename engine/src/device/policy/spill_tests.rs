@@ -1,0 +1,71 @@
+//! Spill's ceiling: writes faster than the policy thread do not grow the pool past its share.
+
+use super::super::tests::{check_all, full_of_noise, short_of_memory};
+use super::super::*;
+use crate::device::testutil::{noise_page, tempdir};
+
+/// Writes noise pages `range` (each a huge page: a whole pool page) without a tick between.
+fn write_noise(
+    d: &Device,
+    ctx: &mut IoContext,
+    model: &mut Vec<(u64, [u8; PAGE_SIZE])>,
+    range: std::ops::Range<u64>,
+) {
+    for i in range {
+        let p = noise_page(i + 10_000);
+        d.write(ctx, i * PAGE_SIZE as u64, &p).unwrap();
+        model.push((i, p));
+    }
+}
+
+#[test]
+fn under_pressure_a_write_past_the_ceiling_makes_room_first() {
+    let dir = tempdir("policy-ceiling");
+    let (d, mut ctx, mut model) = full_of_noise(&dir);
+    d.advance_clock(20);
+    let mut policy = Policy::new();
+    // A 30 MiB host: the share is 6.0 MiB and the ceiling a sixteenth more, 1632 pages; the
+    // pool (1500 pages) is within both and young, so the tick writes nothing back.
+    let r = policy.tick(&d, &mut ctx, &short_of_memory(30)).unwrap();
+    assert_eq!(r.written_back, 0, "{r:?}");
+    let ceiling = (30u64 << 20) / 100 * 20 * 17 / 16 / PAGE_SIZE as u64;
+    // 500 pages more, faster than any tick: the pool stops at the ceiling (one eviction's
+    // batch below it at most), the rest goes to the backing store.
+    write_noise(&d, &mut ctx, &mut model, 1500..2000);
+    let used = d.pool.pages_used();
+    assert!(
+        (ceiling - EVICT_BATCH as u64..=ceiling + 1).contains(&used),
+        "pool {used} pages, ceiling {ceiling}"
+    );
+    let s = d.policy_stats();
+    assert!(s.evicted_pages >= 2000 - 1 - ceiling, "{s:?}");
+    assert_eq!(d.backing().unwrap().pages(), s.evicted_pages);
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn without_pressure_or_with_spill_off_there_is_no_ceiling() {
+    let dir = tempdir("policy-ceiling-off");
+    let (d, mut ctx, mut model) = full_of_noise(&dir);
+    d.advance_clock(20);
+    let mut policy = Policy::new();
+    let short = short_of_memory(30);
+    // Spill off: the pool grows past the share (the tick's writeback follows later).
+    d.set_policy("spill=0").unwrap();
+    policy.tick(&d, &mut ctx, &short).unwrap();
+    write_noise(&d, &mut ctx, &mut model, 1500..1800);
+    assert!(d.pool.pages_used() >= 1800, "{}", d.pool.pages_used());
+    // No pressure: no ceiling either.
+    d.set_policy("spill=1").unwrap();
+    let calm = Pressure {
+        mem_available: 20 << 20,
+        ..short
+    };
+    policy.tick(&d, &mut ctx, &calm).unwrap();
+    write_noise(&d, &mut ctx, &mut model, 1800..1900);
+    assert!(d.pool.pages_used() >= 1900, "{}", d.pool.pages_used());
+    assert_eq!(d.policy_stats().evicted_pages, 0);
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
