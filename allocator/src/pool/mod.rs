@@ -602,6 +602,16 @@ impl Pool {
         Ok(self.table.classes()[self.table.class_of(size)].size)
     }
 
+    /// Whether an object of `size` bytes would fit in a zspage the pool has (false: storing it
+    /// would take new pages). A moment's answer: another store may take the room meanwhile.
+    pub fn has_room_for(&self, size: usize) -> bool {
+        Self::check_size(size).is_ok()
+            && self.classes[self.table.class_of(size)]
+                .lock()
+                .fullest_partial(None)
+                .is_some()
+    }
+
     /// The size classes, smallest first.
     pub fn classes(&self) -> &[ClassSpec] {
         self.table.classes()

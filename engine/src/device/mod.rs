@@ -523,15 +523,17 @@ impl Device {
             self.after_read_back(buf, index, g, s, now);
             return Ok(());
         }
-        if s.flags.contains(SlotFlags::PROMOTED) {
-            self.tier.note_promoted_read(now.saturating_sub(s.atime));
+        // A promoted page is judged by its next read in a later second: the other parts of a
+        // page read piecemeal are the same read.
+        if s.atime != now {
+            if s.flags.contains(SlotFlags::PROMOTED) {
+                self.tier.note_promoted_read(now.saturating_sub(s.atime));
+            }
+            s.flags = s.flags.difference(SlotFlags::PROMOTED);
         }
-        if s.atime != now || s.flags.intersects(SlotFlags::IDLE | SlotFlags::PROMOTED) {
+        if s.atime != now || s.flags.contains(SlotFlags::IDLE) {
             s.atime = now;
-            s.flags = s
-                .flags
-                .difference(SlotFlags::IDLE)
-                .difference(SlotFlags::PROMOTED);
+            s.flags = s.flags.difference(SlotFlags::IDLE);
             g.set(s);
         }
         Ok(())
@@ -602,9 +604,10 @@ impl Device {
         } else {
             (&buf[..n], SlotFlags::STORED)
         };
-        // Past the pool's ceiling under host pressure, room first (see `policy::spill`).
-        if self.backing.is_some() && self.past_ceiling() {
-            self.make_room(evict.as_deref_mut(), bytes.len());
+        // Past the pool's ceiling under host pressure, room first if the store would take a
+        // new pool page (see `policy::spill`).
+        if self.backing.is_some() && self.past_ceiling() && !self.pool.has_room_for(bytes.len()) {
+            self.ask_room(evict.as_deref_mut(), bytes.len());
         }
         let mut rounds = 0;
         let handle = loop {

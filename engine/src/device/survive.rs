@@ -263,17 +263,16 @@ pub(super) fn write_settings(
 }
 
 /// The predecessor's settings, checked against `config` and `disksize`; returns when it was
-/// created (seconds since the Unix epoch).
-/// With `take`, a region of an older version this one reads is marked as this version's (the
-/// caller is taking it over; without `take` nothing is written).
+/// created (seconds since the Unix epoch) and the settings' chunk, whose version a caller that
+/// takes the device over marks as this one's once the adoption has succeeded (a refused one
+/// leaves a region an older binary can still take back). Writes nothing.
 fn check_settings(
     region: &Region,
     config: &DeviceConfig,
     disksize: u64,
-    take: bool,
-) -> Result<u64, String> {
+) -> Result<(u64, Chunk), String> {
     let mut found = region.take_adopted_chunks(|t| t == SETTINGS_TAG);
-    let mut chunk = match found.len() {
+    let chunk = match found.len() {
         1 => found.pop().expect("one").1,
         n => return Err(format!("the region holds {n} device settings, not one")),
     };
@@ -296,10 +295,7 @@ fn check_settings(
             ));
         }
     }
-    if take {
-        chunk[S_VERSION] = SETTINGS_VERSION;
-    }
-    Ok(created)
+    Ok((created, chunk))
 }
 
 impl Device {
@@ -325,7 +321,7 @@ impl Device {
             .map_err(|e| not(format!("cannot open the region again: {e}")))?;
         let region = Region::adopt(fd).map_err(|e| not(e.to_string()))?;
         let disksize = disksize.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
-        check_settings(&region, config, disksize, false).map_err(not)?;
+        check_settings(&region, config, disksize).map_err(not)?;
         check_backing(&region, config).map_err(not)?;
         Self::codecs(config)?;
         Ok(())
@@ -429,7 +425,8 @@ impl Device {
         }
         let disksize = disksize.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
         let pages = disksize / PAGE_SIZE as u64;
-        let created = check_settings(&region, &config, disksize, true).map_err(not)?;
+        let (created, mut settings_chunk) =
+            check_settings(&region, &config, disksize).map_err(not)?;
         let codecs = Self::codecs(&config)?;
         let backing_head = check_backing(&region, &config).map_err(not)?;
         let pool = Pool::adopt(PoolConfig {
@@ -480,6 +477,8 @@ impl Device {
                 return Err(e);
             }
         };
+        // Taken over: a region of an older version this one reads is this version's now.
+        settings_chunk[S_VERSION] = SETTINGS_VERSION;
         // Before this process seals a record: its nonces are of the new epoch.
         let backing = backing.map(|(store, mut found)| {
             found.head[B_EPOCH] = u64::from(found.epoch);

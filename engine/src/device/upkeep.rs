@@ -161,6 +161,14 @@ impl Device {
                     "page {i}: IDLE on a page neither stored nor written back"
                 ));
             }
+            // PROMOTED on a stored page, ADOPTED (the same bit) on a written-back one.
+            if s.flags.contains(SlotFlags::PROMOTED)
+                && !s.flags.intersects(SlotFlags::STORED | SlotFlags::WB)
+            {
+                return Err(format!(
+                    "page {i}: PROMOTED on a page neither stored nor written back"
+                ));
+            }
         }
         let c = self.counters.totals();
         let pairs = [

@@ -74,7 +74,16 @@ starved_run() {
 }
 
 # disk swap at priority PRIO (below any compressed swap)
-disk_swap_on() { mkswap "$STARVED_DISK" >/dev/null 2>&1 && swapon -p "$1" "$STARVED_DISK"; }
+# (a uzram configuration's daemon may still be exiting, holding the disk (O_EXCL) after its
+# device is gone: tried for up to 20 s)
+disk_swap_on() {
+    local _
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        mkswap "$STARVED_DISK" >/dev/null 2>&1 && swapon -p "$1" "$STARVED_DISK" && return 0
+        sleep 2
+    done
+    return 1
+}
 disk_swap_off() { swapoff "$STARVED_DISK" 2>/dev/null; }
 
 starved_disk() {

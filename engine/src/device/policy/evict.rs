@@ -8,6 +8,18 @@ use super::{EVICT_FAST_FAIL, EVICT_SCAN, EVICT_WAIT};
 use crate::device::writeback::{BatchStats, WbBuffers};
 use crate::device::{Device, PageIndex, SlotFlags, PAGE_SIZE};
 
+impl super::Requests {
+    /// Asks for room for an object of `size` bytes (sizes asked already count once; past
+    /// eight, the round frees room anyway).
+    fn push(&mut self, size: usize) {
+        let size = size.min(PAGE_SIZE) as u16;
+        if !self.sizes[..self.n].contains(&size) && self.n < self.sizes.len() {
+            self.sizes[self.n] = size;
+            self.n += 1;
+        }
+    }
+}
+
 impl Device {
     /// Hand-off mode: a write that finds no room asks the policy thread (which must be running
     /// [`Policy::serve_evictions`]) to evict, instead of writing to the backing store itself.
@@ -28,12 +40,7 @@ impl Device {
             return false;
         }
         let mut r = tier.requests.lock();
-        let size = size.min(PAGE_SIZE) as u16;
-        if !r.sizes[..r.n].contains(&size) && r.n < r.sizes.len() {
-            let n = r.n;
-            r.sizes[n] = size;
-            r.n += 1;
-        }
+        r.push(size);
         tier.wake.notify_one();
         let now = Instant::now();
         if r.starved_until.is_some_and(|t| now < t) {
@@ -59,6 +66,21 @@ impl Device {
         // Retry the store even if the round found nothing to evict: room may have been made
         // meanwhile (the watermark, another round); the caller's rounds are bounded.
         true
+    }
+
+    /// Makes room for an object of `size` bytes without waiting for it, for a write past the
+    /// pool's ceiling (a soft bound, unlike a limit): inline with `bufs` as
+    /// [`Device::make_room`] does, or in hand-off mode by asking the policy thread's next round.
+    pub(in crate::device) fn ask_room(&self, bufs: Option<&mut WbBuffers>, size: usize) {
+        let tier = &self.tier;
+        if !tier.hand_off.load(Ordering::Relaxed) {
+            if let Some(b) = bufs {
+                self.evict(b, size);
+            }
+            return;
+        }
+        tier.requests.lock().push(size);
+        tier.wake.notify_one();
     }
 
     /// Feature `testing`: moves the device's clock (the one page access times use) `secs`
@@ -142,6 +164,10 @@ impl Device {
                 false,
             )
         };
+        if b.full {
+            // No room on the store: the pool's ceiling is lifted until the next tick.
+            tier.spill.stop();
+        }
         tier.budget.lock().charge(b.bytes);
         if any_class && b.written > 0 {
             // Objects of other classes went: compact so their zspages free up. Rare (the

@@ -389,6 +389,7 @@ impl Policy {
         tier.spill.decide(
             used * PAGE_SIZE as u64,
             (pressed && cfg.spill && cfg.pool_share > 0).then_some(share),
+            cfg.evict,
         );
         if self.spilled_since_compact > 0 {
             self.spilled_since_compact = 0;

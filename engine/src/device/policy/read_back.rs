@@ -161,7 +161,7 @@ impl Device {
                 }
                 self.tier.first_read.refund();
             }
-        } else if age < window && self.promote(buf, index, g, &s, now) {
+        } else if (1..window).contains(&age) && self.promote(buf, index, g, &s, now) {
             // A second-read promotion bets too: its hit or miss is evidence like any other.
             self.tier.first_read.add(-1);
             return;

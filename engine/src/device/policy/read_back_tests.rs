@@ -125,6 +125,8 @@ fn promote_off_leaves_pages_read_twice_on_the_store() {
     assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (100, 0));
     d.set_policy("promote=1").unwrap();
     assert_eq!(d.policy_stats().promote_age_secs, u64::from(COLD_AGE_START));
+    // (A read in the same second as the last is a piece of that read: a second later.)
+    d.advance_clock(1);
     check_all(&d, &mut ctx, &model[..100]);
     assert_eq!((on_store(&d), d.policy_stats().promoted_pages), (0, 100));
     let _ = std::fs::remove_dir_all(&dir);
@@ -201,6 +203,7 @@ fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back()
     let (d, mut ctx, model) = full_of_noise(&dir);
     // 100 hits: a credit of 100.
     promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
+    d.advance_clock(10);
     check_all(&d, &mut ctx, &model[..100]);
     assert_eq!(d.tier.first_read.credit(), 100);
     // 150 first reads: 68 promote, down to the evidence floor of 32; the rest stay.
@@ -260,11 +263,38 @@ fn promote_off_turns_first_read_promotion_off_too() {
     let dir = tempdir("policy-first-read-promote-off");
     let (d, mut ctx, model) = full_of_noise(&dir);
     promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
+    d.advance_clock(10);
     check_all(&d, &mut ctx, &model[..100]);
     assert!(d.tier.first_read.credit() > 0);
     d.set_policy("promote=0").unwrap();
     hundred_written_back(&d, &mut ctx);
     check_all(&d, &mut ctx, &model[..100]);
     assert_eq!((on_store(&d), d.policy_stats().promoted_first), (100, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_page_read_in_pieces_is_judged_by_its_next_read_in_a_later_second() {
+    let dir = tempdir("policy-promote-pieces");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    promoted_by_two_reads(&d, &mut ctx, &model, (0, 0));
+    // The rest of the promoting read, 512 bytes at a time, in the same second: no hit yet.
+    let mut piece = [0u8; 512];
+    for k in 1..8u64 {
+        d.read(&mut ctx, k * 512, &mut piece).unwrap();
+        assert_eq!(
+            piece[..],
+            model[0].1[k as usize * 512..(k as usize + 1) * 512]
+        );
+    }
+    assert!(d.peek(PageIndex(0)).flags.contains(SlotFlags::PROMOTED));
+    assert_eq!(d.policy_stats().promote_hits, 0);
+    // A read a second later is the next one: a hit.
+    d.advance_clock(1);
+    d.read(&mut ctx, 0, &mut piece).unwrap();
+    let s = d.peek(PageIndex(0));
+    assert!(s.flags.contains(SlotFlags::STORED) && !s.flags.contains(SlotFlags::PROMOTED));
+    assert_eq!(d.policy_stats().promote_hits, 1);
+    check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -58,7 +58,7 @@ impl Spill {
     /// Nothing more may go (the store is full or failing, the budget or the writeback limit
     /// is spent): spill stops, and the ceiling with it, until the next tick decides again, and
     /// the queued pages stay in the pool.
-    fn stop(&self) {
+    pub(super) fn stop(&self) {
         self.on.store(false, Ordering::Relaxed);
         self.ceiling_pages.store(0, Ordering::Relaxed);
         while self.queue.pop().is_some() {}
@@ -67,14 +67,16 @@ impl Spill {
     /// Decides for the next tick, from the pool's `used` bytes and its `share` of RAM under
     /// host pressure (`None`: no pressure, or spill is off): on at 90 % of the share, off
     /// below 80 % (the gap keeps it from flapping) or when the pressure is gone; and the
-    /// ceiling, the share and a sixteenth, while there is pressure.
-    pub(super) fn decide(&self, used: u64, share: Option<u64>) {
+    /// ceiling, the share and a sixteenth, while there is pressure and writes may `evict`.
+    pub(super) fn decide(&self, used: u64, share: Option<u64>, evict: bool) {
         let on = share.is_some_and(|share| {
             let at = if self.is_on() { 8 } else { 9 };
             share > 0 && used >= share / 10 * at
         });
         self.on.store(on, Ordering::Relaxed);
-        let ceiling = share.map_or(0, |s| (s + s / 16) / PAGE_SIZE as u64);
+        let ceiling = share
+            .filter(|_| evict)
+            .map_or(0, |s| (s + s / 16) / PAGE_SIZE as u64);
         self.ceiling_pages.store(ceiling, Ordering::Relaxed);
     }
 }

@@ -1,8 +1,8 @@
 //! Spill's ceiling: writes faster than the policy thread do not grow the pool past its share.
 
-use super::super::tests::{check_all, full_of_noise, short_of_memory};
+use super::super::tests::{check_all, device, full_of_noise, short_of_memory};
 use super::super::*;
-use crate::device::testutil::{noise_page, tempdir};
+use crate::device::testutil::{noise_page, tempdir, text_page};
 
 /// Writes noise pages `range` (each a huge page: a whole pool page) without a tick between.
 fn write_noise(
@@ -66,6 +66,42 @@ fn without_pressure_or_with_spill_off_there_is_no_ceiling() {
     write_noise(&d, &mut ctx, &mut model, 1800..1900);
     assert!(d.pool.pages_used() >= 1900, "{}", d.pool.pages_used());
     assert_eq!(d.policy_stats().evicted_pages, 0);
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn past_the_ceiling_compressible_pages_make_room_only_when_their_class_has_none() {
+    let dir = tempdir("policy-ceiling-text");
+    let d = device(
+        &dir,
+        2048,
+        "recompress_after=off writeback_after=off pool_share=20",
+    );
+    let mut ctx = d.context().unwrap();
+    let mut policy = Policy::new();
+    // A 2 MiB host: the share is 0.4 MiB, the ceiling 108 pool pages.
+    policy.tick(&d, &mut ctx, &short_of_memory(2)).unwrap();
+    let mut model = Vec::new();
+    for i in 0..1500u64 {
+        let p = text_page(i);
+        d.write(&mut ctx, i * PAGE_SIZE as u64, &p).unwrap();
+        model.push((i, p));
+    }
+    // Stored alone they would take about 550 pool pages; the ceiling holds the pool near its
+    // 108 (a zspage a class past it at most), and what stays is packed: a write past the
+    // ceiling evicts only when its class has no free slot, so the pool is not emptied of
+    // objects while its page count stands still.
+    let used = d.pool.pages_used();
+    let mm = d.stats().mm;
+    assert!(used <= 2 * 108, "pool {used} pages");
+    assert!(
+        mm.compr_data_size * 2 >= used * PAGE_SIZE as u64,
+        "{} bytes of objects in {used} pool pages",
+        mm.compr_data_size
+    );
+    let s = d.policy_stats();
+    assert!(s.evicted_pages > 0 && s.evicted_pages < 1500, "{s:?}");
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }

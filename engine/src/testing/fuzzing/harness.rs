@@ -779,7 +779,12 @@ impl Harness {
                 let r = Span::sectors(sector, sectors);
                 self.write(r, &kind.content(seed, r.len_bytes as usize));
             }
-            DeviceOp::Read { sector, sectors } => self.read(Span::sectors(sector, sectors)),
+            DeviceOp::Read { sector, sectors } => {
+                // Each read request a second after the last: a page is judged by its next read
+                // in a later second (promotion), not by the rest of the same read.
+                self.device.advance_clock(1);
+                self.read(Span::sectors(sector, sectors));
+            }
             DeviceOp::Discard { sector, sectors } => {
                 self.discard(Span::sectors(sector, sectors));
             }

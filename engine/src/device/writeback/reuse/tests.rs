@@ -113,7 +113,9 @@ fn a_page_read_back_freed_and_swapped_out_again_unchanged_is_written_once() {
     // An adopted record taken over again (it keeps the index it was sealed for).
     discard(&d, 501);
     write(&d, &mut ctx, 800, &text_page(1));
-    assert!(state(&d, 800).flags.contains(SlotFlags::ADOPTED));
+    assert!(state(&d, 800)
+        .flags
+        .contains(SlotFlags::WB | SlotFlags::ADOPTED));
     assert_eq!(read(&d, &mut ctx, 800), text_page(1));
     // A page freed without a read since its writeback: its record is freed, not kept.
     write(&d, &mut ctx, 900, &text_page(900));
