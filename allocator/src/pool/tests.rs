@@ -385,3 +385,30 @@ fn an_on_demand_pool_ignores_short_memory() {
     assert!(!pool.wait_for_maintenance(Duration::ZERO));
     assert_eq!(pool.maintain().unwrap().arenas_mapped, 0);
 }
+
+#[test]
+fn has_room_for_says_whether_a_store_would_take_a_new_zspage() {
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    // Nothing of the class yet: a store would make a zspage.
+    assert!(!pool.has_room_for(1000));
+    let first = pool.store(&[1u8; 1000]).unwrap();
+    let per_zspage = {
+        let class = pool.class_size(1000).unwrap();
+        let spec = pool.classes().iter().find(|c| c.size == class).unwrap();
+        spec.objs_per_zspage
+    };
+    assert!(per_zspage > 1);
+    // Room in that zspage until it is full; then none, whatever the other classes have.
+    let mut live = vec![first];
+    for _ in 1..per_zspage {
+        assert!(pool.has_room_for(1000));
+        live.push(pool.store(&[1u8; 1000]).unwrap());
+    }
+    assert!(!pool.has_room_for(1000));
+    assert!(!pool.has_room_for(3000));
+    // A freed object leaves a slot.
+    pool.free(live.pop().unwrap()).unwrap();
+    assert!(pool.has_room_for(1000));
+    // A size no class takes has no room.
+    assert!(!pool.has_room_for(PAGE_SIZE + 1));
+}

@@ -107,13 +107,16 @@ impl Device {
             return false;
         }
         let now = self.now();
+        // Spent budgets lift the pool's ceiling too, until the next tick (as a full store does).
         if !tier.budget_allows(now) {
+            tier.spill.stop();
             return false;
         }
         let allowed = backing.limit_allows(bufs.capacity());
         if allowed == 0 {
             // zram's writeback_limit is spent.
             tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
+            tier.spill.stop();
             return false;
         }
         let Ok(class) = self.pool.class_size(size) else {
@@ -195,4 +198,37 @@ impl Device {
             .evict_failed
             .fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Serves the evictions writes have asked for (hand-off mode), without waiting for any: evicts
+/// for each object size asked, then wakes the writers. Returns whether any asked.
+pub(super) fn serve_pending(bufs: &mut Option<WbBuffers>, device: &Device) -> bool {
+    let tier = &device.tier;
+    let (sizes, n, round) = {
+        let mut r = tier.requests.lock();
+        if r.n == 0 {
+            return false;
+        }
+        r.taken += 1;
+        let taken = (r.sizes, r.n, r.taken);
+        r.n = 0;
+        taken
+    };
+    let mut served = 0;
+    let bufs = super::buffers(bufs);
+    for &size in &sizes[..n] {
+        // A class with room now (writes past the ceiling ask without waiting, several sizes of
+        // one class may be pending, and an eviction for one made room for all) needs none.
+        let size = usize::from(size);
+        if device.pool.has_room_for(size) || device.evict(bufs, size) {
+            served += 1;
+        }
+    }
+    let mut r = tier.requests.lock();
+    r.done = round;
+    if served > 0 {
+        r.starved_until = None;
+    }
+    tier.served.notify_all();
+    true
 }

@@ -298,7 +298,7 @@ impl Policy {
                 let _ = tier.wake.wait_for(&mut r, timeout);
             }
         }
-        let asked = serve_pending(&mut self.bufs, device);
+        let asked = evict::serve_pending(&mut self.bufs, device);
         // Between ticks, keep the margin under the limit too: the second between ticks is
         // long under a swap storm.
         self.relieve(device);
@@ -593,7 +593,7 @@ impl Policy {
             device.tier.budget.lock().charge(b.bytes);
             self.pages.clear();
             // Writes waiting for room come first (hand-off mode).
-            serve_pending(&mut self.bufs, device);
+            evict::serve_pending(&mut self.bufs, device);
             total.written += b.written;
             total.object_bytes += b.object_bytes;
             total.bytes += b.bytes;
@@ -619,36 +619,6 @@ fn watermark_excess(device: &Device, cfg: &PolicyConfig) -> Option<u64> {
 /// The policy's writeback buffers, made on first use.
 fn buffers(bufs: &mut Option<WbBuffers>) -> &mut WbBuffers {
     bufs.get_or_insert_with(|| WbBuffers::new(BATCH))
-}
-
-/// Serves the evictions writes have asked for (hand-off mode), without waiting for any: evicts
-/// for each object size asked, then wakes the writers. Returns whether any asked.
-fn serve_pending(bufs: &mut Option<WbBuffers>, device: &Device) -> bool {
-    let tier = &device.tier;
-    let (sizes, n, round) = {
-        let mut r = tier.requests.lock();
-        if r.n == 0 {
-            return false;
-        }
-        r.taken += 1;
-        let taken = (r.sizes, r.n, r.taken);
-        r.n = 0;
-        taken
-    };
-    let mut served = 0;
-    let bufs = buffers(bufs);
-    for &size in &sizes[..n] {
-        if device.evict(bufs, usize::from(size)) {
-            served += 1;
-        }
-    }
-    let mut r = tier.requests.lock();
-    r.done = round;
-    if served > 0 {
-        r.starved_until = None;
-    }
-    tier.served.notify_all();
-    true
 }
 
 impl Tier {

@@ -105,11 +105,12 @@ impl Tier {
     }
 
     /// Sets the promote age to the idle age of the youngest pages a round wrote back for room
-    /// (the pool's coldest; at least 1 s, as 0 means off), or to 0 with promotion off. Under
-    /// the settings' lock, so that a change of `promote` meanwhile is not undone.
+    /// (the pool's coldest; at least 2 s: 0 means off, and a read is judged a second after the
+    /// last at the soonest), or to 0 with promotion off. Under the settings' lock, so that a
+    /// change of `promote` meanwhile is not undone.
     pub(super) fn set_promote_age(&self, secs: u32) {
         let cfg = self.config.lock();
-        let secs = if cfg.promote { secs.max(1) } else { 0 };
+        let secs = if cfg.promote { secs.max(2) } else { 0 };
         self.counters
             .promote_age_secs
             .store(u64::from(secs), Ordering::Relaxed);

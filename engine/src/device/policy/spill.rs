@@ -10,8 +10,9 @@
 //! ([`Policy::drain_spill`]), so a write does not wait for the backing store while the policy
 //! thread keeps up. When it does not (several programs swapping out at once), the pool would
 //! grow past its share into the memory the host is short of, and it is locked: so past a
-//! ceiling (the share and a sixteenth) a write makes room first, as a write at `mem_limit` does
-//! ([`Device::past_ceiling`]).
+//! ceiling (the share and a sixteenth) a write whose object would take a new pool page makes
+//! room first (inline as a write at `mem_limit` does, or in hand-off mode by asking the policy
+//! thread without waiting: the ceiling is soft, a limit is not; [`Device::past_ceiling`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

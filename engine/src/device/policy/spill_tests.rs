@@ -56,15 +56,27 @@ fn without_pressure_or_with_spill_off_there_is_no_ceiling() {
     policy.tick(&d, &mut ctx, &short).unwrap();
     write_noise(&d, &mut ctx, &mut model, 1500..1800);
     assert!(d.pool.pages_used() >= 1800, "{}", d.pool.pages_used());
+    // Eviction off: no ceiling (a write could not make room); on, the ceiling is back.
+    let ceiling = |d: &Device| d.tier.spill.ceiling_pages.load(Ordering::Relaxed);
+    d.set_policy("spill=1 evict=0").unwrap();
+    policy.tick(&d, &mut ctx, &short).unwrap();
+    assert_eq!(ceiling(&d), 0);
+    d.set_policy("evict=1").unwrap();
+    policy.tick(&d, &mut ctx, &short).unwrap();
+    assert_eq!(
+        ceiling(&d),
+        (30u64 << 20) / 100 * 20 * 17 / 16 / PAGE_SIZE as u64
+    );
     // No pressure: no ceiling either.
-    d.set_policy("spill=1").unwrap();
     let calm = Pressure {
         mem_available: 20 << 20,
         ..short
     };
     policy.tick(&d, &mut ctx, &calm).unwrap();
+    assert_eq!(ceiling(&d), 0);
+    let before = d.pool.pages_used();
     write_noise(&d, &mut ctx, &mut model, 1800..1900);
-    assert!(d.pool.pages_used() >= 1900, "{}", d.pool.pages_used());
+    assert_eq!(d.pool.pages_used(), before + 100);
     assert_eq!(d.policy_stats().evicted_pages, 0);
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);

@@ -209,8 +209,8 @@ impl Harness {
             backing_devs: vec![backing.clone()],
             // The model is zram's: a write past mem_limit fails. Eviction (which writes pages
             // back instead) has its own model tests in device::policy.
-            // Promotion on zstd's runs only: the checks read every page twice at once, so
-            // with it a written-back page would rarely stay on the store long enough for the
+            // Promotion on zstd's runs only: read requests come a second apart, so with it a
+            // written-back page read twice would rarely stay on the store long enough for the
             // other operations to meet it.
             policy: crate::PolicyConfig {
                 evict: false,
