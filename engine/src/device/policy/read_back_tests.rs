@@ -40,6 +40,19 @@ fn promoted_by_two_reads(
     assert_eq!(d.policy_stats().promoted_pages - promoted, last - first + 1);
 }
 
+/// [`promoted_by_two_reads`], then each promoted page read again 10 s later: a hit each, so a
+/// credit of one a page (each bet paid back twice).
+fn promoted_and_hit(
+    d: &Device,
+    ctx: &mut IoContext,
+    model: &[(u64, [u8; PAGE_SIZE])],
+    (first, last): (u64, u64),
+) {
+    promoted_by_two_reads(d, ctx, model, (first, last));
+    d.advance_clock(10);
+    check_all(d, ctx, &model[first as usize..=last as usize]);
+}
+
 #[test]
 fn pages_read_back_soon_after_writeback_count_once_and_raise_the_cold_age() {
     let dir = tempdir("policy-early");
@@ -202,9 +215,7 @@ fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back()
     let dir = tempdir("policy-first-read-off");
     let (d, mut ctx, model) = full_of_noise(&dir);
     // 100 hits: a credit of 100.
-    promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
-    d.advance_clock(10);
-    check_all(&d, &mut ctx, &model[..100]);
+    promoted_and_hit(&d, &mut ctx, &model, (0, 99));
     assert_eq!(d.tier.first_read.credit(), 100);
     // 150 first reads: 68 promote, down to the evidence floor of 32; the rest stay.
     d.advance_clock(5);
@@ -262,9 +273,7 @@ fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back()
 fn promote_off_turns_first_read_promotion_off_too() {
     let dir = tempdir("policy-first-read-promote-off");
     let (d, mut ctx, model) = full_of_noise(&dir);
-    promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
-    d.advance_clock(10);
-    check_all(&d, &mut ctx, &model[..100]);
+    promoted_and_hit(&d, &mut ctx, &model, (0, 99));
     assert!(d.tier.first_read.credit() > 0);
     d.set_policy("promote=0").unwrap();
     hundred_written_back(&d, &mut ctx);
