@@ -37,13 +37,36 @@ swap_errors() { dmesg | grep -c 'Write-error on swap-device'; }
 
 oom_kills() { dmesg | grep -c 'Killed process'; }
 
+# pages swapped in and out, and the guest's context switches, so far: the time a configuration
+# takes is the number of swap-ins times what each costs
+swap_counts() {
+    awk '$1 == "pswpin" || $1 == "pswpout" { printf "%s ", $2 }' /proc/vmstat
+    awk '$1 == "ctxt" { print $2 }' /proc/stat
+}
+
+# daemon_switches: each uzram process's threads, as "name:voluntary+involuntary" context switches
+# (a thread name once per process, its threads summed): which of them the time went to
+daemon_switches() {
+    local p
+    for p in $(grep -lx uzram /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3); do
+        printf '%s:' "$p"
+        for t in /proc/"$p"/task/*; do
+            printf '%s %s\n' "$(cat "$t/comm" 2>/dev/null)" \
+                "$(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v "+" n }' "$t/status" 2>/dev/null)"
+        done | awk '{ split($2, a, "+"); v[$1] += a[1]; n[$1] += a[2] } END { for (k in v) printf " %s=%d+%d", k, v[k], n[k] }'
+        echo
+    done
+}
+
 # starved_run LABEL EXTRA_JSON: the workload on whatever swap is on now; one BENCH line
 starved_run() {
-    local label=$1 extra=$2 t0 r0 w0 e0 k0 rc peak=0 used p secs
+    local label=$1 extra=$2 t0 r0 w0 e0 k0 rc peak=0 used p secs si so cs
     sync
     echo 3 >/proc/sys/vm/drop_caches
     set -- $(disk_sectors)
     r0=$1 w0=$2
+    set -- $(swap_counts)
+    si=$1 so=$2 cs=$3
     e0=$(swap_errors)
     k0=$(oom_kills)
     note "starved: $STARVED_SHAPE: $label: $STARVED_MB MiB x $STARVED_PASSES passes (timeout ${STARVED_TIMEOUT}s)"
@@ -63,14 +86,16 @@ starved_run() {
     wait $p
     rc=$?
     secs=$(elapsed "$t0")
+    set -- $(swap_counts)
+    si=$(($1 - si)) so=$(($2 - so)) cs=$(($3 - cs))
     set -- $(disk_sectors)
-    note "starved: $label: exit $rc in ${secs}s, disk read $(mib $((($1 - r0) * 512))), written $(mib $((($2 - w0) * 512))); $(tail -1 "$UZ_TMP/starved-$label.log")"
+    note "starved: $label: exit $rc in ${secs}s, disk read $(mib $((($1 - r0) * 512))), written $(mib $((($2 - w0) * 512))), $si pages swapped in, $so out, $cs context switches; $(tail -1 "$UZ_TMP/starved-$label.log")"
     if [ "$rc" != 0 ]; then
         # why: bad pages the program named, or the kernel killing it
         grep -m 5 -e MISMATCH -e 'FAILED' "$UZ_TMP/starved-$label.log" | while read -r l; do note "starved: $label: $l"; done
         [ "$(oom_kills)" != "$k0" ] && note "starved: $label: $(($(oom_kills) - k0)) process(es) killed: $(dmesg | grep -e 'Killed process' | tail -n $(($(oom_kills) - k0)) | tr '\n' ' ')"
     fi
-    emit "{\"kind\":\"starved\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak$extra}"
+    emit "{\"kind\":\"starved\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak,\"swap_ins\":$si,\"swap_outs\":$so,\"context_switches\":$cs$extra}"
 }
 
 # disk swap at priority PRIO (below any compressed swap)
@@ -155,6 +180,7 @@ starved_uzram() { # LABEL [POLICY]
     bd=$("$UZRAM_BIN" attr "$dev" bd_stat | tr -s ' ' | sed 's/^ //')
     ms=$(dev_mm_stat "$dev" | tr -s ' ' | sed 's/^ //')
     note "starved: $label: policy_stat $ps"
+    daemon_switches | while read -r l; do note "starved: $label: context switches of uzram $l"; done
     note "starved: $label: bd_stat $bd; mm_stat $ms; io_stat $("$UZRAM_BIN" attr "$dev" io_stat)"
     emit "{\"kind\":\"starved-uzram\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"policy_stat\":\"$ps\",\"bd_stat\":\"$bd\",\"mm_stat\":\"$ms\"}"
     swapoff "$dev"
