@@ -16,7 +16,10 @@ STARVED_PASSES=${UZRAM_BENCH_STARVED_PASSES:-2}
 # The family of shapes, each "WALK,MIX,X10,PC": WALK swapfill (fill, then passes forward and
 # backward), cyclic (every pass forward: the least recently used page is read next), hotcold
 # (80 % of reads in a hot fifth), rewrite (cyclic, and every other page's tail rewritten each
-# pass) or phases (three cyclic programs started 20 s apart, each exiting when done); MIX the
+# pass) or phases (three cyclic programs, each started once the one before has filled its
+# memory and walked half its passes and the one before that has ended, each exiting when done:
+# started by the clock, a faster swap let each program end before the next needed its memory,
+# and the shape measured speed twice); MIX the
 # page mix (vmtool's VMTOOL_MIX: mixed, text, heap, noisy); X10 the workload in tenths of
 # MemAvailable ("t" before it: of MemTotal); PC vm.page-cluster. One guest run goes through
 # every shape with every configuration. The default is the one starved build of before.
@@ -44,23 +47,32 @@ swap_counts() {
     awk '$1 == "ctxt" { print $2 }' /proc/stat
 }
 
-# daemon_switches: each uzram process's threads, as "name:voluntary+involuntary" context switches
-# (a thread name once per process, its threads summed): which of them the time went to
+# daemon_switches: each uzram process's threads, as "name=voluntary+involuntary context
+# switches/CPU seconds" (a thread name once per process, its threads summed): where its time went
 daemon_switches() {
-    local p
+    local p t
     for p in $(grep -lx uzram /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3); do
         printf '%s:' "$p"
         for t in /proc/"$p"/task/*; do
-            printf '%s %s\n' "$(cat "$t/comm" 2>/dev/null)" \
-                "$(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v "+" n }' "$t/status" 2>/dev/null)"
-        done | awk '{ split($2, a, "+"); v[$1] += a[1]; n[$1] += a[2] } END { for (k in v) printf " %s=%d+%d", k, v[k], n[k] }'
+            # comm, then the switches, then utime + stime in clock ticks (stat's fields 14 and 15
+            # counted after the parenthesised name)
+            printf '%s %s %s\n' "$(tr ' ' _ <"$t/comm" 2>/dev/null)" \
+                "$(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v "+" n }' "$t/status" 2>/dev/null)" \
+                "$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12 + $13 }')"
+        done | awk '{ split($2, a, "+"); v[$1] += a[1]; n[$1] += a[2]; c[$1] += $3 }
+            END { for (k in v) printf " %s=%d+%d/%.1fs", k, v[k], n[k], c[k] / 100 }'
         echo
     done
 }
 
-# starved_run LABEL EXTRA_JSON: the workload on whatever swap is on now; one BENCH line
+# zram_after: kernel zram's figures once the workload is done, for its BENCH line (mm_stat's
+# mem_used_max is the most RAM its pool took)
+zram_after() { printf ',"mm_stat":"%s"' "$(tr -s ' ' <$ZRAM/mm_stat | sed 's/^ //')"; }
+
+# starved_run LABEL [AFTER]: the workload on whatever swap is on now; one BENCH line, with what
+# the command AFTER prints once the workload is done (more JSON fields, each after a comma)
 starved_run() {
-    local label=$1 extra=$2 t0 r0 w0 e0 k0 rc peak=0 used p secs si so cs
+    local label=$1 after=${2:-} extra= t0 r0 w0 e0 k0 rc peak=0 used p secs si so cs
     sync
     echo 3 >/proc/sys/vm/drop_caches
     set -- $(disk_sectors)
@@ -73,7 +85,7 @@ starved_run() {
     t0=$(uptime_s)
     case $STARVED_WALK in
     swapfill) set -- swapfill "$STARVED_MB" "$SEED" "$STARVED_PASSES" ;;
-    phases) set -- phases "$STARVED_MB" "$SEED" "$STARVED_PASSES" 3 20 ;;
+    phases) set -- phases "$STARVED_MB" "$SEED" "$STARVED_PASSES" 3 "p$((STARVED_PASSES / 2))" ;;
     *) set -- walk "$STARVED_MB" "$SEED" "$STARVED_PASSES" "$STARVED_WALK" ;;
     esac
     VMTOOL_MIX=$STARVED_MIX timeout "$STARVED_TIMEOUT" "$TOOL" "$@" >"$UZ_TMP/starved-$label.log" 2>&1 &
@@ -86,6 +98,7 @@ starved_run() {
     wait $p
     rc=$?
     secs=$(elapsed "$t0")
+    [ -n "$after" ] && extra=$($after)
     set -- $(swap_counts)
     si=$(($1 - si)) so=$(($2 - so)) cs=$(($3 - cs))
     set -- $(disk_sectors)
@@ -113,7 +126,7 @@ disk_swap_off() { swapoff "$STARVED_DISK" 2>/dev/null; }
 
 starved_disk() {
     disk_swap_on 10 || { note "starved: swapon $STARVED_DISK failed"; return; }
-    starved_run disk ""
+    starved_run disk
     disk_swap_off
 }
 
@@ -125,7 +138,7 @@ starved_zram() { # ALGO
     zram_setup "$algo" $((ram * 3 / 2))M || return
     mkswap /dev/zram0 >/dev/null 2>&1 && swapon -p 100 /dev/zram0 || { zram_reset; return; }
     disk_swap_on 10 || { swapoff /dev/zram0; zram_reset; return; }
-    starved_run "zram-$algo" ",\"mm_stat\":\"$(tr -s ' ' <$ZRAM/mm_stat | sed 's/^ //')\""
+    starved_run "zram-$algo" zram_after
     disk_swap_off
     swapoff /dev/zram0
     zram_reset
@@ -141,7 +154,7 @@ starved_zswap() { # ALGO
     echo 1 >$z/enabled
     disk_swap_on 10 || { echo 0 >$z/enabled; return; }
     mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
-    starved_run "zswap-$algo" ""
+    starved_run "zswap-$algo"
     if [ -d /sys/kernel/debug/zswap ]; then
         stats=$(for f in written_back_pages reject_reclaim_fail pool_limit_hit stored_pages; do
             [ -r /sys/kernel/debug/zswap/$f ] && printf '%s=%s ' $f "$(cat /sys/kernel/debug/zswap/$f)"
@@ -175,7 +188,7 @@ starved_uzram() { # LABEL [POLICY]
     UZRAM_DEV=$dev
     mkswap "$dev" >/dev/null 2>&1 && swapon --discard=pages -p 100 "$dev" || { uzram_reset; return; }
     SWAP_DEV=$dev
-    starved_run "$label" ""
+    starved_run "$label"
     ps=$("$UZRAM_BIN" attr "$dev" policy_stat | tr '\n' ' ')
     bd=$("$UZRAM_BIN" attr "$dev" bd_stat | tr -s ' ' | sed 's/^ //')
     ms=$(dev_mm_stat "$dev" | tr -s ' ' | sed 's/^ //')

@@ -17,7 +17,10 @@
  *                                      PASSES times (forward, backward, ...); prints VmSwap
  *   vmtool walk MIB SEED PASSES SHAPE  fill MIB, then PASSES passes of SHAPE (cyclic, hotcold,
  *                                      rewrite: see cmd_walk), every page read verified
- *   vmtool phases MIB SEED PASSES N S  N cyclic walks of MIB/N, started S seconds apart
+ *   vmtool phases MIB SEED PASSES N S  N cyclic walks of MIB/N, started S seconds apart, or
+ *                                      with S "pK", each once the one before has filled and
+ *                                      walked K passes and the one before that ended
+ *                                      (two at once at most, on any swap)
  *   VMTOOL_MIX=mixed|text|heap|noisy   the page mix (see set_mix)
  *   vmtool swaphold MIB SEED           fill MIB, push it out with MADV_PAGEOUT, print "held",
  *                                      wait for SIGUSR1 (meanwhile: swapoff), then verify;
@@ -369,6 +372,17 @@ static size_t check_against(const unsigned char *got, const unsigned char *want,
  * in order, and the last 512 bytes of every other page rewritten (a build's heap that
  * changes). Every page read is verified.
  */
+/* Where a walk tells its parent of each step done (its fill, then each pass): one byte. */
+static int progress_fd = -1;
+
+static void step_done(void)
+{
+	if (progress_fd >= 0 && write(progress_fd, "s", 1) != 1) {
+		close(progress_fd);
+		progress_fd = -1;
+	}
+}
+
 static int cmd_walk(uint64_t mib, uint64_t seed, int passes, const char *shape)
 {
 	static unsigned char want[PAGE] __attribute__((aligned(PAGE)));
@@ -380,6 +394,7 @@ static int cmd_walk(uint64_t mib, uint64_t seed, int passes, const char *shape)
 		return 2;
 	}
 	unsigned char *m = fill(len, seed);
+	step_done();
 	uint64_t r = splitmix(seed) | 1;
 	for (int p = 0; p < passes; p++) {
 		double t = now();
@@ -401,6 +416,7 @@ static int cmd_walk(uint64_t mib, uint64_t seed, int passes, const char *shape)
 		printf("vmtool: walk %s pass %d: %zu bad pages so far in %.1f s, VmRSS %ld kB VmSwap %ld kB\n",
 		       shape, p + 1, bad, now() - t, status_kb("VmRSS"), status_kb("VmSwap"));
 		fflush(stdout);
+		step_done();
 	}
 	munmap(m, len);
 	printf("vmtool: walk %s %s: %zu MiB, %d passes, %zu bad pages\n", shape,
@@ -408,21 +424,58 @@ static int cmd_walk(uint64_t mib, uint64_t seed, int passes, const char *shape)
 	return bad ? 1 : 0;
 }
 
+/* Waits until the program writing to `fd` has done `steps` steps (or ended); closes fd. */
+static void wait_steps(int fd, int steps)
+{
+	char c;
+	while (steps > 0) {
+		ssize_t n = read(fd, &c, 1);
+		if (n == 1)
+			steps--;
+		else if (!(n < 0 && errno == EINTR))
+			break;
+	}
+	close(fd);
+}
+
 /*
- * Programs that start, swap and exit: N programs of MIB/N each, started STAGGER seconds apart,
- * each a cyclic walk of PASSES passes (seed + k for the k-th). Fails if any does.
+ * Programs that start, swap and exit: N programs of MIB/N each, each a cyclic walk of PASSES
+ * passes (seed + k for the k-th). STAGGER: seconds between starts, or "pK": each starts once
+ * the one before has filled its memory and walked K passes and the one before that has ended
+ * (two run together at most), so that how many run together does not depend on how fast the
+ * swap is (with seconds, a faster swap lets each program end before the next needs its
+ * memory). Fails if any does.
  */
-static int cmd_phases(uint64_t mib, uint64_t seed, int passes, int n, int stagger)
+static int cmd_phases(uint64_t mib, uint64_t seed, int passes, int n, const char *stagger)
 {
 	pid_t pids[64];
-	int failed = 0;
+	int sts[64], reaped[64] = { 0 };
+	int failed = 0, by_pass = stagger[0] == 'p', prev = -1;
+	uint64_t gap = num(by_pass ? stagger + 1 : stagger);
 	if (n < 1 || n > 64) {
 		fprintf(stderr, "vmtool: phases: 1 to 64 programs\n");
 		return 2;
 	}
+	if (by_pass && gap > (uint64_t)passes) {
+		fprintf(stderr, "vmtool: phases: stagger p%" PRIu64 " is past the %d passes\n", gap, passes);
+		return 2;
+	}
 	for (int k = 0; k < n; k++) {
-		if (k)
-			sleep(stagger);
+		int fds[2] = { -1, -1 };
+		if (k && by_pass) {
+			wait_steps(prev, (int)gap + 1);
+			/* two at a time at most, however fast each one's steps are */
+			if (k >= 2) {
+				if (waitpid(pids[k - 2], &sts[k - 2], 0) < 0)
+					sts[k - 2] = -1;
+				reaped[k - 2] = 1;
+			}
+		} else if (k)
+			sleep((unsigned)gap);
+		if (by_pass && pipe(fds) < 0) {
+			perror("vmtool: pipe");
+			return 2;
+		}
 		fflush(stdout);
 		pids[k] = fork();
 		if (pids[k] < 0) {
@@ -430,19 +483,33 @@ static int cmd_phases(uint64_t mib, uint64_t seed, int passes, int n, int stagge
 			return 2;
 		}
 		if (pids[k] == 0) {
+			if (by_pass) {
+				/* the parent stops listening once this one has done its steps */
+				signal(SIGPIPE, SIG_IGN);
+				close(fds[0]);
+				progress_fd = fds[1];
+			}
 			int rc = cmd_walk(mib / n, seed + k, passes, "cyclic");
 			fflush(stdout);
 			_exit(rc);
 		}
+		if (by_pass) {
+			close(fds[1]);
+			prev = fds[0];
+		}
 	}
+	if (prev >= 0)
+		close(prev);
 	int bad = 0, sig = 0;
 	for (int k = 0; k < n; k++) {
-		int st = 0;
-		if (waitpid(pids[k], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+		int st = sts[k];
+		if (!reaped[k] && waitpid(pids[k], &st, 0) < 0)
+			st = -1;
+		if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st))
 			failed++;
-		if (WIFEXITED(st) && WEXITSTATUS(st) == 1)
+		if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1)
 			bad++;
-		else if (WIFSIGNALED(st))
+		else if (st != -1 && WIFSIGNALED(st))
 			sig = WTERMSIG(st);
 	}
 	printf("vmtool: phases %s: %d programs of %" PRIu64 " MiB, %d failed (%d with bad pages)\n",
@@ -608,7 +675,7 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: vmtool swapfill MIB SEED [PASSES] | swaphold MIB SEED |\n"
 			"       walk MIB SEED PASSES cyclic|hotcold|rewrite |\n"
-			"       phases MIB SEED PASSES N STAGGER |\n"
+			"       phases MIB SEED PASSES N SECONDS|pPASSES |\n"
 			"       write|verify DEV OFF LEN SEED |\n"
 			"       zeros DEV OFF LEN | flip DEV OFF | gen SEED FIRSTPAGE LEN | ratio SEED PAGES\n");
 	return 2;
@@ -631,7 +698,7 @@ int main(int argc, char **argv)
 		return cmd_walk(num(argv[2]), num(argv[3]), (int)num(argv[4]), argv[5]);
 	if (!strcmp(c, "phases") && argc == 7)
 		return cmd_phases(num(argv[2]), num(argv[3]), (int)num(argv[4]), (int)num(argv[5]),
-				  (int)num(argv[6]));
+				  argv[6]);
 	if (!strcmp(c, "swaphold") && argc == 4)
 		return cmd_swaphold(num(argv[2]), num(argv[3]));
 	if (!strcmp(c, "write") && argc == 6)
