@@ -8,7 +8,9 @@
 //!   `some avg10` at or above `psi`). Compaction follows each pass.
 //! - Under host pressure with the pool at 9/10 of its `pool_share`, what swap writes next goes
 //!   straight through to the backing store (`spill`, see [`spill`]): the kernel swaps out its
-//!   least recently used pages, so the newest arrival is colder than what the pool holds.
+//!   least recently used pages, so the newest arrival is colder than what the pool holds. While
+//!   it does, host pressure writes none of the pool's pages back for being above the share (see
+//!   `Policy::host_want`).
 //! - A write that finds no room (the limit, or no pool memory) evicts cold pages to the backing
 //!   store and retries, instead of failing: a bounded batch, with buffers made when the I/O
 //!   context was, on the I/O thread itself (see [`Device::evict`]); or, in hand-off mode (the
@@ -438,9 +440,14 @@ impl Policy {
 
     /// What host pressure asks of a tick, for a pool of `used` bytes: the pool keeps its share
     /// of RAM (`pool_share`), the compressed tier that relieves the pressure. Above the share,
-    /// the coldest pages go, down to 90 % of it (the gap keeps it from oscillating); within it,
-    /// only pages idle for the cold age, and never below `share_floor` percent of the share
-    /// (100: none). Either way at most a
+    /// while spill is on, only what is past the ceiling (the share and a sixteenth: a pool that
+    /// was larger when the pressure came), since what arrives goes through to the backing store
+    /// and writes past the ceiling make room first. The page swap writes last is colder than
+    /// any the pool holds (the kernel swaps out its least recently used), while the pool's
+    /// least recently used pages are the ones a cyclic walk reads next: written back, they
+    /// come back within a minute. With spill off, the coldest pages go, down to 90 % of the
+    /// share (the gap keeps it from oscillating). Within the share, only pages idle for the
+    /// cold age, and never below `share_floor` percent of it (100: none). Either way at most a
     /// thirty-second of the pool per tick (at least 4 MiB), so pressure that lasts moves pages
     /// out steadily rather than the whole pool at once.
     fn host_want(
@@ -454,7 +461,13 @@ impl Policy {
         let share = pressure.mem_total / 100 * u64::from(cfg.pool_share);
         let cold_age = self.adapt_cold_age(&device.tier);
         if used > share {
-            return Some((Reason::Host, (used - share / 10 * 9).min(slice), 0));
+            let keep = if device.tier.spill.is_on() {
+                share + share / 16
+            } else {
+                share / 10 * 9
+            };
+            let over = used.saturating_sub(keep);
+            return (over > 0).then(|| (Reason::Host, over.min(slice), 0));
         }
         let floor = share / 100 * u64::from(cfg.share_floor.min(100));
         let room = used.saturating_sub(floor);

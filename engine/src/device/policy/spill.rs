@@ -2,8 +2,8 @@
 //! writes next go straight through to the backing store, as zram + disk swap spills to the
 //! disk. The kernel swaps out the pages it used least recently, so a page that arrives while
 //! the pool is full is colder than those already in it: moving the pool's oldest pages out
-//! instead (what host pressure does above the share) moves the ones a cyclic workload reads
-//! next.
+//! instead moves the ones a cyclic workload reads next, so while spill is on host pressure
+//! writes none of them back for the pool being above its share.
 //!
 //! The I/O path only queues the page's index ([`Device::note_stored`]: no lock, no
 //! allocation, no I/O); the policy thread writes the queued pages back in batches

@@ -1,4 +1,5 @@
-//! Spill's ceiling: writes faster than the policy thread do not grow the pool past its share.
+//! Spill's ceiling: writes faster than the policy thread do not grow the pool past its share,
+//! and while spill is on host pressure writes back only what is past the ceiling.
 
 use super::super::tests::{check_all, device, full_of_noise, short_of_memory};
 use super::super::*;
@@ -114,6 +115,45 @@ fn past_the_ceiling_compressible_pages_make_room_only_when_their_class_has_none(
     );
     let s = d.policy_stats();
     assert!(s.evicted_pages > 0 && s.evicted_pages < 1500, "{s:?}");
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn above_its_share_with_spill_on_only_what_is_past_the_ceiling_leaves() {
+    let dir = tempdir("policy-above-spill");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    let mut policy = Policy::new();
+    let used = |d: &Device| d.pool.pages_used() * PAGE_SIZE as u64;
+    // A 28 MiB host: the share is 5.6 MiB, the ceiling 5.95 MiB; the pool (5.9 MiB, 1500
+    // pages) is between them: spill is on, and the pool's own pages stay.
+    let share = (28u64 << 20) / 100 * 20;
+    assert!(used(&d) > share && used(&d) < share + share / 16);
+    for _ in 0..3 {
+        let r = policy.tick(&d, &mut ctx, &short_of_memory(28)).unwrap();
+        assert_eq!(r.written_back, 0, "{r:?}");
+    }
+    assert!(d.tier.spill.is_on());
+    assert_eq!(d.policy_stats().host_wb_pages, 0);
+    // A 20 MiB host: the share is 4 MiB, the ceiling 4.25 MiB, the pool far past both (it
+    // grew before the pressure came): what is past the ceiling goes, no more.
+    let share = (20u64 << 20) / 100 * 20;
+    let ceiling = share + share / 16;
+    let r = policy.tick(&d, &mut ctx, &short_of_memory(20)).unwrap();
+    assert!(r.written_back > 0, "{r:?}");
+    assert!(
+        used(&d) <= ceiling && used(&d) + (8 * PAGE_SIZE) as u64 > ceiling,
+        "pool {} after a tick, ceiling {ceiling}",
+        used(&d)
+    );
+    assert_eq!(d.policy_stats().host_wb_pages, r.written_back);
+    assert_eq!(
+        policy
+            .tick(&d, &mut ctx, &short_of_memory(20))
+            .unwrap()
+            .written_back,
+        0
+    );
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }

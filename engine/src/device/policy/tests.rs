@@ -347,9 +347,10 @@ fn under_host_pressure_the_pool_keeps_its_share_and_only_cold_pages_leave() {
 }
 
 #[test]
-fn above_its_share_the_pool_goes_down_to_nine_tenths_of_it() {
+fn above_its_share_with_spill_off_the_pool_goes_down_to_nine_tenths_of_it() {
     let dir = tempdir("policy-above");
     let (d, mut ctx, model) = full_of_noise(&dir);
+    d.set_policy("spill=0").unwrap();
     let mut policy = Policy::new();
     // A 20 MiB host: the share is 4 MiB, and the pool (5.9 MiB) is above it, however young.
     let share = (20u64 << 20) / 100 * 20;
