@@ -25,9 +25,11 @@ pub struct PolicyConfig {
     /// Percent of `MemTotal` the pool keeps under host pressure (`pool_share`, as zswap's
     /// `max_pool_percent`; 0: none). The default, 70, is what the starved-build benchmark
     /// favours (20, zswap's default, wrote 2.6x the disk bytes; 90 let the locked pool grow
-    /// until the kernel OOM-killed the workload in a 462 MiB guest; see docs/benchmarks.md). Above it, host pressure writes back the coldest pages down
-    /// to 90 % of the share; below it, only pages idle for the adaptive cold age, and never
-    /// below half the share.
+    /// until the kernel OOM-killed the workload in a 462 MiB guest; see docs/benchmarks.md).
+    /// Above it, host pressure writes back the coldest pages down to 90 % of the share, or,
+    /// while spill is on with a ceiling, only what is past the ceiling (the share and a
+    /// sixteenth); below that, only pages idle for the adaptive cold age, and never below
+    /// half the share.
     pub pool_share: u8,
     /// Percent of `pool_share` down to which host pressure also writes back pages idle for the
     /// adaptive cold age while the pool is within its share (`share_floor`; 100: never, only

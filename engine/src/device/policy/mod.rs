@@ -440,16 +440,16 @@ impl Policy {
 
     /// What host pressure asks of a tick, for a pool of `used` bytes: the pool keeps its share
     /// of RAM (`pool_share`), the compressed tier that relieves the pressure. Above the share,
-    /// while spill is on, only what is past the ceiling (the share and a sixteenth: a pool that
-    /// was larger when the pressure came), since what arrives goes through to the backing store
-    /// and writes past the ceiling make room first. The page swap writes last is colder than
-    /// any the pool holds (the kernel swaps out its least recently used), while the pool's
-    /// least recently used pages are the ones a cyclic walk reads next: written back, they
-    /// come back within a minute. With spill off, the coldest pages go, down to 90 % of the
-    /// share (the gap keeps it from oscillating). Within the share, only pages idle for the
-    /// cold age, and never below `share_floor` percent of it (100: none). Either way at most a
-    /// thirty-second of the pool per tick (at least 4 MiB), so pressure that lasts moves pages
-    /// out steadily rather than the whole pool at once.
+    /// while spill is on and writes may evict, only what is past the ceiling (the share and a
+    /// sixteenth: a pool that was larger when the pressure came), since what arrives goes
+    /// through to the backing store and writes past the ceiling make room first. The page swap
+    /// writes last is colder than any the pool holds (the kernel swaps out its least recently
+    /// used), while the pool's least recently used pages are the ones a cyclic walk reads next:
+    /// written back, they come back within a minute. Otherwise above the share the coldest
+    /// pages go, down to 90 % of it (the gap keeps it from oscillating). Up to that bound, only
+    /// pages idle for the cold age, and never below `share_floor` percent of the share (100:
+    /// none). Either way at most a thirty-second of the pool per tick (at least 4 MiB), so
+    /// pressure that lasts moves pages out steadily rather than the whole pool at once.
     fn host_want(
         &mut self,
         device: &Device,
@@ -460,14 +460,15 @@ impl Policy {
         let slice = (used / 32).max(4 << 20);
         let share = pressure.mem_total / 100 * u64::from(cfg.pool_share);
         let cold_age = self.adapt_cold_age(&device.tier);
-        if used > share {
-            let keep = if device.tier.spill.is_on() {
-                share + share / 16
-            } else {
-                share / 10 * 9
-            };
-            let over = used.saturating_sub(keep);
-            return (over > 0).then(|| (Reason::Host, over.min(slice), 0));
+        // Spill on (and a ceiling: writes may evict): the pool keeps its pages up to the
+        // ceiling; those within it are judged by their age, as within the share.
+        let keep = if device.tier.spill.is_on() && cfg.evict {
+            share + share / 16
+        } else {
+            share / 10 * 9
+        };
+        if used > share && used > keep {
+            return Some((Reason::Host, (used - keep).min(slice), 0));
         }
         let floor = share / 100 * u64::from(cfg.share_floor.min(100));
         let room = used.saturating_sub(floor);

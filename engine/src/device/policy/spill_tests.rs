@@ -154,6 +154,11 @@ fn above_its_share_with_spill_on_only_what_is_past_the_ceiling_leaves() {
             .written_back,
         0
     );
+    // Within the ceiling, pages idle for the cold age still go, down to the share's floor.
+    d.advance_clock(COLD_AGE_START + 1);
+    let r = policy.tick(&d, &mut ctx, &short_of_memory(20)).unwrap();
+    assert!(r.written_back > 0, "{r:?}");
+    assert!(used(&d) + PAGE_SIZE as u64 >= share / 2, "{}", used(&d));
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -348,9 +348,19 @@ fn under_host_pressure_the_pool_keeps_its_share_and_only_cold_pages_leave() {
 
 #[test]
 fn above_its_share_with_spill_off_the_pool_goes_down_to_nine_tenths_of_it() {
-    let dir = tempdir("policy-above");
+    above_its_share_down_to_nine_tenths("spill=0");
+}
+
+#[test]
+fn above_its_share_without_a_ceiling_the_pool_goes_down_to_nine_tenths_of_it() {
+    // Spill on, but writes may not evict: no ceiling keeps the pool, so the tick does.
+    above_its_share_down_to_nine_tenths("evict=0");
+}
+
+fn above_its_share_down_to_nine_tenths(settings: &str) {
+    let dir = tempdir(&format!("policy-above-{}", settings.replace('=', "")));
     let (d, mut ctx, model) = full_of_noise(&dir);
-    d.set_policy("spill=0").unwrap();
+    d.set_policy(settings).unwrap();
     let mut policy = Policy::new();
     // A 20 MiB host: the share is 4 MiB, and the pool (5.9 MiB) is above it, however young.
     let share = (20u64 << 20) / 100 * 20;
