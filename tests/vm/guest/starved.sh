@@ -50,13 +50,15 @@ swap_counts() {
 # daemon_switches: each uzram process's threads, as "name=voluntary+involuntary context
 # switches/CPU seconds" (a thread name once per process, its threads summed): where its time went
 daemon_switches() {
-    local p t
+    local p t c
     for p in $(grep -lx uzram /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3); do
         printf '%s:' "$p"
         for t in /proc/"$p"/task/*; do
             # comm, then the switches, then utime + stime in clock ticks (stat's fields 14 and 15
-            # counted after the parenthesised name)
-            printf '%s %s %s\n' "$(tr ' ' _ <"$t/comm" 2>/dev/null)" \
+            # counted after the parenthesised name; USER_HZ, 100 on x86); a thread gone
+            # meanwhile is left out
+            c=$(cat "$t/comm" 2>/dev/null) || continue
+            printf '%s %s %s\n' "$(echo "$c" | tr ' ' _)" \
                 "$(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v "+" n }' "$t/status" 2>/dev/null)" \
                 "$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12 + $13 }')"
         done | awk '{ split($2, a, "+"); v[$1] += a[1]; n[$1] += a[2]; c[$1] += $3 }
