@@ -2,6 +2,7 @@
 //! the pages the swap area left behind. Also the device's exclusive claim, which a reset and
 //! that reclaim hold.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,14 @@ use crate::common::{block_path, is_swap, mount_point};
 /// The kernel has read every page back in before it drops the device from /proc/swaps; the
 /// reclaim holds the device's exclusive claim (no mkfs, mount or swapon meanwhile) and checks
 /// that page 0 still carries the swap signature.
+/// Whether the device was swap at the watcher's last look (once a second).
+static IN_USE_AS_SWAP: AtomicBool = AtomicBool::new(false);
+
+/// Whether the device is swap now (as of the swap watcher's last look, at most a second ago).
+pub(super) fn in_use_as_swap() -> bool {
+    IN_USE_AS_SWAP.load(Ordering::Relaxed)
+}
+
 pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
     let spawned = std::thread::Builder::new()
         .name("uzram-swapwatch".into())
@@ -33,7 +42,9 @@ pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
             loop {
                 mailbox::report_failures(&mut reported, &mut last_report, Duration::from_secs(10));
                 let now = device.clock_secs();
-                match (is_swap(&path), last_seen_swap) {
+                let swap = is_swap(&path);
+                IN_USE_AS_SWAP.store(swap, Ordering::Relaxed);
+                match (swap, last_seen_swap) {
                     (true, _) => last_seen_swap = Some(now),
                     (false, Some(seen)) => {
                         reclaim_after_swapoff(id, &device, seen);

@@ -179,7 +179,11 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                     };
                     committed |= heap::refill_with(margin, &mut progress) > 0;
                     enter(Phase::PrefaultingRegion);
-                    device.prefault_region(memory_short);
+                    // A swap device keeps the margin whole from its swapon on: a storm starts
+                    // within a second, and a leaf faulted in then waits for reclaim, which
+                    // waits for swap writes to this very device (the memory thread and a queue
+                    // thread would both wait in shmem_fault, swap's bios all held).
+                    device.prefault_region(memory_short || super::swapwatch::in_use_as_swap());
                 };
                 enter(Phase::MappingArena);
                 // Counted per arena, not per round: a storm's round maps dozens, and the
