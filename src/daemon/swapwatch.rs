@@ -1,6 +1,6 @@
-//! The swap watcher: logs failed requests (an I/O thread never does) and, after a swapoff, frees
-//! the pages the swap area left behind. Also the device's exclusive claim, which a reset and
-//! that reclaim hold.
+//! The swap watcher: logs failed requests (an I/O thread never does), tells the memory thread
+//! whether the device is swap, and, after a swapoff, frees the pages the swap area left behind.
+//! Also the device's exclusive claim, which a reset and that reclaim hold.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,14 +11,6 @@ use uzram_engine::{Device, PageIndex, PAGE_SIZE};
 use super::{log, mailbox};
 use crate::common::{block_path, is_swap, mount_point};
 
-/// Logs failed requests (see [`mailbox::report_failures`]) and watches whether the device is swap
-/// (`/proc/swaps`, once a second) and, when a swapoff has
-/// ended, frees the swap area's old pages (not the header, nothing written since): the kernel tells a ublk disk nothing when swap
-/// slots are freed (kernel zram has a private hook for it), and clusters freed during swapoff are
-/// not discarded either, so without this a swapped-off device would keep every page it ever held.
-/// The kernel has read every page back in before it drops the device from /proc/swaps; the
-/// reclaim holds the device's exclusive claim (no mkfs, mount or swapon meanwhile) and checks
-/// that page 0 still carries the swap signature.
 /// Whether the device was swap at the watcher's last look (once a second).
 static IN_USE_AS_SWAP: AtomicBool = AtomicBool::new(false);
 
@@ -27,6 +19,14 @@ pub(super) fn in_use_as_swap() -> bool {
     IN_USE_AS_SWAP.load(Ordering::Relaxed)
 }
 
+/// Logs failed requests (see [`mailbox::report_failures`]) and watches whether the device is swap
+/// (`/proc/swaps`, once a second) and, when a swapoff has
+/// ended, frees the swap area's old pages (not the header, nothing written since): the kernel tells a ublk disk nothing when swap
+/// slots are freed (kernel zram has a private hook for it), and clusters freed during swapoff are
+/// not discarded either, so without this a swapped-off device would keep every page it ever held.
+/// The kernel has read every page back in before it drops the device from /proc/swaps; the
+/// reclaim holds the device's exclusive claim (no mkfs, mount or swapon meanwhile) and checks
+/// that page 0 still carries the swap signature.
 pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
     let spawned = std::thread::Builder::new()
         .name("uzram-swapwatch".into())
