@@ -460,13 +460,9 @@ impl Policy {
         let slice = (used / 32).max(4 << 20);
         let share = pressure.mem_total / 100 * u64::from(cfg.pool_share);
         let cold_age = self.adapt_cold_age(&device.tier);
-        // Spill on (and a ceiling: writes may evict): the pool keeps its pages up to the
+        // Spill on with its ceiling (writes may evict): the pool keeps its pages up to the
         // ceiling; those within it are judged by their age, as within the share.
-        let keep = if device.tier.spill.is_on() && cfg.evict {
-            share + share / 16
-        } else {
-            share / 10 * 9
-        };
+        let keep = device.tier.spill.keeping_to().unwrap_or(share / 10 * 9);
         if used > share && used > keep {
             return Some((Reason::Host, (used - keep).min(slice), 0));
         }

@@ -80,6 +80,13 @@ impl Spill {
             .map_or(0, |s| (s + s / 16) / PAGE_SIZE as u64);
         self.ceiling_pages.store(ceiling, Ordering::Relaxed);
     }
+
+    /// The ceiling in bytes while writes spill and make room past it (`None` otherwise): up to
+    /// it, host pressure leaves the pool's pages to their age (see `Policy::host_want`).
+    pub(super) fn keeping_to(&self) -> Option<u64> {
+        let ceiling = self.ceiling_pages.load(Ordering::Relaxed);
+        (self.is_on() && ceiling > 0).then_some(ceiling * PAGE_SIZE as u64)
+    }
 }
 
 impl Device {
