@@ -47,22 +47,27 @@ swap_counts() {
     awk '$1 == "ctxt" { print $2 }' /proc/stat
 }
 
+# cpu_ticks: the guest's CPU time so far, all CPUs, in clock ticks (USER_HZ): user (with nice),
+# system (with irq and softirq), idle, iowait
+cpu_ticks() { awk '$1 == "cpu" { print $2 + $3, $4 + $7 + $8, $5, $6 }' /proc/stat; }
+
 # daemon_switches: each uzram process's threads, as "name=voluntary+involuntary context
-# switches/CPU seconds" (a thread name once per process, its threads summed): where its time went
+# switches/user+system CPU seconds" (a thread name once per process, its threads summed): where
+# its time went
 daemon_switches() {
     local p t c
     for p in $(grep -lx uzram /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3); do
         printf '%s:' "$p"
         for t in /proc/"$p"/task/*; do
-            # comm, then the switches, then utime + stime in clock ticks (stat's fields 14 and 15
+            # comm, then the switches, then utime and stime in clock ticks (stat's fields 14 and 15
             # counted after the parenthesised name; USER_HZ, 100 on x86); a thread gone
             # meanwhile is left out
             c=$(cat "$t/comm" 2>/dev/null) || continue
             printf '%s %s %s\n' "$(echo "$c" | tr ' ' _)" \
                 "$(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v "+" n }' "$t/status" 2>/dev/null)" \
-                "$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12 + $13 }')"
-        done | awk '{ split($2, a, "+"); v[$1] += a[1]; n[$1] += a[2]; c[$1] += $3 }
-            END { for (k in v) printf " %s=%d+%d/%.1fs", k, v[k], n[k], c[k] / 100 }'
+                "$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')"
+        done | awk '{ split($2, a, "+"); v[$1] += a[1]; n[$1] += a[2]; u[$1] += $3; s[$1] += $4 }
+            END { for (k in v) printf " %s=%d+%d/%.1f+%.1fs", k, v[k], n[k], u[k] / 100, s[k] / 100 }'
         echo
     done
 }
@@ -74,7 +79,7 @@ zram_after() { printf ',"mm_stat":"%s"' "$(tr -s ' ' <$ZRAM/mm_stat | sed 's/^ /
 # starved_run LABEL [AFTER]: the workload on whatever swap is on now; one BENCH line, with what
 # the command AFTER prints once the workload is done (more JSON fields, each after a comma)
 starved_run() {
-    local label=$1 after=${2:-} extra= t0 r0 w0 e0 k0 rc peak=0 used p secs si so cs
+    local label=$1 after=${2:-} extra= t0 r0 w0 e0 k0 rc peak=0 used p secs si so cs cpu0 cpu
     sync
     echo 3 >/proc/sys/vm/drop_caches
     set -- $(disk_sectors)
@@ -83,6 +88,7 @@ starved_run() {
     si=$1 so=$2 cs=$3
     e0=$(swap_errors)
     k0=$(oom_kills)
+    cpu0=$(cpu_ticks)
     note "starved: $STARVED_SHAPE: $label: $STARVED_MB MiB x $STARVED_PASSES passes (timeout ${STARVED_TIMEOUT}s)"
     t0=$(uptime_s)
     case $STARVED_WALK in
@@ -101,16 +107,18 @@ starved_run() {
     rc=$?
     secs=$(elapsed "$t0")
     [ -n "$after" ] && extra=$($after)
+    # where the guest's CPUs went meanwhile, in seconds: user, system, idle, iowait
+    cpu=$(echo "$cpu0 $(cpu_ticks)" | awk '{ printf "%.1f %.1f %.1f %.1f", ($5 - $1) / 100, ($6 - $2) / 100, ($7 - $3) / 100, ($8 - $4) / 100 }')
     set -- $(swap_counts)
     si=$(($1 - si)) so=$(($2 - so)) cs=$(($3 - cs))
     set -- $(disk_sectors)
-    note "starved: $label: exit $rc in ${secs}s, disk read $(mib $((($1 - r0) * 512))), written $(mib $((($2 - w0) * 512))), $si pages swapped in, $so out, $cs context switches; $(tail -1 "$UZ_TMP/starved-$label.log")"
+    note "starved: $label: exit $rc in ${secs}s, disk read $(mib $((($1 - r0) * 512))), written $(mib $((($2 - w0) * 512))), $si pages swapped in, $so out, $cs context switches, CPU user/system/idle/iowait $cpu s; $(tail -1 "$UZ_TMP/starved-$label.log")"
     if [ "$rc" != 0 ]; then
         # why: bad pages the program named, or the kernel killing it
         grep -m 5 -e MISMATCH -e 'FAILED' "$UZ_TMP/starved-$label.log" | while read -r l; do note "starved: $label: $l"; done
         [ "$(oom_kills)" != "$k0" ] && note "starved: $label: $(($(oom_kills) - k0)) process(es) killed: $(dmesg | grep -e 'Killed process' | tail -n $(($(oom_kills) - k0)) | tr '\n' ' ')"
     fi
-    emit "{\"kind\":\"starved\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak,\"swap_ins\":$si,\"swap_outs\":$so,\"context_switches\":$cs$extra}"
+    emit "{\"kind\":\"starved\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak,\"swap_ins\":$si,\"swap_outs\":$so,\"context_switches\":$cs,\"cpu_user_system_idle_iowait_s\":\"$cpu\"$extra}"
 }
 
 # disk swap at priority PRIO (below any compressed swap)
