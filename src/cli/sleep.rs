@@ -238,8 +238,9 @@ fn undo() -> Result<Vec<String>, CtlError> {
         }
         args.push(name.clone());
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        // Right after a swapoff the device's daemon holds it exclusively for a moment (it frees
-        // the pages swap left behind), and swapon then fails with EBUSY: tried again meanwhile.
+        // A device held exclusively for a moment (a daemon of an earlier uzram did so right
+        // after a swapoff, freeing the pages swap left behind) fails swapon with EBUSY: tried
+        // again meanwhile.
         let start = Instant::now();
         let swapped_on = loop {
             match super::ctl::run_program("swapon", &refs) {

@@ -69,6 +69,11 @@ pub struct Request {
 pub(super) static STARTED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 pub(super) static FINISHED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
+/// Writes that did not come from swap (no `UBLK_IO_F_SWAP`), counted as they start: the swap
+/// watcher frees a swap area's old pages after a swapoff only if none came since the device
+/// was last seen as swap (a new user's, as mkfs's; see `swapwatch`).
+pub(super) static NON_SWAP_WRITES: AtomicU64 = AtomicU64::new(0);
+
 /// The one place engine errors become errnos for the kernel. Exhaustive: a new [`IoError`]
 /// does not build until it has its errno here.
 pub fn errno(e: &IoError) -> i32 {
@@ -160,6 +165,11 @@ pub fn handle(
     transfer: &impl Transfer,
 ) -> i32 {
     STARTED[req.op.counter()].fetch_add(1, Ordering::Relaxed);
+    if matches!(req.op, Op::Write | Op::WriteZeroes) && !req.swap {
+        // Before the write lands: a watcher that reads the count unchanged knows that any
+        // write it did not count carries a later access second.
+        NON_SWAP_WRITES.fetch_add(1, Ordering::SeqCst);
+    }
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         serve_one(device, ctx, req, buf, transfer)
     }))

@@ -1,6 +1,6 @@
 //! The swap watcher: logs failed requests (an I/O thread never does), tells the memory thread
 //! whether the device is swap, and, after a swapoff, frees the pages the swap area left behind.
-//! Also the device's exclusive claim, which a reset and that reclaim hold.
+//! Also the device's exclusive claim, which a reset holds.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use uzram_engine::{Device, PageIndex, PAGE_SIZE};
 
+use super::io::NON_SWAP_WRITES;
 use super::{log, mailbox};
 use crate::common::{block_path, is_swap, mount_point};
 
@@ -24,9 +25,10 @@ pub(super) fn in_use_as_swap() -> bool {
 /// ended, frees the swap area's old pages (not the header, nothing written since): the kernel tells a ublk disk nothing when swap
 /// slots are freed (kernel zram has a private hook for it), and clusters freed during swapoff are
 /// not discarded either, so without this a swapped-off device would keep every page it ever held.
-/// The kernel has read every page back in before it drops the device from /proc/swaps; the
-/// reclaim holds the device's exclusive claim (no mkfs, mount or swapon meanwhile) and checks
-/// that page 0 still carries the swap signature.
+/// The kernel has read every page back in before it drops the device from /proc/swaps. The
+/// reclaim takes no claim on the device (a `swapoff && mkfs` must not find it busy): it runs
+/// only if nothing but swap wrote since the device was last seen as swap, and keeps whatever
+/// is written meanwhile by its access second (see [`reclaim_after_swapoff`]).
 pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
     let spawned = std::thread::Builder::new()
         .name("uzram-swapwatch".into())
@@ -34,24 +36,24 @@ pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
             // An I/O flusher though it serves no I/O, as every thread of the daemon is (see
             // `super::io_flusher`).
             let path = block_path(id);
-            // The device clock's second when the device was last seen as swap: every page the
-            // swap area wrote is older; anything written after the swapoff is not.
-            let mut last_seen_swap: Option<u32> = None;
+            // Whether the device was swap at the last look (a swapoff came between), and how
+            // many writes not from swap it had had by then.
+            let mut was_swap = false;
+            let mut writes_seen = 0;
             // Failed requests, logged from here (an I/O thread never logs).
             let (mut reported, mut last_report) = (0, None);
             loop {
                 mailbox::report_failures(&mut reported, &mut last_report, Duration::from_secs(10));
-                let now = device.clock_secs();
+                // The count first: one taken after a sighting of swap could hold a new user's
+                // writes (the sighting is the older fact).
+                let writes = NON_SWAP_WRITES.load(Ordering::SeqCst);
                 let swap = is_swap(&path);
                 IN_USE_AS_SWAP.store(swap, Ordering::Relaxed);
-                match (swap, last_seen_swap) {
-                    (true, _) => last_seen_swap = Some(now),
-                    (false, Some(seen)) => {
-                        reclaim_after_swapoff(id, &device, seen);
-                        last_seen_swap = None;
-                    }
-                    (false, None) => {}
+                if was_swap && !swap {
+                    // Read after /proc/swaps: swapoff's last reads came before.
+                    reclaim_after_swapoff(&path, &device, device.clock_secs(), writes_seen);
                 }
+                (was_swap, writes_seen) = (swap, writes);
                 std::thread::sleep(Duration::from_secs(1));
             }
         });
@@ -60,19 +62,27 @@ pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
     }
 }
 
-/// Frees the pages swap left behind: those last written or read no later than the second after
-/// `seen` (the clock's second when the device was last seen as swap; the watcher samples once a
-/// second), keeping the swap header and anything written later. Holds the device's exclusive
-/// claim meanwhile and requires the swap signature on page 0.
-fn reclaim_after_swapoff(id: u32, device: &Device, seen: u32) {
-    let claim = match claim_unused(id) {
-        Ok(c) => c,
-        Err(why) => {
-            return log(&format!(
-                "after swapoff: not freeing the old swap pages: {why}"
-            ))
-        }
-    };
+/// Frees the pages swap left behind, once the device was found no longer swap at the clock's
+/// second `found`: swapoff read (and so stamped) every page before the device left
+/// /proc/swaps, so every page of the swap area was last touched no later than `found`. Nothing
+/// but swap may have written since the device was last seen as swap (when `writes_seen` writes
+/// not from swap had come): a new user's data is never freed. The reclaim waits for the clock
+/// to pass `found`, so that whatever is written from then on carries a later second and is
+/// kept (each slot's second is checked under its lock), then counts the writes not from swap
+/// again: any since, and it leaves the contents alone (mkfs and the like discard or overwrite
+/// them). It takes no claim on the device: a `swapoff && mkfs` never finds it busy.
+fn reclaim_after_swapoff(path: &str, device: &Device, found: u32, writes_seen: u64) {
+    while device.clock_secs() <= found {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if NON_SWAP_WRITES.load(Ordering::SeqCst) != writes_seen {
+        return log(&format!(
+            "{path}: swapoff: written since by someone other than swap; leaving the old swap pages to them"
+        ));
+    }
+    if is_swap(path) {
+        return;
+    }
     let mut page = vec![0u8; PAGE_SIZE];
     let signed = device
         .context()
@@ -80,18 +90,12 @@ fn reclaim_after_swapoff(id: u32, device: &Device, seen: u32) {
         .is_ok()
         && page[PAGE_SIZE - 10..] == *b"SWAPSPACE2";
     if !signed {
-        return log("after swapoff: page 0 is no longer a swap header; leaving the contents alone");
+        return log(&format!(
+            "{path}: swapoff: page 0 is no longer a swap header; leaving the contents alone"
+        ));
     }
-    // Swapoff reads (and so stamps) every page before the device leaves /proc/swaps, and it
-    // ended before the next sample, at most a second after the last sighting: pages stamped up to
-    // the second after `seen` are swap's. A write in that window by someone who neither holds the
-    // device exclusively nor touches page 0 is the one case not told apart.
-    let freed = device.free_pages_older_than(PageIndex(1), seen.saturating_add(2));
-    log(&format!(
-        "{}: swapoff: freed {freed} old swap pages",
-        block_path(id)
-    ));
-    drop(claim);
+    let freed = device.free_pages_older_than(PageIndex(1), found.saturating_add(1));
+    log(&format!("{path}: swapoff: freed {freed} old swap pages"));
 }
 
 /// Why `/dev/ublkb{id}` cannot be reset now, if it cannot: it is swap, mounted, or held open

@@ -694,12 +694,7 @@ check_badinput() {
         echo "reset while swap: $out" >>"$log"
         echo "$out" | grep -q swap || bad="$bad; reset-while-swap message '$out'"
         swapoff "$dev" >>"$log" 2>&1
-        # after a swapoff the daemon holds the device exclusively for a moment, while it frees
-        # the swap area's old pages (mke2fs: "apparently in use by the system")
-        for i in 1 2 3 4 5 6 7 8 9 10; do
-            mke2fs -q -t ext4 "$dev" >>"$log" 2>&1 && break
-            sleep 1
-        done
+        mke2fs -q -t ext4 "$dev" >>"$log" 2>&1 || bad="$bad; mke2fs right after swapoff failed"
         mkdir -p /mnt/bi && mount "$dev" /mnt/bi >>"$log" 2>&1
         out=$("$UZRAM_BIN" --reset "$dev" 2>&1) && bad="$bad; reset of a mounted device succeeded"
         echo "reset while mounted: $out" >>"$log"
@@ -714,6 +709,50 @@ check_badinput() {
         return
     fi
     pass "$name" "9 bad command lines exit 1 with a message and create nothing; --find alone names the next free device; --reset refused while swap and while mounted, done once free"
+}
+
+# check_swapoffmkfs: `swapoff && mkfs.ext4 && mount` at once, UZRAM_VM_SWAPOFF_RUNS times (20):
+# the daemon frees the swap area's old pages after a swapoff without holding the device, so
+# mkfs never finds it busy; each round's swap held a program's pages (read back in by the
+# swapoff, verified at the round's end), and the file system holds a file that reads back.
+check_swapoffmkfs() {
+    local name=swapoffmkfs log=$UZ_TMP/swapoffmkfs.log dev bad= r pid runs=${UZRAM_VM_SWAPOFF_RUNS:-20} left0 left
+    note "$name: swapoff && mkfs.ext4 && mount, $runs rounds"
+    uzram_setup lz4 128M || return
+    dev=$UZRAM_DEV
+    : >"$log"
+    left0=$(grep -c 'swapoff: written since' "$UZRAM_LOG" 2>/dev/null)
+    mkdir -p /mnt/som
+    for r in $(seq 1 "$runs"); do
+        { mkswap "$dev" && swapon "$dev"; } >>"$log" 2>&1 || { bad="round $r: mkswap or swapon failed"; break; }
+        "$TOOL" swaphold 16 $((SEED + r)) >"$log.p" 2>&1 &
+        pid=$!
+        for _ in $(seq 1 120); do
+            grep -q held "$log.p" && break
+            sleep 0.5
+        done
+        grep -q held "$log.p" || { cat "$log.p" >>"$log"; kill "$pid"; swapoff "$dev"; bad="round $r: the program never got its pages out"; break; }
+        if ! { swapoff "$dev" && mke2fs -q -F -t ext4 "$dev" && mount "$dev" /mnt/som; } >>"$log" 2>&1; then
+            kill "$pid"
+            swapoff "$dev" 2>/dev/null
+            bad="round $r: swapoff && mkfs.ext4 && mount failed: $(tail -2 "$log" | tr '\n' ' ')"
+            break
+        fi
+        echo "round $r" >/mnt/som/f && sync && umount /mnt/som
+        mount "$dev" /mnt/som && grep -qx "round $r" /mnt/som/f || bad="round $r: the file did not read back"
+        umount /mnt/som 2>/dev/null
+        kill -USR1 "$pid"
+        wait "$pid" || bad="$bad; round $r: the program found bad pages: $(tail -1 "$log.p")"
+        cat "$log.p" >>"$log"
+        [ -n "$bad" ] && break
+    done
+    left=$(($(grep -c 'swapoff: written since' "$UZRAM_LOG" 2>/dev/null) - left0))
+    uzram_reset
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "$bad"
+        return
+    fi
+    pass "$name" "$runs rounds of swapoff && mkfs.ext4 && mount with a program's pages in swap: none busy, every page and file read back; after $left of them the daemon saw mkfs's writes and left the old swap pages to it"
 }
 
 # check_sigterm: SIGTERM to the daemon deletes its device and socket.
