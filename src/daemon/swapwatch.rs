@@ -49,11 +49,14 @@ pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
                 let writes = NON_SWAP_WRITES.load(Ordering::SeqCst);
                 let swap = is_swap(&path);
                 IN_USE_AS_SWAP.store(swap, Ordering::Relaxed);
-                if was_swap && !swap {
-                    // Read after /proc/swaps: swapoff's last reads came before.
-                    reclaim_after_swapoff(&path, &device, device.clock_secs(), writes_seen);
-                }
+                let (reclaim, writes_seen_before) = (was_swap && !swap, writes_seen);
                 (was_swap, writes_seen) = (swap, writes);
+                if reclaim {
+                    // Read after /proc/swaps: swapoff's last reads came before. Looked at again
+                    // at once after it: the device may be swap again by then.
+                    reclaim_after_swapoff(id, &device, device.clock_secs(), writes_seen_before);
+                    continue;
+                }
                 std::thread::sleep(Duration::from_secs(1));
             }
         });
@@ -67,12 +70,19 @@ pub(super) fn swap_watch_thread(id: u32, device: Arc<Device>) {
 /// /proc/swaps, so every page of the swap area was last touched no later than `found`. Nothing
 /// but swap may have written since the device was last seen as swap (when `writes_seen` writes
 /// not from swap had come): a new user's data is never freed. The reclaim waits for the clock
-/// to pass `found`, so that whatever is written from then on carries a later second and is
-/// kept (each slot's second is checked under its lock), then counts the writes not from swap
-/// again: any since, and it leaves the contents alone (mkfs and the like discard or overwrite
-/// them). It takes no claim on the device: a `swapoff && mkfs` never finds it busy.
-fn reclaim_after_swapoff(path: &str, device: &Device, found: u32, writes_seen: u64) {
-    while device.clock_secs() <= found {
+/// to pass `found` and a second more, so that whatever is written from then on carries a later
+/// second and is kept (each slot's second is checked under its lock), then counts the writes
+/// not from swap again: any since, and it leaves the contents alone (mkfs and the like discard
+/// or overwrite them). It holds no claim on the device while it frees: a `swapoff && mkfs`
+/// does not find it busy.
+fn reclaim_after_swapoff(id: u32, device: &Device, found: u32, writes_seen: u64) {
+    let path = block_path(id);
+    // A second more than needed: a writer's clock read may land a hair before this one's.
+    while device.clock_secs() <= found.saturating_add(1) {
+        if is_swap(&path) {
+            IN_USE_AS_SWAP.store(true, Ordering::Relaxed);
+            return;
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     if NON_SWAP_WRITES.load(Ordering::SeqCst) != writes_seen {
@@ -80,8 +90,13 @@ fn reclaim_after_swapoff(path: &str, device: &Device, found: u32, writes_seen: u
             "{path}: swapoff: written since by someone other than swap; leaving the old swap pages to them"
         ));
     }
-    if is_swap(path) {
-        return;
+    // The last gate, for a /proc/swaps that said "not swap" wrongly (unreadable, or a line
+    // missed): swap holds the device exclusively. Taken and let go at once, so a mkfs starting
+    // now finds the device busy for microseconds at most, never for the free.
+    if let Err(why) = claim_unused(id) {
+        return log(&format!(
+            "{path}: swapoff: not freeing the old swap pages: {why}"
+        ));
     }
     let mut page = vec![0u8; PAGE_SIZE];
     let signed = device

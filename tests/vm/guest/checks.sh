@@ -711,19 +711,21 @@ check_badinput() {
     pass "$name" "9 bad command lines exit 1 with a message and create nothing; --find alone names the next free device; --reset refused while swap and while mounted, done once free"
 }
 
-# check_swapoffmkfs: `swapoff && mkfs.ext4 && mount` at once, UZRAM_VM_SWAPOFF_RUNS times (20):
-# the daemon frees the swap area's old pages after a swapoff without holding the device, so
-# mkfs never finds it busy; each round's swap held a program's pages (read back in by the
-# swapoff, verified at the round's end), and the file system holds a file that reads back.
+# check_swapoffmkfs: `swapoff && mkfs.ext4 && mount`, UZRAM_VM_SWAPOFF_RUNS times (20), mke2fs
+# right after the swapoff or 0.3, 0.7 or 1.2 s later (while the daemon may be freeing the swap
+# area's old pages): the daemon holds no claim meanwhile, so mke2fs never finds the device
+# busy, and frees nothing a new user wrote: each round's file system passes e2fsck and its file
+# reads back 3 s later (after any freeing), and the program whose pages were in swap (read
+# back in by the swapoff) verifies them.
 check_swapoffmkfs() {
-    local name=swapoffmkfs log=$UZ_TMP/swapoffmkfs.log dev bad= r pid runs=${UZRAM_VM_SWAPOFF_RUNS:-20} left0 left
+    local name=swapoffmkfs log=$UZ_TMP/swapoffmkfs.log dev bad= r pid runs=${UZRAM_VM_SWAPOFF_RUNS:-20} delay
     note "$name: swapoff && mkfs.ext4 && mount, $runs rounds"
     uzram_setup lz4 128M || return
     dev=$UZRAM_DEV
     : >"$log"
-    left0=$(grep -c 'swapoff: written since' "$UZRAM_LOG" 2>/dev/null)
     mkdir -p /mnt/som
     for r in $(seq 1 "$runs"); do
+        delay=$(echo "0 0.3 0.7 1.2" | cut -d' ' -f$((r % 4 + 1)))
         { mkswap "$dev" && swapon "$dev"; } >>"$log" 2>&1 || { bad="round $r: mkswap or swapon failed"; break; }
         "$TOOL" swaphold 16 $((SEED + r)) >"$log.p" 2>&1 &
         pid=$!
@@ -731,28 +733,41 @@ check_swapoffmkfs() {
             grep -q held "$log.p" && break
             sleep 0.5
         done
-        grep -q held "$log.p" || { cat "$log.p" >>"$log"; kill "$pid"; swapoff "$dev"; bad="round $r: the program never got its pages out"; break; }
-        if ! { swapoff "$dev" && mke2fs -q -F -t ext4 "$dev" && mount "$dev" /mnt/som; } >>"$log" 2>&1; then
+        if ! grep -q held "$log.p"; then
+            cat "$log.p" >>"$log"
             kill "$pid"
+            wait "$pid"
+            swapoff "$dev"
+            bad="round $r: the program never got its pages out"
+            break
+        fi
+        if ! { swapoff "$dev" && sleep "$delay" && mke2fs -q -F -t ext4 "$dev" && mount "$dev" /mnt/som; } >>"$log" 2>&1; then
+            kill "$pid"
+            wait "$pid"
             swapoff "$dev" 2>/dev/null
-            bad="round $r: swapoff && mkfs.ext4 && mount failed: $(tail -2 "$log" | tr '\n' ' ')"
+            bad="round $r: swapoff, ${delay}s, mke2fs -t ext4, mount failed: $(tail -2 "$log" | tr '\n' ' ')"
             break
         fi
         echo "round $r" >/mnt/som/f && sync && umount /mnt/som
-        mount "$dev" /mnt/som && grep -qx "round $r" /mnt/som/f || bad="round $r: the file did not read back"
-        umount /mnt/som 2>/dev/null
+        sleep 3
+        e2fsck -fn "$dev" >>"$log" 2>&1 || bad="round $r: e2fsck found the file system damaged"
+        if mount "$dev" /mnt/som; then
+            grep -qx "round $r" /mnt/som/f || bad="${bad:+$bad; }round $r: the file did not read back"
+            umount /mnt/som
+        else
+            bad="${bad:+$bad; }round $r: the file system did not mount again"
+        fi
         kill -USR1 "$pid"
-        wait "$pid" || bad="$bad; round $r: the program found bad pages: $(tail -1 "$log.p")"
+        wait "$pid" || bad="${bad:+$bad; }round $r: the program found bad pages: $(tail -1 "$log.p")"
         cat "$log.p" >>"$log"
         [ -n "$bad" ] && break
     done
-    left=$(($(grep -c 'swapoff: written since' "$UZRAM_LOG" 2>/dev/null) - left0))
     uzram_reset
     if [ -n "$bad" ]; then
         fail_log "$name" "$log" "$bad"
         return
     fi
-    pass "$name" "$runs rounds of swapoff && mkfs.ext4 && mount with a program's pages in swap: none busy, every page and file read back; after $left of them the daemon saw mkfs's writes and left the old swap pages to it"
+    pass "$name" "$runs rounds of swapoff, 0-1.2 s, mke2fs -t ext4 and mount with a program's pages in swap: none busy, each file system clean by e2fsck and its file read back 3 s later, every page verified"
 }
 
 # check_sigterm: SIGTERM to the daemon deletes its device and socket.
