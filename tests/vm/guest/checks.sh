@@ -483,11 +483,7 @@ check_churn() {
     for r in $(seq 1 "$CHURN_ROUNDS"); do
         "$TOOL" swaphold $mib $((SEED + 100 + r)) >"$log.$r" 2>&1 &
         pids="$pids $!"
-        for _ in $(seq 1 300); do
-            grep -q held "$log.$r" && break
-            sleep 0.5
-        done
-        if ! grep -q held "$log.$r"; then
+        if ! held_or_gone "$log.$r" $! 150; then
             cat "$log.$r" >>"$log"
             bad="$bad; round $r: the program never got its pages out"
             break
@@ -729,11 +725,7 @@ check_swapoffmkfs() {
         { mkswap "$dev" && swapon "$dev"; } >>"$log" 2>&1 || { bad="round $r: mkswap or swapon failed"; break; }
         "$TOOL" swaphold 16 $((SEED + r)) >"$log.p" 2>&1 &
         pid=$!
-        for _ in $(seq 1 120); do
-            grep -q held "$log.p" && break
-            sleep 0.5
-        done
-        if ! grep -q held "$log.p"; then
+        if ! held_or_gone "$log.p" $pid 60; then
             cat "$log.p" >>"$log"
             kill "$pid"
             wait "$pid"
@@ -1641,11 +1633,19 @@ fill_start() {
 hold_start() {
     in_cgroup "$cg" "$TOOL" swaphold $hold "$1" >"$log.hold" 2>&1 &
     hpid=$!
-    for _i in $(seq 1 1500); do
-        grep -q 'held' "$log.hold" && break
-        kill -0 $hpid 2>/dev/null || break
+    held_or_gone "$log.hold" $hpid 300
+}
+
+# held_or_gone OUT PID SECS: waits up to SECS for vmtool swaphold (PID, its output in OUT) to
+# say it holds its pages (pushed out), or to be gone; whether it holds.
+held_or_gone() {
+    local _i
+    for _i in $(seq 1 $(($3 * 5))); do
+        grep -q held "$1" && return 0
+        kill -0 "$2" 2>/dev/null || break
         sleep 0.2
     done
+    grep -q held "$1"
 }
 
 # since_mark TEXT: the lines of stdin (dmesg) after the last one that holds TEXT.
