@@ -79,7 +79,7 @@ fi
 
 # ---- kernel zram: the reference the uzram device is held to ----
 # (Not on a run that breaks uzram on purpose: only uzram's failure is wanted there.)
-case ${UZRAM_VM_BREAK:-} in "" | hang) reference=1 ;; *) reference= ;; esac
+case ${UZRAM_VM_BREAK:-0} in 0 | "" | hang) reference=1 ;; *) reference= ;; esac
 if [ -n "$reference" ] && zram_begin; then
     if want fio; then
         zram_setup lz4 256M && check_fio /dev/zram0 zram-
