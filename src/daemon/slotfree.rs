@@ -2,9 +2,9 @@
 //!
 //! The kernel calls zram's `swap_slot_free_notify` the moment swap frees a slot; a ublk disk is
 //! told nothing but the discards of whole free clusters (`swapon --discard=pages`). So the
-//! daemon has a small eBPF program (`slotfree.bpf.c`, built by build.rs) attached to the
-//! function the kernel's free path calls right beside that hook (`clear_shadow_from_swap_cache`;
-//! used on the kernels in [`VERIFIED_KERNELS`]): for a free on this device's swap area it marks
+//! daemon has a small eBPF program (`slotfree.bpf.c`, built by build.rs) attached to a
+//! function the kernel's free path calls right beside that hook (the [`Hook`] that
+//! [`VERIFIED_KERNELS`] names for the running kernel): for a free on this device's swap area it marks
 //! the freed pages in a BPF array the daemon maps (`sys::SharedWords`) and hands to the engine
 //! as [`FreedPages`]; the memory thread frees marked pages each round
 //! ([`uzram_engine::Device::reclaim_freed`]). See the engine's `freed` module for why a late
@@ -37,9 +37,34 @@ const H_TARGET: usize = 0;
 /// Header word: pages the program marked that were not marked already.
 const H_PAGES: usize = 2;
 
-/// The kernel function the program attaches to: called by `swap_range_free()` with the swap
-/// area's type and the first and last slot freed, beside `swap_slot_free_notify()`.
-pub const PROBED: &str = "clear_shadow_from_swap_cache";
+/// Where the probe attaches on one form of the kernel's free path: a kernel function that
+/// `swap_range_free()` calls beside `swap_slot_free_notify()`, and the program of
+/// slotfree.bpf.c that reads its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hook {
+    /// The kernel function.
+    pub function: &'static str,
+    /// The program's name in the object.
+    program: &'static str,
+    /// Why a kernel of that form may lack the function, for the log ("" where none).
+    absent_when: &'static str,
+}
+
+/// Linux 6.0-6.12: `clear_shadow_from_swap_cache(type, begin, end)`, once a range, under the
+/// swap area's lock.
+const CLEAR_SHADOW: Hook = Hook {
+    function: "clear_shadow_from_swap_cache",
+    program: "uzram_slot_free",
+    absent_when: "",
+};
+
+/// Linux 6.18 and later: `zswap_invalidate(entry)`, once a slot, under the slot's cluster lock
+/// (there only with CONFIG_ZSWAP, as distributions build it).
+const ZSWAP_INVALIDATE: Hook = Hook {
+    function: "zswap_invalidate",
+    program: "uzram_slot_free_entry",
+    absent_when: " (a kernel built without zswap, CONFIG_ZSWAP, has none)",
+};
 
 /// How swap's freed slots reach the device.
 #[derive(Debug)]
@@ -95,12 +120,15 @@ pub struct Loaded {
     /// The map, mapped (the mapping holds the map too).
     words: Arc<SharedWords>,
     pages: u64,
+    /// Where it is attached.
+    hook: Hook,
 }
 
 impl std::fmt::Debug for Loaded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loaded")
             .field("pages", &self.pages)
+            .field("hook", &self.hook.function)
             .finish_non_exhaustive()
     }
 }
@@ -130,7 +158,8 @@ impl Loaded {
             .map_err(|e| e.to_string())?;
         self.words.words()[H_TARGET].store(kdev, Ordering::Release);
         super::log(&format!(
-            "slot-free: probe on {PROBED}: {block} frees each page as swap frees its slot"
+            "slot-free: probe on {}: {block} frees each page as swap frees its slot",
+            self.hook.function
         ));
         // The program stays attached for the daemon's life (the kernel detaches it when the
         // process goes).
@@ -144,9 +173,9 @@ impl Loaded {
 }
 
 /// From the kernel's symbols (`/proc/kallsyms`): the address of `swap_info`, the array of swap
-/// areas by type, and whether [`PROBED`] is there (a function of the kernel's own, not a
+/// areas by type, and whether the function `probed` is there (the kernel's own, not a
 /// module's).
-fn kallsyms(symbols: impl std::io::BufRead) -> Result<(u64, bool), String> {
+fn kallsyms(symbols: impl std::io::BufRead, probed_fn: &str) -> Result<(u64, bool), String> {
     let (mut swap_info, mut probed) = (None, false);
     for line in symbols.lines() {
         let line = line.map_err(|e| format!("/proc/kallsyms: {e}"))?;
@@ -158,7 +187,7 @@ fn kallsyms(symbols: impl std::io::BufRead) -> Result<(u64, bool), String> {
         };
         match (name, kind) {
             ("swap_info", "b" | "B" | "d" | "D") => swap_info = u64::from_str_radix(addr, 16).ok(),
-            (n, "t" | "T") if n == PROBED => probed = true,
+            (n, "t" | "T") if n == probed_fn => probed = true,
             _ => {}
         }
         if swap_info.is_some() && probed {
@@ -178,15 +207,26 @@ pub const HELPER: &str = "uzram-probe";
 /// What the daemon and its helper must agree on (the map's layout, the answer's form): the
 /// daemon passes it, the helper answers with its own, and a mismatch (a helper left from
 /// another version of uzram) is refused rather than trusted with the daemon's pages.
-pub const PROTOCOL: &str = "uzram-probe/1";
+pub const PROTOCOL: &str = "uzram-probe/2";
 
-/// The kernels whose free path was read for the probe's one ordering rule (a freed slot is
-/// marked before it can be handed out again; see slotfree.bpf.c), oldest and newest as (major,
-/// minor). Elsewhere the probe is not trusted with the daemon's pages: discards only.
-pub const VERIFIED_KERNELS: ((u32, u32), (u32, u32)) = ((6, 0), (6, 12));
+/// A kernel release line, (major, minor).
+pub type Release = (u32, u32);
 
-/// Whether the kernel `release` (`uname -r`) is one the probe was verified on, or why not.
-pub fn kernel_verified(release: &str) -> Result<(), String> {
+/// The kernels whose free and allocation paths were read for the probe's one ordering rule (a
+/// freed slot is marked before it can be handed out again; see slotfree.bpf.c) and that ran
+/// the VM's swap and churn checks with it, each range's oldest and newest as (major, minor),
+/// with the hook for that form of the path. Elsewhere the probe is not trusted with the
+/// daemon's pages: discards only. 6.13-6.17 moved both paths under the cluster lock and
+/// were not read.
+pub const VERIFIED_KERNELS: [(Release, Release, Hook); 3] = [
+    ((6, 0), (6, 12), CLEAR_SHADOW),
+    ((6, 18), (6, 18), ZSWAP_INVALIDATE),
+    ((7, 3), (7, 3), ZSWAP_INVALIDATE),
+];
+
+/// The hook for the kernel `release` (`uname -r`), where the probe was verified on it, or why
+/// not.
+pub fn kernel_verified(release: &str) -> Result<Hook, String> {
     let mut parts = release
         .split(|c: char| !c.is_ascii_digit())
         .map(|p| p.parse::<u32>().ok());
@@ -194,15 +234,28 @@ pub fn kernel_verified(release: &str) -> Result<(), String> {
         (Some(major), Some(minor)) => (major, minor),
         _ => return Err(format!("cannot read the kernel release {release:?}")),
     };
-    let ((a, b), (c, d)) = VERIFIED_KERNELS;
-    if ((a, b)..=(c, d)).contains(&version) {
-        Ok(())
-    } else {
-        Err(format!(
-            "the probe's ordering on the kernel's swap free path was verified on Linux {a}.{b} \
-             to {c}.{d}, and this kernel is {release}"
-        ))
+    if let Some(&(_, _, hook)) = VERIFIED_KERNELS
+        .iter()
+        .find(|(first, last, _)| (*first..=*last).contains(&version))
+    {
+        return Ok(hook);
     }
+    let ranges: Vec<String> = VERIFIED_KERNELS
+        .iter()
+        .map(|((a, b), (c, d), _)| format!("{a}.{b} to {c}.{d}"))
+        .collect();
+    Err(format!(
+        "the probe's ordering on the kernel's swap free path was verified on Linux {}, and \
+         this kernel is {release}",
+        ranges.join(" and ")
+    ))
+}
+
+/// The hook for the running kernel (`/proc/sys/kernel/osrelease`), or why there is none.
+fn running_kernel_hook() -> Result<Hook, String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_err(|e| format!("/proc/sys/kernel/osrelease: {e}"))?;
+    kernel_verified(release.trim())
 }
 
 /// How long the helper may take to load and attach the program.
@@ -220,9 +273,7 @@ pub fn load(pages: u64) -> Result<Loaded, String> {
     use std::os::unix::fs::MetadataExt;
     use std::process::{Command, Stdio};
 
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map_err(|e| format!("/proc/sys/kernel/osrelease: {e}"))?;
-    kernel_verified(release.trim())?;
+    let hook = running_kernel_hook()?;
     // Swap offsets are the kernel's pages; the probe marks them as the device's 4 KiB pages.
     let page = crate::sys::page_size();
     if page != uzram_engine::PAGE_SIZE as u64 {
@@ -272,6 +323,7 @@ pub fn load(pages: u64) -> Result<Loaded, String> {
         link,
         words: Arc::new(shared),
         pages,
+        hook,
     })
 }
 
@@ -350,13 +402,10 @@ pub mod helper {
     use aya::{Btf, EbpfLoader};
     use uzram_engine::FreedPages;
 
-    use super::{map_words, HELPER, PROBED, PROTOCOL};
+    use super::{map_words, HELPER, PROTOCOL};
 
     /// The program build.rs compiled (aligned, as the ELF reader wants).
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/slotfree.bpf.o"));
-
-    /// The program's name in the object.
-    const PROGRAM: &str = "uzram_slot_free";
 
     /// Loads and attaches the program for `pages` pages, says "ok PROTOCOL LINK MAP" (the
     /// descriptors the daemon takes) or "error WHY" on stdout, and holds them until stdin
@@ -411,9 +460,11 @@ pub mod helper {
         }
         let file =
             std::fs::File::open("/proc/kallsyms").map_err(|e| format!("/proc/kallsyms: {e}"))?;
-        let (swap_info, probed) = super::kallsyms(std::io::BufReader::new(file))?;
-        if !probed {
-            return Err(format!("this kernel has no {PROBED}"));
+        let hook = super::running_kernel_hook()?;
+        let (probed, program_name) = (hook.function, hook.program);
+        let (swap_info, found) = super::kallsyms(std::io::BufReader::new(file), probed)?;
+        if !found {
+            return Err(format!("this kernel has no {probed}{}", hook.absent_when));
         }
         let entries =
             u32::try_from(map_words(pages)).map_err(|_| format!("{pages} pages is too many"))?;
@@ -427,27 +478,27 @@ pub mod helper {
             .map_err(|e| format!("loading the eBPF program: {}", first_lines(&e.to_string())))?;
         let btf = Btf::from_sys_fs().map_err(|e| format!("the kernel's BTF: {e}"))?;
         let program: &mut FEntry = ebpf
-            .program_mut(PROGRAM)
-            .ok_or_else(|| format!("the eBPF object has no program {PROGRAM}"))?
+            .program_mut(program_name)
+            .ok_or_else(|| format!("the eBPF object has no program {program_name}"))?
             .try_into()
-            .map_err(|e| format!("{PROGRAM}: {e}"))?;
-        // Checked against the function's BTF: a kernel whose PROBED takes other arguments
+            .map_err(|e| format!("{program_name}: {e}"))?;
+        // Checked against the function's BTF: a kernel whose function takes other arguments
         // refuses the program.
-        program.load(PROBED, &btf).map_err(|e| {
+        program.load(probed, &btf).map_err(|e| {
             format!(
-                "the kernel refused the eBPF program on {PROBED}: {}",
+                "the kernel refused the eBPF program on {probed}: {}",
                 first_lines(&e.to_string())
             )
         })?;
         let id = program
             .attach()
-            .map_err(|e| format!("attaching to {PROBED}: {e}"))?;
+            .map_err(|e| format!("attaching to {probed}: {e}"))?;
         // The attachment, for the daemon to take: a BPF link. Left open here (aya has no
         // accessor for its number: it is this process's one BPF link), closed when this
         // process exits.
         let link: FdLink = program
             .take_link(id)
-            .map_err(|e| format!("attaching to {PROBED}: {e}"))?
+            .map_err(|e| format!("attaching to {probed}: {e}"))?
             .into();
         std::mem::forget(link);
         let link_fd = bpf_link_fd()?;
@@ -490,32 +541,50 @@ mod tests {
                     ffffffffc0a01000 t swap_info\t[some_module]\n\
                     ffffffff915dff60 t swap_entry_range_free\n\
                     ffffffff939d56a0 b swap_info\n";
-        assert_eq!(kallsyms(text.as_bytes()), Ok((0xffff_ffff_939d_56a0, true)));
+        let probed = "clear_shadow_from_swap_cache";
+        assert_eq!(
+            kallsyms(text.as_bytes(), probed),
+            Ok((0xffff_ffff_939d_56a0, true))
+        );
+        assert_eq!(
+            kallsyms(text.as_bytes(), "zswap_invalidate"),
+            Ok((0xffff_ffff_939d_56a0, false))
+        );
         // A module's symbol of the same name is not the kernel's.
         let module_only = "ffffffffc0a01000 T clear_shadow_from_swap_cache\t[m]\n\
                            ffffffff939d56a0 b swap_info\n";
         assert_eq!(
-            kallsyms(module_only.as_bytes()),
+            kallsyms(module_only.as_bytes(), probed),
             Ok((0xffff_ffff_939d_56a0, false))
         );
         // What an unprivileged reader, or kptr_restrict, sees.
         let hidden = "0000000000000000 T clear_shadow_from_swap_cache\n\
                       0000000000000000 b swap_info\n";
-        assert!(kallsyms(hidden.as_bytes())
+        assert!(kallsyms(hidden.as_bytes(), probed)
             .unwrap_err()
             .contains("kptr_restrict"));
-        assert!(kallsyms("".as_bytes())
+        assert!(kallsyms("".as_bytes(), probed)
             .unwrap_err()
             .contains("no swap_info"));
     }
 
     #[test]
     fn only_kernels_whose_free_path_was_read_get_the_probe() {
-        use super::kernel_verified;
+        use super::{kernel_verified, CLEAR_SHADOW, ZSWAP_INVALIDATE};
         for ok in ["6.12.118+deb12-amd64", "6.0.0", "6.1.0-28-amd64", "6.12"] {
-            assert_eq!(kernel_verified(ok), Ok(()), "{ok}");
+            assert_eq!(kernel_verified(ok), Ok(CLEAR_SHADOW), "{ok}");
         }
-        for no in ["5.15.0-91-generic", "6.13.2-arch1-1", "7.0.1", "6.19.0-rc1"] {
+        for ok in ["6.18.15+deb13-amd64", "7.3.4+deb13-amd64", "6.18"] {
+            assert_eq!(kernel_verified(ok), Ok(ZSWAP_INVALIDATE), "{ok}");
+        }
+        for no in [
+            "5.15.0-91-generic",
+            "6.13.2-arch1-1",
+            "6.17.1",
+            "7.0.1",
+            "6.19.0-rc1",
+            "7.4.0",
+        ] {
             assert!(
                 kernel_verified(no)
                     .unwrap_err()
@@ -532,8 +601,8 @@ mod tests {
     #[test]
     fn the_helpers_answer_is_read_strictly() {
         use super::parse_answer;
-        assert_eq!(parse_answer("ok uzram-probe/1 5 7"), Ok((5, 7)));
-        assert!(parse_answer("ok uzram-probe/0 5 7")
+        assert_eq!(parse_answer("ok uzram-probe/2 5 7"), Ok((5, 7)));
+        assert!(parse_answer("ok uzram-probe/1 5 7")
             .unwrap_err()
             .contains("another uzram"));
         assert_eq!(
@@ -543,10 +612,10 @@ mod tests {
         for bad in [
             "",
             "hello",
-            "ok uzram-probe/1",
-            "ok uzram-probe/1 5",
-            "ok uzram-probe/1 x 7",
-            "ok uzram-probe/1 5 7 9",
+            "ok uzram-probe/2",
+            "ok uzram-probe/2 5",
+            "ok uzram-probe/2 x 7",
+            "ok uzram-probe/2 5 7 9",
         ] {
             assert!(
                 parse_answer(bad).unwrap_err().contains("answered"),
