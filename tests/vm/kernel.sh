@@ -3,7 +3,8 @@
 # $CACHE/debs, extracted (the kernel and the modules a guest can need) under $CACHE/kernel.
 #
 # KERNEL=6.12 (default): Debian 12's (bookworm-security), from this machine's own apt sources.
-# KERNEL=6.18, KERNEL=newest, or a version (KERNEL=7.3.4): a newer Debian kernel, from the
+# KERNEL=newest, a line (KERNEL=6.18, KERNEL=7.3: its newest release) or a release
+# (KERNEL=7.3.4): a newer Debian kernel, from the
 # trixie, trixie-backports and sid suites of the same archive. Their lists live in a private
 # apt directory ($CACHE/apt-newer) made from the URI of this machine's own Debian sources, so
 # neither the system's apt state nor any file of the project names an archive. Packaging
@@ -16,11 +17,13 @@ KERNEL=${KERNEL:-6.12}
 
 fetch_kernel() {
     mkdir -p "$CACHE/debs"
-    case $KERNEL in
-        6.12) fetch_kernel_612 ;;
-        6.18 | newest | [0-9]*.[0-9]*) fetch_kernel_newer ;;
-        *) die "KERNEL=$KERNEL: 6.12, 6.18, newest or a version such as 7.3.4" ;;
-    esac
+    if [ "$KERNEL" = 6.12 ]; then
+        fetch_kernel_612
+    elif [ "$KERNEL" = newest ] || [[ $KERNEL =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?$ ]]; then
+        fetch_kernel_newer
+    else
+        die "KERNEL=$KERNEL: 6.12, newest, a line such as 6.18 or 7.3, or a release such as 7.3.4"
+    fi
     KVER=$(ls "$KDIR/lib/modules")
     KMODS=$KDIR/lib/modules/$KVER
     say "kernel: $KVER ($(basename "$KDIR"))"
@@ -86,9 +89,11 @@ newer_apt() {
 fetch_kernel_newer() {
     local pattern img ver debs=() p deb t
     case $KERNEL in
-        6.18) pattern='^linux-image-6\.18\.[0-9]+\+deb1[3-9]-amd64$' ;;
         newest) pattern='^linux-image-[0-9]+\.[0-9]+\.[0-9]+\+deb1[3-9]-amd64$' ;;
-        *) pattern="^linux-image-${KERNEL//./\\.}\\+deb1[3-9]-amd64\$" ;;
+        # a release (7.3.4)
+        [0-9]*.[0-9]*.[0-9]*) pattern="^linux-image-${KERNEL//./\\.}\\+deb1[3-9]-amd64\$" ;;
+        # a line (6.18, 7.3): its newest release
+        *) pattern="^linux-image-${KERNEL//./\\.}\\.[0-9]+\\+deb1[3-9]-amd64\$" ;;
     esac
     # A cached image of that line: the newest one (no apt at all).
     img=$(ls "$CACHE"/debs/linux-image-*+deb1[3-9]-amd64_*.deb 2>/dev/null | xargs -r -n1 basename \
