@@ -60,6 +60,9 @@ pub struct DaemonInfo {
     pub restarts: u64,
     /// Why the last replaced worker ended, one word (`none` before any).
     pub last_restart: String,
+    /// The kernel the device is served on, (major, minor): attributes whose form changed
+    /// between zram's versions follow its zram (None: Linux 6.12's forms).
+    pub kernel: Option<(u32, u32)>,
 }
 
 /// Reads an attribute: its exact bytes.
@@ -140,6 +143,11 @@ pub static ATTRIBUTES: &[Attribute] = &[
     ro("bd_stat", show_bd_stat),
     fixed("comp_algorithm", Some(show_comp_algorithm)),
     wo("compact", store_compact),
+    rw(
+        "compressed_writeback",
+        |_, _| "1\n".to_string(),
+        store_compressed_writeback,
+    ),
     ro("debug_stat", show_debug_stat),
     fixed("disksize", Some(show_disksize)),
     wo("idle", store_idle),
@@ -160,6 +168,11 @@ pub static ATTRIBUTES: &[Attribute] = &[
     wo("reset", store_reset),
     ro("uzram_stat", uzram_stat),
     wo("writeback", store_writeback),
+    rw(
+        "writeback_batch_size",
+        show_writeback_batch_size,
+        store_writeback_batch_size,
+    ),
     rw(
         "writeback_limit",
         show_writeback_limit,
@@ -227,9 +240,14 @@ fn show_comp_algorithm(device: &Device, _: &DaemonInfo) -> String {
 }
 
 /// "version: 1", then writestall and miss_free, as Linux 6.12 prints them (uzram never stalls
-/// writes for memory and frees every slot it is told to: both 0).
-fn show_debug_stat(_: &Device, _: &DaemonInfo) -> String {
-    format!("version: 1\n{:>8} {:>8}\n", 0, 0)
+/// writes for memory and frees every slot it is told to: both 0). zram dropped writestall in
+/// Linux 6.14 and prints a bare 0 in its place (6.16's, 6.18's and 7.3's modules read for it).
+fn show_debug_stat(_: &Device, info: &DaemonInfo) -> String {
+    if info.kernel.is_some_and(|k| k >= (6, 14)) {
+        format!("version: 1\n0 {:>8}\n", 0)
+    } else {
+        format!("version: 1\n{:>8} {:>8}\n", 0, 0)
+    }
 }
 
 fn show_disksize(device: &Device, _: &DaemonInfo) -> String {
@@ -379,28 +397,83 @@ fn store_idle(device: &Device, value: &str) -> Result<(), AttrError> {
 }
 
 fn store_writeback(device: &Device, value: &str) -> Result<(), AttrError> {
-    let request: crate::device::writeback::WritebackRequest = value.parse().map_err(invalid)?;
+    use crate::device::writeback::WritebackRequest;
+    let requests = WritebackRequest::parse_list(value).map_err(invalid)?;
     if device.backing().is_none() {
         return Err(AttrError::new(
             libc::ENODEV,
             "no backing device (create the device with --backing-dev FILE)",
         ));
     }
+    // zram checks every index before it writes anything: ERANGE past the device.
+    let pages = device.disksize() / crate::PAGE_SIZE as u64;
+    if let Some(last) = requests.iter().find_map(|r| match *r {
+        WritebackRequest::Pages { last, .. } if last >= pages => Some(last),
+        _ => None,
+    }) {
+        return Err(AttrError::new(
+            libc::ERANGE,
+            format!("page {last} is beyond the device's {pages} pages"),
+        ));
+    }
     let mut ctx = device
         .context()
         .map_err(|e| AttrError::new(libc::ENOMEM, e.to_string()))?;
-    let stats = device.writeback(&mut ctx, request).map_err(invalid)?;
-    // zram fails a pass cut short by the writeback limit with EIO.
-    if stats.stopped && stats.written < stats.candidates {
-        return Err(AttrError::new(
-            libc::EIO,
-            format!(
-                "writeback stopped after {} of {} pages (writeback limit or full backing device)",
-                stats.written, stats.candidates
-            ),
-        ));
+    for request in requests {
+        let stats = device.writeback(&mut ctx, request).map_err(invalid)?;
+        // zram fails a pass cut short by the writeback limit with EIO.
+        if stats.stopped && stats.written < stats.candidates {
+            return Err(AttrError::new(
+                libc::EIO,
+                format!(
+                    "writeback stopped after {} of {} pages (writeback limit or full backing device)",
+                    stats.written, stats.candidates
+                ),
+            ));
+        }
     }
     Ok(())
+}
+
+fn show_writeback_batch_size(device: &Device, _: &DaemonInfo) -> String {
+    format!("{}\n", device.writeback_batch_size())
+}
+
+/// zram's `writeback_batch_size` (Linux 7.x): a number above 0. uzram writes a pass's pages
+/// that many at a time, one write each, at most 256.
+fn store_writeback_batch_size(device: &Device, value: &str) -> Result<(), AttrError> {
+    let n = value
+        .parse::<u32>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| AttrError::new(libc::EINVAL, format!("not a count above 0: {value:?}")))?;
+    device.set_writeback_batch_size(n as usize);
+    Ok(())
+}
+
+/// zram's `compressed_writeback` (Linux 7.x): a yes or no, taken only before the device is
+/// initialised. uzram's written-back records are always compressed (it shows 1), and its
+/// device is always initialised: a valid value gets EBUSY, as zram's initialised device does.
+fn store_compressed_writeback(_: &Device, value: &str) -> Result<(), AttrError> {
+    // The kernel's kstrtobool: by the first byte (e, y, t, 1 or d, n, f, 0), or "o" and then
+    // n or f.
+    let valid = matches!(
+        value.as_bytes(),
+        [b'e' | b'E' | b'y' | b'Y' | b't' | b'T' | b'1', ..]
+            | [b'd' | b'D' | b'n' | b'N' | b'f' | b'F' | b'0', ..]
+            | [b'o' | b'O', b'n' | b'N' | b'f' | b'F', ..]
+    );
+    if !valid {
+        return Err(AttrError::new(
+            libc::EINVAL,
+            format!("not a yes or no: {value:?}"),
+        ));
+    }
+    Err(AttrError::new(
+        libc::EBUSY,
+        "compressed_writeback cannot change on an initialised device (as in zram); uzram always \
+         writes back compressed",
+    ))
 }
 
 fn backing_of(device: &Device) -> Result<&crate::device::writeback::BackingStore, AttrError> {
@@ -473,6 +546,17 @@ mod tests {
             read(&d, &info, "debug_stat").unwrap(),
             "version: 1\n       0        0\n"
         );
+        // Linux 6.14 dropped writestall: a bare 0 in its place.
+        for kernel in [(6, 14), (6, 18), (7, 3)] {
+            let newer = DaemonInfo {
+                kernel: Some(kernel),
+                ..Default::default()
+            };
+            assert_eq!(
+                read(&d, &newer, "debug_stat").unwrap(),
+                "version: 1\n0        0\n"
+            );
+        }
     }
 
     #[test]

@@ -326,7 +326,12 @@ pub fn attr(id: u32, name: &str, value: Option<&str>) -> Result<String, CtlError
         Some(v) => Request::Write(name.to_string(), v.to_string()),
     };
     control::call(id, &request).map_err(|e| match e {
-        CallError::Refused(e) => err(format!("{dev}: {name}: {}", e.message)),
+        // The errno first, in the words a shell's `echo > /sys/block/zramN/ATTR` prints.
+        CallError::Refused(e) => {
+            let errno = std::io::Error::from_raw_os_error(e.errno).to_string();
+            let errno = errno.split(" (os error").next().unwrap_or_default();
+            err(format!("{dev}: {name}: {errno}: {}", e.message))
+        }
         CallError::NoDaemon { ref source, .. }
             if source.kind() == std::io::ErrorKind::PermissionDenied =>
         {

@@ -95,3 +95,21 @@ pub fn mount_point(dev: &str) -> Option<String> {
             (f.get(2) == Some(&want.as_str())).then(|| f.get(4).copied().unwrap_or("").to_string())
         })
 }
+
+/// A kernel release (`uname -r`, such as "6.18.15+deb13-amd64") as its line, (major, minor).
+pub fn release_line(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => Some((major, minor)),
+        _ => None,
+    }
+}
+
+/// The running kernel's release (`/proc/sys/kernel/osrelease`), or why it cannot be read.
+pub fn running_release() -> Result<String, String> {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_string())
+        .map_err(|e| format!("/proc/sys/kernel/osrelease: {e}"))
+}

@@ -29,6 +29,10 @@ pub(super) fn control_thread(
         .map_err(|e| setup("bind the control socket", e))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
         .map_err(|e| setup("open the control socket to all users", e))?;
+    // zram's attribute forms follow the kernel's (debug_stat changed in 6.14).
+    let kernel = crate::common::running_release()
+        .ok()
+        .and_then(|r| crate::common::release_line(&r));
     std::thread::Builder::new()
         .name("uzram-control".into())
         .spawn(move || {
@@ -45,6 +49,7 @@ pub(super) fn control_thread(
                     slot_free_marked: slot_free.map_or(0, |s| s.marked()),
                     restarts: restart.0,
                     last_restart: restart.1.clone(),
+                    kernel,
                 }
             };
             control::serve(&listener, |request| {

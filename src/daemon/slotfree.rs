@@ -227,13 +227,8 @@ pub const VERIFIED_KERNELS: [(Release, Release, Hook); 3] = [
 /// The hook for the kernel `release` (`uname -r`), where the probe was verified on it, or why
 /// not.
 pub fn kernel_verified(release: &str) -> Result<Hook, String> {
-    let mut parts = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().ok());
-    let version = match (parts.next().flatten(), parts.next().flatten()) {
-        (Some(major), Some(minor)) => (major, minor),
-        _ => return Err(format!("cannot read the kernel release {release:?}")),
-    };
+    let version = crate::common::release_line(release)
+        .ok_or_else(|| format!("cannot read the kernel release {release:?}"))?;
     if let Some(&(_, _, hook)) = VERIFIED_KERNELS
         .iter()
         .find(|(first, last, _)| (*first..=*last).contains(&version))
@@ -253,9 +248,7 @@ pub fn kernel_verified(release: &str) -> Result<Hook, String> {
 
 /// The hook for the running kernel (`/proc/sys/kernel/osrelease`), or why there is none.
 fn running_kernel_hook() -> Result<Hook, String> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map_err(|e| format!("/proc/sys/kernel/osrelease: {e}"))?;
-    kernel_verified(release.trim())
+    kernel_verified(&crate::common::running_release()?)
 }
 
 /// How long the helper may take to load and attach the program.

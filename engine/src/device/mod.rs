@@ -70,6 +70,8 @@ pub struct Device {
     huge_threshold: usize,
     /// Where written-back pages live.
     backing: Option<writeback::BackingStore>,
+    /// zram's `writeback_batch_size`: pages a `writeback` pass writes at a time.
+    wb_batch: AtomicUsize,
     epoch: Instant,
     /// Seconds added to the clock (feature `testing`: `Device::advance_clock`).
     clock_skew: AtomicU32,
@@ -248,6 +250,7 @@ impl Device {
             tier: policy::Tier::new(config.policy),
             next_shard: AtomicUsize::new(0),
             freed: OnceLock::new(),
+            wb_batch: AtomicUsize::new(writeback::BATCH_PAGES),
             counters: Counters::new(
                 (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4)
                     .next_power_of_two()

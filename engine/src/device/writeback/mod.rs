@@ -67,6 +67,9 @@ const TAG: usize = 16;
 pub const MAX_RECORD: usize = NONCE + PAGE_SIZE + TAG;
 /// Pages per writeback batch of a pass (one extent, one write).
 pub(super) const BATCH: usize = 256;
+/// The default of the device's `writeback_batch_size`: [`BATCH`] (zram's is 32 writes in
+/// flight; uzram's pass writes each batch with one write).
+pub const BATCH_PAGES: usize = BATCH;
 /// Alignment of direct I/O: offsets, lengths and buffers.
 const ALIGN: usize = 4096;
 const ALIGN_SECTORS: u64 = ALIGN as u64 / SECTOR;
@@ -185,6 +188,29 @@ impl FromStr for WritebackRequest {
     }
 }
 
+impl WritebackRequest {
+    /// A whole write to zram's `writeback` (Linux 6.16 and later): `type=MODE` or a bare mode
+    /// (as before 6.16) ends the list; `page_index=N` and `page_indexes=LO-HI`, as many as
+    /// given, each select pages. A key zram does not know is refused (zram skips it).
+    pub fn parse_list(text: &str) -> Result<Vec<WritebackRequest>, Error> {
+        let mut list = Vec::new();
+        for word in text.split_ascii_whitespace() {
+            let req: WritebackRequest = word.parse()?;
+            list.push(req);
+            if !matches!(req, WritebackRequest::Pages { .. }) {
+                break;
+            }
+        }
+        if list.is_empty() {
+            return Err(Error::InvalidRequest {
+                text: text.to_string(),
+                why: "writeback takes idle, huge, huge_idle, incompressible, page_index=N or page_indexes=LO-HI",
+            });
+        }
+        Ok(list)
+    }
+}
+
 /// What a writeback pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WritebackStats {
@@ -201,6 +227,16 @@ pub struct WritebackStats {
 }
 
 impl Device {
+    /// zram's `writeback_batch_size`: as set (a pass writes at most 256 pages at a time).
+    pub fn writeback_batch_size(&self) -> usize {
+        self.wb_batch.load(Ordering::Relaxed)
+    }
+
+    /// Sets zram's `writeback_batch_size` (at least 1).
+    pub fn set_writeback_batch_size(&self, pages: usize) {
+        self.wb_batch.store(pages.max(1), Ordering::Relaxed);
+    }
+
     /// The backing store, if the device has one.
     pub fn backing(&self) -> Option<&BackingStore> {
         self.backing.as_ref()
@@ -461,7 +497,7 @@ impl Device {
             ..WritebackStats::default()
         };
         let mut bufs = WbBuffers::new(BATCH);
-        for chunk in candidates.chunks(BATCH) {
+        for chunk in candidates.chunks(self.writeback_batch_size().min(BATCH)) {
             let allowed = backing.limit_allows(chunk.len());
             if allowed == 0 {
                 stats.stopped = true;

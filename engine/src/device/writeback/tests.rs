@@ -244,6 +244,109 @@ fn writeback_syntax_is_zrams() {
     for bad in ["cold", "page_index=x", "page_indexes=9-3", "page_indexes=4"] {
         assert!(bad.parse::<WritebackRequest>().is_err(), "{bad}");
     }
+    // Linux 6.16's lists: ranges and pages, as many as given; a mode ends the list.
+    use WritebackRequest::Pages;
+    assert_eq!(
+        WritebackRequest::parse_list("page_index=42 page_index=99 page_indexes=100-200\n").unwrap(),
+        [
+            Pages {
+                first: 42,
+                last: 42
+            },
+            Pages {
+                first: 99,
+                last: 99
+            },
+            Pages {
+                first: 100,
+                last: 200
+            }
+        ]
+    );
+    assert_eq!(
+        WritebackRequest::parse_list("type=idle page_index=3").unwrap(),
+        [WritebackRequest::Idle]
+    );
+    for bad in ["", " ", "page_index=1 cold", "page_idx=5"] {
+        assert!(WritebackRequest::parse_list(bad).is_err(), "{bad:?}");
+    }
+}
+
+/// Through the attributes: each range of a list is written back, and nothing else; zram's
+/// newer attributes answer as zram's do on an initialised device.
+#[test]
+fn a_list_of_ranges_writes_back_those_pages_and_the_newer_attributes_answer() {
+    use crate::attrs::{read, write, DaemonInfo};
+    let dir = tempdir("wb-list");
+    let (d, _) = setup(&dir);
+    let mut ctx = d.context().unwrap();
+    for i in 0..16u64 {
+        d.write(&mut ctx, i * 4096, &text_page(i)).unwrap();
+    }
+    write(
+        &d,
+        "writeback",
+        "page_index=1 page_indexes=4-6 page_index=9",
+    )
+    .unwrap();
+    let written: Vec<u64> = (0..16)
+        .filter(|&i| {
+            d.slot_state(PageIndex(i))
+                .unwrap()
+                .flags
+                .contains(SlotFlags::WB)
+        })
+        .collect();
+    assert_eq!(written, [1, 4, 5, 6, 9]);
+    for i in 0..16u64 {
+        let mut back = vec![0u8; 4096];
+        d.read(&mut ctx, i * 4096, &mut back).unwrap();
+        assert_eq!(back, text_page(i), "page {i}");
+    }
+    let pages = d.disksize() / 4096;
+    let past = format!("page_index=2 page_indexes=3-{pages}");
+    assert_eq!(
+        write(&d, "writeback", &past).unwrap_err().errno,
+        libc::ERANGE
+    );
+    assert!(
+        !d.slot_state(PageIndex(2))
+            .unwrap()
+            .flags
+            .contains(SlotFlags::WB),
+        "nothing written on ERANGE"
+    );
+
+    let info = DaemonInfo::default();
+    assert_eq!(read(&d, &info, "writeback_batch_size").unwrap(), "256\n");
+    write(&d, "writeback_batch_size", "2").unwrap();
+    assert_eq!(read(&d, &info, "writeback_batch_size").unwrap(), "2\n");
+    for bad in ["0", "-1", "many", "4294967296"] {
+        let e = write(&d, "writeback_batch_size", bad).unwrap_err();
+        assert_eq!(e.errno, libc::EINVAL, "{bad}");
+    }
+    // Two at a time: the rest of the pages still all go.
+    write(&d, "writeback", "page_indexes=10-14").unwrap();
+    assert!((10..=14).all(|i| d
+        .slot_state(PageIndex(i))
+        .unwrap()
+        .flags
+        .contains(SlotFlags::WB)));
+    assert_eq!(read(&d, &info, "compressed_writeback").unwrap(), "1\n");
+    for (value, errno) in [
+        ("yes", libc::EBUSY),
+        ("0", libc::EBUSY),
+        ("on", libc::EBUSY),
+    ] {
+        assert_eq!(
+            write(&d, "compressed_writeback", value).unwrap_err().errno,
+            errno
+        );
+    }
+    for bad in ["maybe", "o", ""] {
+        let e = write(&d, "compressed_writeback", bad).unwrap_err();
+        assert_eq!(e.errno, libc::EINVAL, "{bad:?}");
+    }
 }
 
 /// A page freed and written again while its old object is being written back may come back
