@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::listing::{self, Column, DeviceRow, Format};
 use crate::common::control::{self, CallError, Request};
 use crate::common::options::{self, DeviceArgs};
-use crate::common::{block_path, is_swap, mount_point, socket_path, RUN_DIR};
+use crate::common::{block_path, is_swap, mount_point, socket_path, swap_state, RUN_DIR};
 
 /// A failure of a `uzram` command: the message to print (exit code 1, as zramctl's).
 #[derive(Debug, thiserror::Error)]
@@ -459,7 +459,7 @@ pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
             what.push("created");
         }
         if d.fs == "swap" && d.mount.is_none() {
-            if is_swap(&d.device) {
+            if swap_state(&d.device).map_err(err)? {
                 what.push("swap already on");
             } else {
                 if fresh {
@@ -567,7 +567,7 @@ pub fn teardown(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlErr
             done.push(format!("{}: not there", d.device));
             continue;
         }
-        if is_swap(&d.device) {
+        if swap_state(&d.device).map_err(err)? {
             run("swapoff", &[&d.device])?;
         }
         if mount_point(&d.device).is_some() {

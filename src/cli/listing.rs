@@ -333,7 +333,8 @@ pub fn render(rows: &[DeviceRow], columns: &[Column], format: Format) -> String 
 
 /// What `/dev/...` is used for, as zramctl's MOUNTPOINT shows it: `[SWAP]`, a mount point, or "".
 pub fn mountpoint(dev: &str) -> String {
-    if crate::common::is_swap(dev) {
+    // Unknown (no /proc/swaps to read) shows as nothing, as zramctl would.
+    if crate::common::swap_state(dev) == Ok(true) {
         return "[SWAP]".into();
     }
     crate::common::mount_point(dev).unwrap_or_default()

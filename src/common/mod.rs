@@ -70,13 +70,67 @@ pub fn have_ublk_driver() -> bool {
 /// What to tell a user whose kernel has no ublk driver.
 pub const NO_DRIVER: &str = "this kernel has no ublk driver (/dev/ublk-control is missing): load ublk_drv, or use Linux >= 6.0 built with CONFIG_BLK_DEV_UBLK";
 
-/// Whether `dev` is active swap (listed in /proc/swaps).
+/// Whether `dev` is active swap, from one read of /proc/swaps: a line names it, or names a
+/// block device node with its device number (a swapon through another node or a link); an
+/// error when /proc/swaps cannot be read, for each caller to take the way that destroys
+/// nothing.
+pub fn swap_state(dev: &str) -> Result<bool, String> {
+    let swaps = std::fs::read_to_string("/proc/swaps").map_err(|e| format!("/proc/swaps: {e}"))?;
+    Ok(swaps_name(&swaps, dev, |path| {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        std::fs::metadata(path)
+            .ok()
+            .filter(|m| m.file_type().is_block_device())
+            .map(|m| m.rdev())
+    }))
+}
+
+/// Whether the /proc/swaps text `swaps` lists `dev`, by its name or by the device number
+/// `rdev` gives for a path (None: not a block device).
+fn swaps_name(swaps: &str, dev: &str, rdev: impl Fn(&str) -> Option<u64>) -> bool {
+    let mut want = None;
+    swaps.lines().skip(1).any(|line| {
+        let Some(field) = line.split_whitespace().next() else {
+            return false;
+        };
+        // The kernel escapes a space, tab, newline and backslash in the path as \ooo.
+        let path = unescape_octal(field);
+        path == dev || {
+            let want = *want.get_or_insert_with(|| rdev(dev));
+            want.is_some() && rdev(&path) == want
+        }
+    })
+}
+
+/// `text` with each `\ooo` (three octal digits) turned into its byte, as /proc/swaps and
+/// /proc/self/mountinfo escape paths.
+fn unescape_octal(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                out.push(v as u8);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `dev` is active swap, taken as yes when /proc/swaps cannot be read: for callers
+/// about to free, stop or delete what swap may hold.
 pub fn is_swap(dev: &str) -> bool {
-    std::fs::read_to_string("/proc/swaps")
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .any(|l| l.split_whitespace().next() == Some(dev))
+    swap_state(dev).unwrap_or(true)
 }
 
 /// Where block device `dev` is mounted, if it is: found by its device number in
@@ -112,4 +166,48 @@ pub fn running_release() -> Result<String, String> {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|r| r.trim().to_string())
         .map_err(|e| format!("/proc/sys/kernel/osrelease: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{release_line, swaps_name, unescape_octal};
+
+    const SWAPS: &str = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
+                         /dev/ublkb0                             partition\t1048572\t\t0\t\t32767\n\
+                         /swap\\040file                           file\t\t1024\t\t0\t\t-2\n";
+
+    #[test]
+    fn swaps_are_found_by_name_or_by_device_number() {
+        let none = |_: &str| None;
+        assert!(swaps_name(SWAPS, "/dev/ublkb0", none));
+        assert!(!swaps_name(SWAPS, "/dev/ublkb1", none));
+        // The name as the kernel escapes it, and the heading never matches.
+        assert!(swaps_name(SWAPS, "/swap file", none));
+        assert!(!swaps_name(SWAPS, "Filename", none));
+        // Another node of the same device (a link resolved elsewhere, a mknod).
+        let rdev = |p: &str| match p {
+            "/dev/ublkb0" | "/run/alias" => Some(259 << 8),
+            _ => None,
+        };
+        assert!(swaps_name(SWAPS, "/run/alias", rdev));
+        assert!(!swaps_name(SWAPS, "/dev/ublkb1", rdev));
+        // Nothing is swap on an empty list, whatever the device numbers.
+        assert!(!swaps_name("Filename Type\n", "/run/alias", rdev));
+    }
+
+    #[test]
+    fn octal_escapes_become_their_bytes() {
+        assert_eq!(unescape_octal("/a\\040b\\011c\\134d"), "/a b\tc\\d");
+        assert_eq!(unescape_octal("/plain"), "/plain");
+        // A backslash not followed by three octal digits stays.
+        assert_eq!(unescape_octal("\\9\\01x\\"), "\\9\\01x\\");
+    }
+
+    #[test]
+    fn a_release_gives_its_line() {
+        assert_eq!(release_line("6.18.15+deb13-amd64"), Some((6, 18)));
+        assert_eq!(release_line("7.3"), Some((7, 3)));
+        assert_eq!(release_line("weird"), None);
+        assert_eq!(release_line(""), None);
+    }
 }

@@ -10,7 +10,7 @@ use uzram_engine::{Device, PageIndex, PAGE_SIZE};
 
 use super::io::NON_SWAP_WRITES;
 use super::{log, mailbox};
-use crate::common::{block_path, is_swap, mount_point};
+use crate::common::{block_path, is_swap, mount_point, swap_state};
 
 /// Whether the device was swap at the watcher's last look (once a second).
 static IN_USE_AS_SWAP: AtomicBool = AtomicBool::new(false);
@@ -130,7 +130,7 @@ pub(super) fn claim_unused(id: u32) -> Result<std::fs::File, String> {
     if err.raw_os_error() != Some(libc::EBUSY) {
         return Err(format!("{path}: {err}"));
     }
-    if is_swap(&path) {
+    if swap_state(&path) == Ok(true) {
         return Err(format!("{path} is in use as swap: swapoff {path} first"));
     }
     if let Some(point) = mount_point(&path) {
