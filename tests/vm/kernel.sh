@@ -3,7 +3,8 @@
 # $CACHE/debs, extracted (the kernel and the modules a guest can need) under $CACHE/kernel.
 #
 # KERNEL=6.12 (default): Debian 12's (bookworm-security), from this machine's own apt sources.
-# KERNEL=newest, a line (KERNEL=6.18, KERNEL=7.3: its newest release) or a release
+# KERNEL=newest, a line (KERNEL=6.18, KERNEL=7.3: its newest release in the cache, else the
+# archive's newest) or a release
 # (KERNEL=7.3.4): a newer Debian kernel, from the
 # trixie, trixie-backports and sid suites of the same archive. Their lists live in a private
 # apt directory ($CACHE/apt-newer) made from the URI of this machine's own Debian sources, so
@@ -92,7 +93,7 @@ fetch_kernel_newer() {
         newest) pattern='^linux-image-[0-9]+\.[0-9]+\.[0-9]+\+deb1[3-9]-amd64$' ;;
         # a release (7.3.4)
         [0-9]*.[0-9]*.[0-9]*) pattern="^linux-image-${KERNEL//./\\.}\\+deb1[3-9]-amd64\$" ;;
-        # a line (6.18, 7.3): its newest release
+        # a line (6.18, 7.3): its newest release in the cache, else the archive's
         *) pattern="^linux-image-${KERNEL//./\\.}\\.[0-9]+\\+deb1[3-9]-amd64\$" ;;
     esac
     # A cached image of that line: the newest one (no apt at all).

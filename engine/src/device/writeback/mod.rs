@@ -189,17 +189,22 @@ impl FromStr for WritebackRequest {
 }
 
 impl WritebackRequest {
-    /// A whole write to zram's `writeback` (Linux 6.16 and later): `type=MODE` or a bare mode
-    /// (as before 6.16) ends the list; `page_index=N` and `page_indexes=LO-HI`, as many as
-    /// given, each select pages. A key zram does not know is refused (zram skips it).
+    /// A whole write to zram's `writeback` (Linux 6.16 and later): `page_index=N` and
+    /// `page_indexes=LO-HI`, as many as given, each select pages; `type=MODE` or a bare mode
+    /// (as before 6.16) ends the list, and selects by mode over the whole device only when it
+    /// comes first (after page indexes zram applies it to the last range, whose pages are all
+    /// taken already: it adds nothing). A key zram does not know is refused (zram skips it).
     pub fn parse_list(text: &str) -> Result<Vec<WritebackRequest>, Error> {
         let mut list = Vec::new();
         for word in text.split_ascii_whitespace() {
             let req: WritebackRequest = word.parse()?;
-            list.push(req);
             if !matches!(req, WritebackRequest::Pages { .. }) {
+                if list.is_empty() {
+                    list.push(req);
+                }
                 break;
             }
+            list.push(req);
         }
         if list.is_empty() {
             return Err(Error::InvalidRequest {

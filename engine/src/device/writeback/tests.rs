@@ -267,6 +267,11 @@ fn writeback_syntax_is_zrams() {
         WritebackRequest::parse_list("type=idle page_index=3").unwrap(),
         [WritebackRequest::Idle]
     );
+    // After page indexes a mode narrows the last range, all of whose pages are taken.
+    assert_eq!(
+        WritebackRequest::parse_list("page_index=5 idle page_index=9").unwrap(),
+        [Pages { first: 5, last: 5 }]
+    );
     for bad in ["", " ", "page_index=1 cold", "page_idx=5"] {
         assert!(WritebackRequest::parse_list(bad).is_err(), "{bad:?}");
     }
