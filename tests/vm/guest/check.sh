@@ -77,10 +77,17 @@ if [ "$UZRAM_VM_BREAK" = hang ] && [ "$UZRAM_VM_MODE" = guest ] && zram_begin &&
         fsfreeze --freeze /mnt/frozen && echo x >/mnt/frozen/f
 fi
 
-# ---- kernel zram: the reference the uzram device is held to ----
 # (Not on a run that breaks uzram on purpose: only uzram's failure is wanted there.)
 case ${UZRAM_VM_BREAK:-0} in 0 | "" | hang) reference=1 ;; *) reference= ;; esac
-if [ -n "$reference" ] && zram_begin; then
+
+# ---- kernel zram: the reference the uzram device is held to ----
+# After uzram's checks, in the same guest: a uzram swap storm started right after kernel
+# zram's own swap checks has seen more failed writes than the check allows (ENOMEM: the
+# memory thread's arenas took 2-3 s to map while the guest was squeezed), so uzram's checks
+# run first and hold their figures to zram's here (UZRAM_VM_REFERENCE_FIRST=1 runs zram's
+# first, to see that case).
+zram_reference() {
+    [ -n "$reference" ] && zram_begin || return 0
     if want fio; then
         zram_setup lz4 256M && check_fio /dev/zram0 zram-
         if zram_has_algo zstd; then
@@ -104,8 +111,13 @@ if [ -n "$reference" ] && zram_begin; then
     if want discard; then
         zram_setup lz4 256M && check_discard /dev/zram0 zram-
     fi
+    if want sleep; then
+        zram_setup lz4 1024M && check_sleep /dev/zram0 zram-
+    fi
     zram_reset
-fi
+}
+
+[ "${UZRAM_VM_REFERENCE_FIRST:-0}" = 1 ] && zram_reference
 
 # ---- uzram's ublk device: the same check functions, prefix "" ----
 if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
@@ -162,15 +174,6 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want corrupt && check_corrupt
     want systemd && check_systemd
     if want sleep; then
-        # Kernel zram's sleep check here, beside uzram's, not with its other checks: it ends
-        # with a hibernation the kernel refuses for want of memory, and a uzram swap storm
-        # started right after that squeeze has seen failed writes (its first arenas took over
-        # 2 s to map); the swap check must not inherit it from the reference.
-        uzram_reset
-        if [ -n "$reference" ] && zram_begin; then
-            zram_setup lz4 1024M && check_sleep /dev/zram0 zram-
-            zram_reset
-        fi
         # UZRAM_VM_SLEEP_RUNS=N: the check N times (a flake hunt)
         for _ in $(seq "${UZRAM_VM_SLEEP_RUNS:-1}"); do
             want sleep
@@ -179,6 +182,8 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     fi
     uzram_reset
 fi
+
+[ "${UZRAM_VM_REFERENCE_FIRST:-0}" = 1 ] || zram_reference
 
 # ---- a real hibernation and suspend, kernel zram then uzram: last, as the host's root does not
 # come back after either. rtcwake is not in the default list: after a suspend to RAM under QEMU

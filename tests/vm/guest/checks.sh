@@ -248,6 +248,7 @@ SWAP_AVAIL_MIB=${SWAP_AVAIL_MIB:-}
 # kernel zram's mem_used_total (bytes) once the swap check's program has exited, to hold
 # uzram's to (issue 18: at most 2 MiB more).
 ZRAM_SWAP_EXIT=
+UZRAM_SWAP_EXIT=
 # UZRAM_VM_SLOT_FREE=discard: uzram's devices run with --slot-free discard, and the checks say
 # and measure that mode; otherwise the probe must be there (the guest's kernel has it).
 SLOT_FREE_WANT=${UZRAM_VM_SLOT_FREE:-probe}
@@ -384,12 +385,22 @@ check_swap() {
     line=$(settled_mem_used "$dev")
     used_exit=${line% *} exit_how="settled in ${line#* }s"
     case $dev in
-    /dev/zram*) ZRAM_SWAP_EXIT=$used_exit ;;
+    /dev/zram*)
+        ZRAM_SWAP_EXIT=$used_exit
+        # uzram's check ran first: its figure is held to this one now
+        if [ -n "$UZRAM_SWAP_EXIT" ]; then
+            if [ "$UZRAM_SWAP_EXIT" -gt $((used_exit + 2097152)) ]; then
+                fail swap-exit "after the program exited uzram held mem_used $(mib "$UZRAM_SWAP_EXIT"), kernel zram $(mib "$used_exit"): more than 2 MiB above it"
+            else
+                pass swap-exit "after the program exited uzram held mem_used $(mib "$UZRAM_SWAP_EXIT"), kernel zram $(mib "$used_exit") (at most 2 MiB above it)"
+            fi
+        fi ;;
     /dev/ublkb*)
         slot_free_ok "$dev" "$name" "$log" || return
         mode=$MODE
         exit_how="$exit_how, slot-free $mode, $(uzram_stat_field "$dev" slot_free_freed) pages freed by the probe"
         echo "after exit: mem_used $used_exit ($exit_how), kernel zram's ${ZRAM_SWAP_EXIT:-unmeasured}; uzram_stat: $("$UZRAM_BIN" attr "$dev" uzram_stat | grep slot_free | tr '\n' ' ')" >>"$log"
+        [ "$mode" = probe ] && UZRAM_SWAP_EXIT=$used_exit
         if [ "$mode" = probe ] && [ -n "$ZRAM_SWAP_EXIT" ] && [ "$used_exit" -gt $((ZRAM_SWAP_EXIT + 2097152)) ]; then
             fail_log "$name" "$log" "after the program exited uzram holds mem_used $(mib "$used_exit") ($exit_how), kernel zram $(mib "$ZRAM_SWAP_EXIT"): more than 2 MiB above it"
             return
@@ -634,7 +645,13 @@ check_attrs() {
         errs=0
         for t in 0 2 many yes off; do
             z=$({ echo "$t" >"$ZRAM/$a"; } 2>&1 | sed -n 's/.*write error: //p')
-            u=$("$UZRAM_BIN" attr "$dev" "$a" "$t" 2>&1 >/dev/null | sed -n "s|.*$dev: $a: \([^:]*\):.*|\1|p")
+            # uzram's errno words, or its whole complaint when it failed some other way
+            if "$UZRAM_BIN" attr "$dev" "$a" "$t" >/dev/null 2>"$UZ_TMP/attr.err"; then
+                u=
+            else
+                u=$(sed -n "s|.*$dev: $a: \([^:]*\):.*|\1|p" "$UZ_TMP/attr.err")
+                [ -n "$u" ] || u="failed: $(head -c 200 "$UZ_TMP/attr.err")"
+            fi
             echo "$a '$t': zram '${z:-ok}' uzram '${u:-ok}'" >>"$log"
             [ "$z" = "$u" ] || bad="$bad; $a '$t': zram '${z:-ok}' uzram '${u:-ok}'"
             [ -z "$z" ] || errs=$((errs + 1))
