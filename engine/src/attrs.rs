@@ -406,7 +406,7 @@ fn store_writeback(device: &Device, value: &str) -> Result<(), AttrError> {
         ));
     }
     // zram checks every index before it writes anything: ERANGE past the device.
-    let pages = device.disksize() / crate::PAGE_SIZE as u64;
+    let pages = device.pages();
     if let Some(last) = requests.iter().find_map(|r| match *r {
         WritebackRequest::Pages { last, .. } if last >= pages => Some(last),
         _ => None,

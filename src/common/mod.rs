@@ -76,13 +76,16 @@ pub const NO_DRIVER: &str = "this kernel has no ublk driver (/dev/ublk-control i
 /// nothing.
 pub fn swap_state(dev: &str) -> Result<bool, String> {
     let swaps = std::fs::read_to_string("/proc/swaps").map_err(|e| format!("/proc/swaps: {e}"))?;
-    Ok(swaps_name(&swaps, dev, |path| {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        std::fs::metadata(path)
-            .ok()
-            .filter(|m| m.file_type().is_block_device())
-            .map(|m| m.rdev())
-    }))
+    Ok(swaps_name(&swaps, dev, block_rdev))
+}
+
+/// The device number of the block device node `path`; None for anything else.
+fn block_rdev(path: &str) -> Option<u64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    std::fs::metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_block_device())
+        .map(|m| m.rdev())
 }
 
 /// Whether the /proc/swaps text `swaps` lists `dev`, by its name or by the device number
@@ -136,11 +139,8 @@ pub fn is_swap(dev: &str) -> bool {
 /// Where block device `dev` is mounted, if it is: found by its device number in
 /// /proc/self/mountinfo.
 pub fn mount_point(dev: &str) -> Option<String> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let meta = std::fs::metadata(dev)
-        .ok()
-        .filter(|m| m.file_type().is_block_device())?;
-    let want = format!("{}:{}", libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    let rdev = block_rdev(dev)?;
+    let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()

@@ -250,7 +250,7 @@ impl Device {
             tier: policy::Tier::new(config.policy),
             next_shard: AtomicUsize::new(0),
             freed: OnceLock::new(),
-            wb_batch: AtomicUsize::new(writeback::BATCH_PAGES),
+            wb_batch: AtomicUsize::new(writeback::BATCH),
             counters: Counters::new(
                 (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4)
                     .next_power_of_two()

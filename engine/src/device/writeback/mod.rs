@@ -65,11 +65,10 @@ const NONCE: usize = 12;
 const TAG: usize = 16;
 /// Largest record: a raw page, sealed.
 pub const MAX_RECORD: usize = NONCE + PAGE_SIZE + TAG;
-/// Pages per writeback batch of a pass (one extent, one write).
+/// Pages per writeback batch of a pass (one extent, one write); the default of the device's
+/// `writeback_batch_size` (zram's is 32 writes in flight; uzram's pass writes each batch with
+/// one write).
 pub(super) const BATCH: usize = 256;
-/// The default of the device's `writeback_batch_size`: [`BATCH`] (zram's is 32 writes in
-/// flight; uzram's pass writes each batch with one write).
-pub const BATCH_PAGES: usize = BATCH;
 /// Alignment of direct I/O: offsets, lengths and buffers.
 const ALIGN: usize = 4096;
 const ALIGN_SECTORS: u64 = ALIGN as u64 / SECTOR;

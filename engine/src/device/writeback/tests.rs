@@ -352,6 +352,7 @@ fn a_list_of_ranges_writes_back_those_pages_and_the_newer_attributes_answer() {
         let e = write(&d, "compressed_writeback", bad).unwrap_err();
         assert_eq!(e.errno, libc::EINVAL, "{bad:?}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A page freed and written again while its old object is being written back may come back
