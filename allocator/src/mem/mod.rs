@@ -43,8 +43,12 @@ pub const PAGE_SIZE: usize = 4096;
 pub const ARENA_PAGES: usize = 512;
 const ARENA_BYTES: usize = ARENA_PAGES * PAGE_SIZE;
 const BITMAP_WORDS: usize = ARENA_PAGES / 64;
-/// [`Mapping::new_counted`] reports its progress every this many pages.
-const TOUCH_STRIDE: usize = 32;
+/// Pages a `madvise(MADV_POPULATE_*)` call makes resident, and so how often a region's arena
+/// reports progress while it is mapped: under memory pressure each page can wait tens of
+/// milliseconds for reclaim, and a writer waiting for the arena judges the maintenance thread
+/// stuck after a second without progress. (A private arena, faulted in a page at a time,
+/// reports every page.)
+const TOUCH_STRIDE: usize = 8;
 
 /// How a new arena's pages are made resident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,8 +103,8 @@ impl Mapping {
         Mapping::new_counted(prefault, &AtomicU64::new(0))
     }
 
-    /// [`Mapping::new`], adding to `touched` as [`Prefault::Touch`] faults pages in (every
-    /// [`TOUCH_STRIDE`] pages), so that a waiter can tell a slow refill from a stuck one.
+    /// [`Mapping::new`], adding to `touched` as [`Prefault::Touch`] faults pages in (each
+    /// page), so that a waiter can tell a slow refill from a stuck one.
     pub fn new_counted(prefault: Prefault, touched: &AtomicU64) -> Result<Mapping, i32> {
         let populate = match prefault {
             Prefault::Populate => libc::MAP_POPULATE,
@@ -200,7 +204,7 @@ impl Mapping {
         mapping
     }
 
-    /// Writes one byte of each page, adding to `touched` every [`TOUCH_STRIDE`] pages. Only for
+    /// Writes one byte of each page, adding to `touched` after each. Only for
     /// a mapping whose bytes are all zeros (fresh).
     fn touch(&self, touched: &AtomicU64) {
         for page in 0..ARENA_PAGES {
@@ -208,9 +212,7 @@ impl Mapping {
             // references yet; a volatile write (of the zero already there) so the fault is not
             // optimised away.
             unsafe { self.ptr.as_ptr().add(page * PAGE_SIZE).write_volatile(0) };
-            if (page + 1) % TOUCH_STRIDE == 0 {
-                touched.fetch_add(TOUCH_STRIDE as u64, Ordering::Relaxed);
-            }
+            touched.fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -473,6 +473,15 @@ impl Pool {
         self.store_with(data, RefillPatience::For(wait))
     }
 
+    /// [`Pool::store`], but in [`Growth::Reserve`] mode an allocation that finds no room waits
+    /// at most `wait` in all for the maintenance thread to map an arena, then fails with
+    /// [`Error::ReserveExhausted`], whatever earlier waits did. For a caller that can put the
+    /// write off and try again shortly (a block device's server keeps the request and serves
+    /// others meanwhile) and judges by [`Pool::upkeep_progress`] when to give up.
+    pub fn store_for(&self, data: &[u8], wait: Duration) -> Result<Handle, Error> {
+        self.store_with(data, RefillPatience::Slice(wait))
+    }
+
     /// [`Pool::store`], but in [`Growth::Reserve`] mode it never waits for the maintenance
     /// thread: with no room in the mapped arenas it fails at once with
     /// [`Error::ReserveExhausted`] (and asks for a refill). For an optional store, such as a
@@ -501,6 +510,7 @@ impl Pool {
     ) -> Result<(parking_lot::MutexGuard<'_, ClassState>, Handle), Error> {
         let class = &self.classes[self.table.class_of(size)];
         let mut started: Option<(Instant, RefillWait)> = None;
+        let mut slice_start: Option<Instant> = None;
         loop {
             let mut c = class.lock();
             match c.alloc(size, &self.shared()) {
@@ -512,6 +522,15 @@ impl Pool {
                 }
                 Err(Error::ReserveExhausted { .. }) => {
                     drop(c);
+                    if let RefillPatience::Slice(slice) = wait_for_refill {
+                        let start = *slice_start.get_or_insert_with(Instant::now);
+                        if !self.wait_for_refill_until(start + slice) {
+                            return Err(Error::ReserveExhausted {
+                                waited_ms: start.elapsed().as_millis() as u64,
+                            });
+                        }
+                        continue;
+                    }
                     let Growth::Reserve { wait: own } = self.growth else {
                         unreachable!("only reserve mode runs out of reserve")
                     };

@@ -177,6 +177,10 @@ pub(super) enum RefillPatience {
     Own,
     /// This long.
     For(Duration),
+    /// At most this long in all for a refill, however the maintenance thread fares, and never
+    /// at once for an earlier wait's running out: the caller, not the pool, judges whether
+    /// the thread is stuck (see [`Pool::store_for`]).
+    Slice(Duration),
 }
 
 /// Where an allocation's wait for a refill stands (see [`Pool::wait_for_refill`]).
@@ -243,6 +247,39 @@ impl Pool {
             }
             return false;
         }
+    }
+
+    /// Waits until an empty arena is there or `deadline` passes (false then). Neither honours
+    /// nor sets [`ReserveState::starved`]: a [`RefillPatience::Slice`] wait is short, and its
+    /// caller keeps its own account of the maintenance thread's progress.
+    pub(super) fn wait_for_refill_until(&self, deadline: Instant) -> bool {
+        let mut st = self.signal.state.lock();
+        loop {
+            // Checked under the signal's lock, as in `wait_for_refill`.
+            if self.arenas.lock().empty_arenas() > 0 {
+                return true;
+            }
+            st.needed = true;
+            self.signal.need.notify_one();
+            if self
+                .signal
+                .refilled
+                .wait_until(&mut st, deadline)
+                .timed_out()
+            {
+                return self.arenas.lock().empty_arenas() > 0;
+            }
+        }
+    }
+
+    /// How far the maintenance thread has come: pages it has faulted in (arenas and what
+    /// [`Pool::note_progress`] reports) and arenas it has mapped, both only ever growing.
+    /// For a caller of [`Pool::store_for`] that judges whether the thread is stuck.
+    pub fn upkeep_progress(&self) -> (u64, u64) {
+        (
+            self.signal.touched.load(Ordering::Relaxed),
+            self.signal.state.lock().refills,
+        )
     }
 
     /// Empty arenas the reserve is kept at now: on demand the configured reserve; in

@@ -22,17 +22,32 @@ pub struct IoContext {
     pub(super) page: Box<[u8; PAGE_SIZE]>,
     /// Eviction's batch buffers (devices with a backing store only).
     pub(super) evict: Option<writeback::WbBuffers>,
-    /// How long a write waits for the pool's reserve to be refilled: see
+    /// How a write waits for the pool's reserve to be refilled: see
     /// [`IoContext::set_reserve_wait`].
-    pub(super) reserve_wait: Option<Duration>,
+    pub(super) reserve_wait: ReserveWait,
+}
+
+/// How a context's writes wait for a [`crate::Growth::Reserve`] pool's maintenance thread when
+/// the pool has no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReserveWait {
+    /// The pool's own wait.
+    #[default]
+    Pool,
+    /// As long as the maintenance thread makes progress, but at most this long without (and 8
+    /// times it in all); at once, while an earlier write's wait running out still holds.
+    Within(Duration),
+    /// At most this long in all, however the maintenance thread fares; then the write stops
+    /// short ([`crate::ShortWrite`]), and its caller decides by [`Device::upkeep_progress`]
+    /// whether to fail it or put it off.
+    Slice(Duration),
 }
 
 impl IoContext {
-    /// How long this context's next writes wait, without progress, for the pool's reserve to
-    /// be refilled before they fail (`None`: the pool's own wait). A writer that keeps a page
-    /// whose write failed and tries it again later (swap) is better told at once than held:
-    /// held, it reclaims nothing else meanwhile.
-    pub fn set_reserve_wait(&mut self, wait: Option<Duration>) {
+    /// How this context's next writes wait for the pool's reserve to be refilled. A writer
+    /// that keeps a page whose write failed and tries it again later (swap) is better told
+    /// soon than held: held, it reclaims nothing else meanwhile.
+    pub fn set_reserve_wait(&mut self, wait: ReserveWait) {
         self.reserve_wait = wait;
     }
 }
@@ -69,7 +84,7 @@ impl Device {
                 .backing
                 .as_ref()
                 .map(|_| writeback::WbBuffers::new(policy::EVICT_BATCH)),
-            reserve_wait: None,
+            reserve_wait: ReserveWait::Pool,
         };
         let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
         for stream in ctx.streams.iter_mut().flatten() {

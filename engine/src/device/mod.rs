@@ -18,11 +18,12 @@ mod survive;
 #[cfg(test)]
 mod testutil;
 mod upkeep;
+mod write;
 pub mod writeback;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub use policy::{Policy, PolicyConfig, PolicyStats, Pressure, TickReport};
 pub use recompress::{RecompressRequest, RecompressStats, RecompressType};
@@ -30,7 +31,7 @@ pub use uzram_allocator::{Growth, Maintenance, Region, RegionSize};
 use uzram_allocator::{Handle, Pool, PoolConfig};
 use uzram_codecs::{Algorithm, Codec, Stream};
 
-pub use self::context::IoContext;
+pub use self::context::{IoContext, ReserveWait};
 pub use self::freed::{FreeMarks, FreedPages};
 pub use self::setup::{DeviceConfig, DeviceSetup};
 use self::slot::{Slot, SlotRef, SlotTable};
@@ -38,6 +39,7 @@ pub use self::slot::{SlotFlags, SlotState};
 use self::stats::{Counters, Field};
 pub use self::stats::{DeviceStats, IoStat, MmStat};
 pub use self::survive::Adopted;
+pub use self::write::ShortWrite;
 pub use self::writeback::BackingKey;
 use crate::{Error, IoError};
 
@@ -365,109 +367,6 @@ impl Device {
         Ok(())
     }
 
-    /// Writes `buf` at byte `offset` (both multiples of 512). On failure the pages not yet
-    /// written keep their old contents, and so does the page that failed.
-    pub fn write(&self, ctx: &mut IoContext, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        let result = self.write_inner(ctx, offset, buf);
-        if result.is_err() {
-            self.counters.bump(ctx.shard, Field::FailedWrites);
-        }
-        result
-    }
-
-    fn write_inner(&self, ctx: &mut IoContext, offset: u64, buf: &[u8]) -> Result<(), IoError> {
-        self.check_range(offset, buf.len() as u64)?;
-        self.fit_context(ctx)?;
-        let mut done = 0;
-        for (index, in_page, len) in segments(offset, buf.len()) {
-            let chunk = &buf[done..done + len];
-            done += len;
-            let slot = self.slot_for_write(index)?;
-            if let Ok(page) = <&[u8; PAGE_SIZE]>::try_from(chunk) {
-                // A page swap read back from the backing store and wrote again unchanged
-                // takes its old record over: written there once (see `writeback::reuse`).
-                if let Some(new) = self.adopt_kept(page) {
-                    let mut g = slot.lock();
-                    self.replace(index, &mut g, new);
-                    self.take_freed_for_write(index);
-                    continue;
-                }
-                // Compress and allocate before taking the slot lock.
-                let new = self.encode(
-                    &mut ctx.streams,
-                    &mut ctx.buf,
-                    ctx.evict.as_mut(),
-                    ctx.reserve_wait,
-                    index,
-                    page,
-                )?;
-                let flags = new.flags;
-                let mut g = slot.lock();
-                self.replace(index, &mut g, new);
-                self.take_freed_for_write(index);
-                drop(g);
-                self.note_stored(index, flags);
-            } else {
-                // Read-modify-write under the slot lock, so no other write slips in between.
-                // Decoded, not loaded: the page is rewritten at once, so neither its access
-                // time nor a promotion of a written-back page would last.
-                let mut g = slot.lock();
-                let old = g.get();
-                self.decode(&mut ctx.streams, &mut ctx.buf, index, &old, &mut ctx.page)?;
-                ctx.page[in_page..in_page + len].copy_from_slice(chunk);
-                let new = self.encode(
-                    &mut ctx.streams,
-                    &mut ctx.buf,
-                    ctx.evict.as_mut(),
-                    ctx.reserve_wait,
-                    index,
-                    &ctx.page,
-                )?;
-                let flags = new.flags;
-                self.replace(index, &mut g, new);
-                self.take_freed_for_write(index);
-                drop(g);
-                self.note_stored(index, flags);
-            }
-        }
-        Ok(())
-    }
-
-    /// Discards `len_bytes` at byte `offset`: whole pages in the range are freed and read back
-    /// as zeros; partial pages at the ends are left as they are (a discard is a hint), as zram
-    /// does. Counts each whole page in `notify_free`, as zram does.
-    pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), IoError> {
-        self.check_range(offset, len_bytes)?;
-        for (index, _, len) in segments(offset, len_bytes as usize) {
-            if len == PAGE_SIZE {
-                self.free_page(index);
-            }
-        }
-        Ok(())
-    }
-
-    /// Zeroes `len_bytes` at byte `offset`: whole pages are freed (they read as zeros at no
-    /// cost), partial pages at the ends are zeroed by read-modify-write.
-    pub fn write_zeroes(
-        &self,
-        ctx: &mut IoContext,
-        offset: u64,
-        len_bytes: u64,
-    ) -> Result<(), IoError> {
-        self.check_range(offset, len_bytes)?;
-        let zeros = [0u8; PAGE_SIZE];
-        let mut pos = offset;
-        for (index, _, len) in segments(offset, len_bytes as usize) {
-            if len == PAGE_SIZE {
-                self.free_page(index);
-            } else {
-                self.write(ctx, pos, &zeros[..len])?;
-            }
-            pos += len as u64;
-        }
-        Ok(())
-    }
-
     /// Seconds since the device was created: the clock of the slots' access times.
     pub fn clock_secs(&self) -> u32 {
         self.now()
@@ -572,85 +471,6 @@ impl Device {
             out.fill(0);
         }
         Ok(())
-    }
-
-    /// Stores `page` (same-filled in the slot, else compressed or raw in the pool) and returns
-    /// the slot state that names it. When the pool has no room (its limit, or no memory), cold
-    /// pages are evicted to the backing store with `evict`'s buffers and the store retried, a
-    /// few rounds at most. Nothing changes on error.
-    fn encode(
-        &self,
-        streams: &mut [Option<Stream>],
-        buf: &mut [u8],
-        mut evict: Option<&mut writeback::WbBuffers>,
-        reserve_wait: Option<Duration>,
-        index: PageIndex,
-        page: &[u8; PAGE_SIZE],
-    ) -> Result<SlotState, IoError> {
-        let atime = self.now();
-        if let Some(word) = same_filled(page) {
-            return Ok(SlotState {
-                word,
-                flags: SlotFlags::SAME,
-                prio: 0,
-                size: 0,
-                atime,
-            });
-        }
-        let n = streams[0]
-            .as_mut()
-            .expect("the primary codec is always there")
-            .compress(page, buf)
-            .map_err(|source| IoError::Compress { index, source })?;
-        let (bytes, flags) = if n >= self.huge_threshold {
-            (&page[..], SlotFlags::STORED | SlotFlags::HUGE)
-        } else {
-            (&buf[..n], SlotFlags::STORED)
-        };
-        // Past the pool's ceiling under host pressure, room first if the store would take a
-        // new pool page (see `policy::spill`).
-        if self.backing.is_some() && self.past_ceiling() && !self.pool.has_room_for(bytes.len()) {
-            self.ask_room(evict.as_deref_mut(), bytes.len());
-        }
-        let mut rounds = 0;
-        let handle = loop {
-            let stored = match reserve_wait {
-                Some(wait) => self.pool.store_within(bytes, wait),
-                None => self.pool.store(bytes),
-            };
-            let e = match stored {
-                Ok(h) => break h,
-                Err(e) => e,
-            };
-            let no_room = matches!(
-                e,
-                uzram_allocator::Error::LimitExceeded { .. }
-                    | uzram_allocator::Error::ReserveExhausted { .. }
-                    | uzram_allocator::Error::OutOfMemory { .. }
-            );
-            if no_room && rounds < policy::EVICT_TRIES && self.backing.is_some() {
-                rounds += 1;
-                if self.make_room(evict.as_deref_mut(), bytes.len()) {
-                    continue;
-                }
-            }
-            if rounds > 0 {
-                self.count_evict_failed();
-            }
-            return Err(match e {
-                uzram_allocator::Error::LimitExceeded { limit_bytes, .. } => {
-                    IoError::MemLimit { index, limit_bytes }
-                }
-                e => IoError::OutOfMemory(e),
-            });
-        };
-        Ok(SlotState {
-            word: handle.to_raw(),
-            flags,
-            prio: 0,
-            size: bytes.len() as u16,
-            atime,
-        })
     }
 
     /// Puts `new` in the locked slot, frees what it held, and keeps the counters.

@@ -1,3 +1,6 @@
+use std::collections::HashMap;
+use std::time::Duration;
+
 use super::testutil::noise_page;
 use super::*;
 
@@ -286,7 +289,7 @@ fn a_context_with_a_shorter_reserve_wait_fails_a_write_sooner() {
     let mut ctx = d.context().unwrap();
     // Nobody refills: incompressible pages fill the reserve's arena, then a write waits.
     let short = Duration::from_millis(50);
-    ctx.set_reserve_wait(Some(short));
+    ctx.set_reserve_wait(ReserveWait::Within(short));
     let mut written = 0;
     let (err, waited) = loop {
         let t = Instant::now();
@@ -316,7 +319,86 @@ fn a_context_with_a_shorter_reserve_wait_fails_a_write_sooner() {
     // A context made for another device keeps its wait when it is refitted.
     let other = DeviceSetup::new().init(PAGE_SIZE as u64).unwrap();
     let mut foreign = other.context().unwrap();
-    foreign.set_reserve_wait(Some(short));
+    foreign.set_reserve_wait(ReserveWait::Within(short));
     d.fit_context(&mut foreign).unwrap();
-    assert_eq!(foreign.reserve_wait, Some(short));
+    assert_eq!(foreign.reserve_wait, ReserveWait::Within(short));
+}
+
+#[test]
+fn a_write_that_stops_short_for_the_reserve_tells_how_far_it_got_and_counts_no_failure() {
+    let own = Duration::from_millis(400);
+    let slice = Duration::from_millis(30);
+    let mut setup = DeviceSetup::new();
+    setup.set_pool_reserve(2 << 20);
+    setup.set_pool_reserve_min(2 << 20);
+    setup.set_pool_growth(Growth::Reserve { wait: own });
+    let d = setup.init(4096 * PAGE_SIZE as u64).unwrap();
+    d.maintain_memory_with(&mut || {}).unwrap();
+    let mut ctx = d.context().unwrap();
+    ctx.set_reserve_wait(ReserveWait::Slice(slice));
+    // Writes of 32 incompressible pages until one stops short: nobody refills meanwhile.
+    let mut model: HashMap<u64, [u8; PAGE_SIZE]> = HashMap::new();
+    let run = |first: u64| -> Vec<u8> { (first..first + 32).flat_map(noise_page).collect() };
+    let mut first = 0u64;
+    let (short, waited) = loop {
+        let data = run(first);
+        let t = Instant::now();
+        match d.write_prefix(&mut ctx, first * 4096, &data) {
+            Ok(()) => {
+                for i in first..first + 32 {
+                    model.insert(i, noise_page(i));
+                }
+                first += 32;
+            }
+            Err(short) => break (short, t.elapsed()),
+        }
+        assert!(first < 4096, "the reserve never ran out");
+    };
+    assert!(
+        matches!(
+            short.error,
+            IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { .. })
+        ),
+        "{:?}",
+        short.error
+    );
+    assert!(waited >= slice && waited < own, "waited {waited:?}");
+    assert_eq!(short.written % PAGE_SIZE, 0);
+    assert!(short.written < 32 * PAGE_SIZE);
+    let stored = (short.written / PAGE_SIZE) as u64;
+    for i in first..first + stored {
+        model.insert(i, noise_page(i));
+    }
+    assert_eq!(
+        d.stats().io.failed_writes,
+        0,
+        "a short write is not a failed one"
+    );
+    // A second write waits its slice again (no failing at once for the first one's wait).
+    let t = Instant::now();
+    let again = d.write_prefix(
+        &mut ctx,
+        (first + stored) * 4096,
+        &noise_page(first + stored),
+    );
+    assert!(
+        again.is_err() && t.elapsed() >= slice,
+        "{again:?} after {:?}",
+        t.elapsed()
+    );
+    // Once an arena comes, the rest of the write goes in where it stopped.
+    d.maintain_memory_with(&mut || {}).unwrap();
+    let rest = &run(first)[short.written..];
+    d.write_prefix(&mut ctx, (first + stored) * 4096, rest)
+        .unwrap();
+    for i in first..first + 32 {
+        model.insert(i, noise_page(i));
+    }
+    for i in 0..4096u64 {
+        let mut got = [1u8; PAGE_SIZE];
+        d.read(&mut ctx, i * 4096, &mut got).unwrap();
+        assert_page(&got, model.get(&i).unwrap_or(&[0u8; PAGE_SIZE]));
+    }
+    d.count_failed_write(&ctx);
+    assert_eq!(d.stats().io.failed_writes, 1);
 }

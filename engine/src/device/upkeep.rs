@@ -44,6 +44,13 @@ impl Device {
         self.pool.note_progress(pages);
     }
 
+    /// How far the thread that keeps the pool's reserve has come: pages it has faulted in and
+    /// arenas it has mapped, both only ever growing (see [`crate::ReserveWait::Slice`]: a
+    /// writer that puts off writes judges by these whether that thread is stuck).
+    pub fn upkeep_progress(&self) -> (u64, u64) {
+        self.pool.upkeep_progress()
+    }
+
     /// The arenas (2 MiB each) the pool's reserve is kept at now: with [`crate::Growth::Reserve`]
     /// it follows demand (see [`Device::maintain_memory`]).
     pub fn pool_reserve_target(&self) -> usize {
