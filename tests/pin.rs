@@ -211,7 +211,32 @@ fn rss_anon_kib() -> u64 {
 /// would overflow it (the guard page ends the test with SIGSEGV), so the stack a queue thread
 /// faults in before serving covers every page it will touch.
 fn io_path_fits_in_the_prefaulted_stack() {
-    use uzram::daemon::io::{handle, InPlace, Op, Request};
+    use uzram::daemon::defer::Deferral;
+    use uzram::daemon::io::{Attempt, InPlace, Op, Request, Served};
+    use uzram_engine::{Device, IoContext};
+
+    /// A request's first attempt, as a queue thread makes it (none is put off here).
+    fn handle(
+        device: &Device,
+        ctx: &mut IoContext,
+        req: Request,
+        buf: &mut [u8],
+        transfer: &InPlace,
+    ) -> i32 {
+        let mut deferral = Deferral::default();
+        match uzram::daemon::io::handle(
+            device,
+            ctx,
+            req,
+            buf,
+            transfer,
+            Attempt::FIRST,
+            &mut deferral,
+        ) {
+            Served::Result(res) => res,
+            put_off => panic!("{req:?} was {put_off:?}"),
+        }
+    }
     use uzram_engine::testing::pages::{noise_page, text_page};
     use uzram_engine::DeviceSetup;
     let run = || {

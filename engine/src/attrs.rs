@@ -60,6 +60,9 @@ pub struct DaemonInfo {
     pub restarts: u64,
     /// Why the last replaced worker ended, one word (`none` before any).
     pub last_restart: String,
+    /// Writes this worker put off while the pool's reserve was dry (kept in flight and
+    /// served again once memory came) rather than fail.
+    pub writes_put_off: u64,
     /// The kernel the device is served on, (major, minor): attributes whose form changed
     /// between zram's versions follow its zram (None: Linux 6.12's forms).
     pub kernel: Option<(u32, u32)>,
@@ -329,6 +332,7 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
     line("slot_free_marked", info.slot_free_marked);
     line("slot_free_freed", s.notice_freed_pages);
     line("restarts", info.restarts);
+    line("writes_put_off", info.writes_put_off);
     line("huge_threshold", device.huge_threshold() as u64);
     if let Some(b) = device.backing() {
         let (failed_writes, failed_reads) = b.failures();

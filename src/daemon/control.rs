@@ -49,6 +49,7 @@ pub(super) fn control_thread(
                     slot_free_marked: slot_free.map_or(0, |s| s.marked()),
                     restarts: restart.0,
                     last_restart: restart.1.clone(),
+                    writes_put_off: super::defer::DEFERRED.load(std::sync::atomic::Ordering::Relaxed),
                     kernel,
                 }
             };

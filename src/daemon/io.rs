@@ -3,10 +3,12 @@
 //! a [`Request`], so all of this tests without a kernel.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use uzram_engine::device::writeback::BackingError;
-use uzram_engine::{Device, IoContext, IoError, PAGE_SIZE};
+use uzram_engine::{Device, IoContext, IoError, ReserveWait, PAGE_SIZE};
 
+use super::defer::{self, Deferral};
 use super::mailbox;
 
 /// A request's operation, as the block layer names it.
@@ -154,24 +156,58 @@ impl Transfer for InPlace {
     }
 }
 
-/// Serves one request; returns the bytes done or a negative errno. A panic costs this request
-/// (EIO), not the queue thread: a dead queue fails every later request on it, and its device
-/// can then only be deleted.
+/// What became of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Done: the bytes done or a negative errno, for the kernel.
+    Result(i32),
+    /// A write put off while the pool's reserve is dry, its first this many bytes stored: its
+    /// queue thread keeps it and serves it again (see `defer`).
+    PutOff(usize),
+}
+
+/// How a request is served: a write put off before comes again with the bytes it stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// Bytes of the write already stored.
+    pub from: usize,
+    /// Whether the request was put off before (its start was counted then).
+    pub again: bool,
+    /// How long a write waits for an arena before it is put off.
+    pub slice: Duration,
+}
+
+impl Attempt {
+    /// A request's first.
+    pub const FIRST: Attempt = Attempt {
+        from: 0,
+        again: false,
+        slice: defer::DEFER_SLICE,
+    };
+}
+
+/// Serves one request (from where `attempt` says); a write may be put off (see `defer`).
+/// A panic costs this request (EIO), not the queue thread: a dead queue fails every later
+/// request on it, and its device can then only be deleted.
 pub fn handle(
     device: &Device,
     ctx: &mut IoContext,
     req: Request,
     buf: &mut [u8],
     transfer: &impl Transfer,
-) -> i32 {
-    STARTED[req.op.counter()].fetch_add(1, Ordering::Relaxed);
-    if matches!(req.op, Op::Write | Op::WriteZeroes) && !req.swap {
-        // Before the write lands: a watcher that reads the count unchanged knows that any
-        // write it did not count carries a later access second.
-        NON_SWAP_WRITES.fetch_add(1, Ordering::SeqCst);
+    attempt: Attempt,
+    deferral: &mut Deferral,
+) -> Served {
+    if !attempt.again {
+        STARTED[req.op.counter()].fetch_add(1, Ordering::Relaxed);
+        if matches!(req.op, Op::Write | Op::WriteZeroes) && !req.swap {
+            // Before the write lands: a watcher that reads the count unchanged knows that any
+            // write it did not count carries a later access second.
+            NON_SWAP_WRITES.fetch_add(1, Ordering::SeqCst);
+        }
     }
-    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        serve_one(device, ctx, req, buf, transfer)
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve_one(device, ctx, req, buf, transfer, attempt, deferral)
     }))
     .unwrap_or_else(|_| {
         super::log(&format!(
@@ -180,10 +216,12 @@ pub fn handle(
             req.nr_sectors,
             req.start_sector
         ));
-        -libc::EIO
+        Served::Result(-libc::EIO)
     });
-    FINISHED[req.op.counter()].fetch_add(1, Ordering::Relaxed);
-    res
+    if let Served::Result(_) = served {
+        FINISHED[req.op.counter()].fetch_add(1, Ordering::Relaxed);
+    }
+    served
 }
 
 fn serve_one(
@@ -192,48 +230,99 @@ fn serve_one(
     req: Request,
     buf: &mut [u8],
     transfer: &impl Transfer,
-) -> i32 {
+    attempt: Attempt,
+    deferral: &mut Deferral,
+) -> Served {
     // FLUSH carries no meaningful sector: answer it before any range check.
     if req.op == Op::Flush {
-        return 0;
+        return Served::Result(0);
     }
     let offset = req.start_sector << 9;
     let len = u64::from(req.nr_sectors) << 9;
-    ctx.set_reserve_wait(req.swap.then_some(super::SWAP_RESERVE_WAIT));
+    ctx.set_reserve_wait(match (req.op, req.swap) {
+        (Op::Write, _) => ReserveWait::Slice(attempt.slice),
+        (_, true) => ReserveWait::Within(super::SWAP_RESERVE_WAIT),
+        (_, false) => ReserveWait::Pool,
+    });
     let result = match req.op {
         Op::Read | Op::Write => match buf.get_mut(..len as usize) {
             Some(data) if req.op == Op::Read => device.read(ctx, offset, data),
             Some(data) => match transfer.fetch(data) {
-                Ok(()) => device.write(ctx, offset, data),
-                Err(_) => return copy_failed(req.op, offset, len),
+                Ok(()) => return write(device, ctx, req, offset, data, attempt, deferral),
+                Err(_) => return Served::Result(copy_failed(req.op, offset, len)),
             },
-            None => return -libc::EINVAL,
+            None => return Served::Result(-libc::EINVAL),
         },
         Op::Discard => device.discard(offset, len),
         Op::WriteZeroes => device.write_zeroes(ctx, offset, len),
-        Op::Flush | Op::Other(_) => return -libc::EOPNOTSUPP,
+        Op::Flush | Op::Other(_) => return Served::Result(-libc::EOPNOTSUPP),
     };
     match result {
         Ok(()) => {
             if req.op == Op::Read {
                 break_reads_for_tests(offset, &mut buf[..len as usize]);
                 if transfer.deliver(&buf[..len as usize]).is_err() {
-                    return copy_failed(req.op, offset, len);
+                    return Served::Result(copy_failed(req.op, offset, len));
                 }
             }
-            match req.op {
+            Served::Result(match req.op {
                 // At most one buffer (128 KiB): fits.
                 Op::Read | Op::Write => len as i32,
                 // The kernel ends a discard or write-zeroes that did not fail without looking
                 // at a byte count, and theirs can pass i32::MAX (4 GiB in one request).
                 _ => 0,
-            }
+            })
         }
         Err(e) => {
             mailbox::note_failure(req.op, req.swap, offset, len, &e);
-            -errno(&e)
+            Served::Result(-errno(&e))
         }
     }
+}
+
+/// A write, its first `attempt.from` bytes stored already: stored whole, put off (see
+/// `defer`), or failed.
+fn write(
+    device: &Device,
+    ctx: &mut IoContext,
+    req: Request,
+    offset: u64,
+    data: &[u8],
+    attempt: Attempt,
+    deferral: &mut Deferral,
+) -> Served {
+    let from = attempt.from;
+    let rest = data.get(from..).unwrap_or_default();
+    let error = match device.write_prefix(ctx, offset + from as u64, rest) {
+        // At most one buffer (128 KiB): fits.
+        Ok(()) => return Served::Result(data.len() as i32),
+        Err(short) => {
+            if let IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { .. }) =
+                short.error
+            {
+                let patience = if req.swap {
+                    super::SWAP_RESERVE_WAIT
+                } else {
+                    super::RESERVE_WAIT
+                };
+                match deferral.put_off(device.upkeep_progress(), patience, !attempt.again) {
+                    Ok(()) => return Served::PutOff(from + short.written),
+                    // Reported as the time the memory thread made no progress: what the
+                    // write was failed for.
+                    Err(stalled_ms) => {
+                        IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted {
+                            waited_ms: stalled_ms,
+                        })
+                    }
+                }
+            } else {
+                short.error
+            }
+        }
+    };
+    device.count_failed_write(ctx);
+    mailbox::note_failure(req.op, req.swap, offset, data.len() as u64, &error);
+    Served::Result(-errno(&error))
 }
 
 /// The kernel would not take or give a request's data (a request the kernel aborted, as when
@@ -284,6 +373,21 @@ mod tests {
     use super::*;
     use uzram_engine::{DeviceSetup, PageIndex};
 
+    /// A request's first attempt, which must not be put off.
+    fn serve(
+        device: &Device,
+        ctx: &mut IoContext,
+        r: Request,
+        buf: &mut [u8],
+        transfer: &impl Transfer,
+    ) -> i32 {
+        let mut deferral = Deferral::default();
+        match handle(device, ctx, r, buf, transfer, Attempt::FIRST, &mut deferral) {
+            Served::Result(res) => res,
+            put_off => panic!("{r:?} was {put_off:?}"),
+        }
+    }
+
     fn req(op: Op, start_sector: u64, nr_sectors: u32) -> Request {
         Request {
             op,
@@ -329,7 +433,7 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         let before = mailbox::failed_requests();
         assert_eq!(
-            handle(
+            serve(
                 &device,
                 &mut ctx,
                 req(Op::Read, 1 << 20, 8),
@@ -357,7 +461,7 @@ mod tests {
         let device = DeviceSetup::new().init(1 << 20).unwrap();
         let mut ctx = device.context().unwrap();
         let mut buf = vec![0u8; 4096];
-        let mut h = |r: Request| handle(&device, &mut ctx, r, &mut buf, &InPlace);
+        let mut h = |r: Request| serve(&device, &mut ctx, r, &mut buf, &InPlace);
         // mkswap sends a FLUSH with a meaningless start sector.
         assert_eq!(h(req(Op::Flush, u64::MAX >> 9, 0)), 0);
         assert_eq!(h(req(Op::Read, 1 << 20, 8)), -libc::EINVAL);
@@ -375,7 +479,7 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         let sectors = (u32::MAX >> 9) / 8 * 8;
         assert_eq!(
-            handle(
+            serve(
                 &device,
                 &mut ctx,
                 req(Op::Discard, 0, sectors),
@@ -385,7 +489,7 @@ mod tests {
             0
         );
         assert_eq!(
-            handle(
+            serve(
                 &device,
                 &mut ctx,
                 req(Op::WriteZeroes, 0, sectors),
@@ -394,6 +498,84 @@ mod tests {
             ),
             0
         );
+    }
+
+    #[test]
+    fn a_write_that_finds_the_reserve_dry_is_put_off_until_stored_or_the_memory_thread_is_stuck() {
+        let mut setup = DeviceSetup::new();
+        setup.set_pool_reserve(2 << 20);
+        setup.set_pool_reserve_min(2 << 20);
+        setup.set_pool_growth(uzram_engine::Growth::Reserve {
+            wait: Duration::from_millis(50),
+        });
+        let device = setup.init(16 << 20).unwrap();
+        device.maintain_memory_with(&mut || {}).unwrap();
+        let mut ctx = device.context().unwrap();
+        let mut deferral = Deferral::default();
+        let noise = |first: u64| -> Vec<u8> {
+            (0..32u64 << 12)
+                .map(|i| ((first * 4096 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+                .collect()
+        };
+        let mut buf = vec![0u8; 32 << 12];
+        let mut swap_write = |first: u64, attempt: Attempt, deferral: &mut Deferral| {
+            buf.copy_from_slice(&noise(first));
+            let r = Request {
+                swap: true,
+                ..req(Op::Write, first * 8, 256)
+            };
+            handle(&device, &mut ctx, r, &mut buf, &InPlace, attempt, deferral)
+        };
+        // Nobody maps arenas: 128 KiB swap writes of noise until one is put off.
+        let mut first = 0;
+        let stored = loop {
+            match swap_write(first, Attempt::FIRST, &mut deferral) {
+                Served::Result(n) if n == 32 << 12 => first += 32,
+                Served::PutOff(stored) => break stored,
+                other => panic!("{other:?}"),
+            }
+            assert!(first < 4096, "the reserve never ran out");
+        };
+        assert!(stored < 32 << 12 && stored % 4096 == 0, "{stored}");
+        assert_eq!(device.stats().io.failed_writes, 0);
+        // An arena comes: the write goes on from where it stopped, and all of it reads back.
+        device.maintain_memory_with(&mut || {}).unwrap();
+        let again = |from| Attempt {
+            from,
+            again: true,
+            ..Attempt::FIRST
+        };
+        assert_eq!(
+            swap_write(first, again(stored), &mut deferral),
+            Served::Result(32 << 12)
+        );
+        deferral.over();
+        let mut back = vec![0u8; 32 << 12];
+        device
+            .read(&mut ctx_for_reads(&device), first * 4096, &mut back)
+            .unwrap();
+        assert!(back == noise(first), "the write put off reads back whole");
+        // Dry again, and the memory thread faults nothing in for a swap writer's patience:
+        // the write put off fails.
+        let mut next = first + 32;
+        let stored = loop {
+            match swap_write(next, Attempt::FIRST, &mut deferral) {
+                Served::PutOff(stored) => break stored,
+                Served::Result(n) => assert_eq!(n, 32 << 12),
+            }
+            next += 32;
+            assert!(next < 4096, "the reserve never ran out");
+        };
+        std::thread::sleep(super::super::SWAP_RESERVE_WAIT);
+        assert_eq!(
+            swap_write(next, again(stored), &mut deferral),
+            Served::Result(-libc::ENOMEM)
+        );
+        assert_eq!(device.stats().io.failed_writes, 1);
+    }
+
+    fn ctx_for_reads(device: &Device) -> IoContext {
+        device.context().unwrap()
     }
 
     /// The kernel's side of `UBLK_F_USER_COPY` for one request: its data, or a copy that fails.
@@ -431,12 +613,12 @@ mod tests {
             fail: false,
         };
         assert_eq!(
-            handle(&device, &mut ctx, req(Op::Write, 8, 16), &mut buf, &kernel),
+            serve(&device, &mut ctx, req(Op::Write, 8, 16), &mut buf, &kernel),
             8192
         );
         *kernel.data.borrow_mut() = vec![0; 8192];
         assert_eq!(
-            handle(&device, &mut ctx, req(Op::Read, 8, 16), &mut buf, &kernel),
+            serve(&device, &mut ctx, req(Op::Read, 8, 16), &mut buf, &kernel),
             8192
         );
         assert_eq!(*kernel.data.borrow(), page);
@@ -450,16 +632,16 @@ mod tests {
         };
         let before = mailbox::failed_requests();
         assert_eq!(
-            handle(&device, &mut ctx, req(Op::Write, 8, 8), &mut buf, &broken),
+            serve(&device, &mut ctx, req(Op::Write, 8, 8), &mut buf, &broken),
             -libc::EIO
         );
         assert_eq!(
-            handle(&device, &mut ctx, req(Op::Read, 8, 8), &mut buf, &broken),
+            serve(&device, &mut ctx, req(Op::Read, 8, 8), &mut buf, &broken),
             -libc::EIO
         );
         assert!(mailbox::failed_requests() >= before + 2);
         assert_eq!(
-            handle(&device, &mut ctx, req(Op::Read, 8, 8), &mut buf, &kernel),
+            serve(&device, &mut ctx, req(Op::Read, 8, 8), &mut buf, &kernel),
             4096
         );
         assert_eq!(kernel.data.borrow()[..4096], page[..4096]);

@@ -128,7 +128,7 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
                     "at once: an earlier write's wait had run out, and no arena came since"
                         .to_string()
                 } else {
-                    format!("after waiting {w} ms")
+                    format!("after the memory thread had made no progress for {w} ms")
                 },
                 phase.name()
             ),
@@ -137,8 +137,8 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
     if let Some(f) = RAN_OUT.lock().take() {
         if let Some((phase, ms)) = f.memory {
             super::log(&format!(
-                "the first of them to wait for the reserve ({}{} of {} bytes at byte {}) gave \
-                 up after {} ms; the memory thread had been {} for {ms} ms",
+                "the first of them to wait for the reserve ({}{} of {} bytes at byte {}) failed \
+                 once the memory thread had made no progress for {} ms; it had been {} for {ms} ms",
                 f.op.name(),
                 swap_word(f.swap),
                 f.len,

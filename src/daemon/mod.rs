@@ -19,6 +19,7 @@
 #![cfg_attr(not(feature = "ublk"), allow(dead_code))]
 
 mod control;
+pub mod defer;
 mod fdstore;
 #[allow(unsafe_code)] // the global allocator: talc over a span of its own
 pub mod heap;
@@ -50,19 +51,20 @@ use uzram_engine::{Device, DeviceSetup, Growth};
 /// Swap writes pages one folio at a time and the block layer merges neighbours up to this
 /// size; larger requests would only cost memory.
 pub const MAX_IO_BYTES: u32 = 128 << 10;
-/// Longest a write waits for the memory thread to refill the pool's reserve without seeing it
-/// make progress, before it fails with ENOMEM (a file system or a raw writer takes it as an
-/// I/O error; swap's writes wait less: [`SWAP_RESERVE_WAIT`]); a refill that keeps faulting
-/// pages in is waited for up to 8 times this (see `Growth::Reserve`). Kernel zram waits in
-/// reclaim for its memory; this waits for a thread that does, so it is long enough for a fault
-/// of 32 pages while memory is short and reclaim takes back page cache under it (over 1 s on a
-/// busy or emulated machine), and short enough that a memory thread truly stuck fails the
-/// queue's writes well before the kernel's hung-task watchdog (120 s) notices them.
-const RESERVE_WAIT: Duration = Duration::from_secs(4);
+/// Longest the memory thread may fault in no page, while the pool's reserve is dry, before a
+/// write fails with ENOMEM (a file system or a raw writer takes it as an I/O error; swap's
+/// writes are less patient: [`SWAP_RESERVE_WAIT`]); until then the write is put off (see
+/// `defer`), up to 8 times this without a whole arena. The pool waits as long for its own
+/// stores (`Growth::Reserve`). Kernel zram waits in reclaim for its memory; this waits for a
+/// thread that does, so it is long enough for a few faults while memory is short and reclaim
+/// takes back page cache under them (over 1 s on a busy or emulated machine), and short enough
+/// that a memory thread truly stuck fails the queue's writes well before the kernel's
+/// hung-task watchdog (120 s) notices them.
+pub(super) const RESERVE_WAIT: Duration = Duration::from_secs(4);
 /// [`RESERVE_WAIT`] for swap's writes. Swap keeps a page whose write failed and tries it later,
-/// so failing is cheap, and waiting is not: the writer is reclaim (often kswapd), and while it
-/// waits here it reclaims nothing else (clean page cache, other devices) and cannot be frozen
-/// for a suspend, where a refill under memory starvation can take tens of seconds.
+/// so failing is cheap, and pages held under writeback are not: reclaim cannot take them, nor
+/// can a suspend freeze while they are in flight, and a refill under memory starvation can
+/// take tens of seconds.
 pub(super) const SWAP_RESERVE_WAIT: Duration = Duration::from_secs(1);
 
 /// The reserve a fresh or idle device keeps unless told: none. While memory is plentiful the

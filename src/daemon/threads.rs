@@ -18,7 +18,7 @@ const PRESSURE_EVERY: Duration = Duration::from_millis(250);
 const HEAP_TRIM_AFTER: Duration = Duration::from_secs(10);
 
 /// How long the memory thread frees swap's freed slots before it sees to the pool's reserve
-/// (and the I/O heap) again: well under the 1 s a write waits for the reserve.
+/// (and the I/O heap) again: well under the 1 s a swap write put off waits for its progress.
 const FREED_STEP: Duration = Duration::from_millis(50);
 
 /// Whether the host's memory is short, for the pool's reserve and the I/O heap's margin:

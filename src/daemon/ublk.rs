@@ -3,13 +3,15 @@
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{BufDesc, BufDescList, UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{sys, UblkFlags, UblkIORes};
 use uzram_engine::Device;
 
-use super::io::{self, Op, Request};
+use super::defer::Deferral;
+use super::io::{self, Attempt, Op, Request, Served};
 use super::{log, ServeArgs, ServeError, MAX_IO_BYTES};
 use crate::common::{block_path, socket_path};
 
@@ -112,24 +114,29 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
         Ok(q) => q,
         Err(e) => return log(&format!("queue {qid}: {e}")),
     };
-    let handler = move |q: &UblkQueue, tag: u16| {
+    let handler = move |q: &UblkQueue, tag: u16, attempt: Attempt, deferral: &mut Deferral| {
         let transfer = UserCopy {
             cdev: &cdev,
             pos: UblkIOCtx::ublk_user_copy_pos(qid, tag, 0),
         };
-        let res = io::handle(
+        let served = io::handle(
             device,
             &mut ctx,
             request(q.get_iod(tag)),
             &mut buf,
             &transfer,
+            attempt,
+            deferral,
         );
-        heap_low(device);
-        if let Err(e) =
-            q.complete_io_cmd_unified(tag, BufDesc::Slice(&[]), Ok(UblkIORes::Result(res)))
-        {
-            log(&format!("queue {qid}: completing tag {tag}: {e}"));
+        if let Served::Result(res) = served {
+            heap_low(device);
+            if let Err(e) =
+                q.complete_io_cmd_unified(tag, BufDesc::Slice(&[]), Ok(UblkIORes::Result(res)))
+            {
+                log(&format!("queue {qid}: completing tag {tag}: {e}"));
+            }
         }
+        served
     };
     serve_queue(qid, &queue, handler);
 }
@@ -150,46 +157,71 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
     // The buffer of `tag` is this thread's from the fetch completion until the commit: the
     // kernel copied a write's data in before completing the fetch, and copies a read's data out
     // only after the commit. The buffers never move (each is its own allocation).
-    let handler = move |q: &UblkQueue, tag: u16| {
+    let handler = move |q: &UblkQueue, tag: u16, attempt: Attempt, deferral: &mut Deferral| {
         let io_buf = &mut bufs[usize::from(tag)];
-        let res = io::handle(
+        let served = io::handle(
             device,
             &mut ctx,
             request(q.get_iod(tag)),
             io_buf,
             &io::InPlace,
+            attempt,
+            deferral,
         );
-        heap_low(device);
-        if let Err(e) = q.complete_io_cmd_unified(
-            tag,
-            BufDesc::Slice(io_buf.as_slice()),
-            Ok(UblkIORes::Result(res)),
-        ) {
-            log(&format!("queue {qid}: completing tag {tag}: {e}"));
+        if let Served::Result(res) = served {
+            heap_low(device);
+            if let Err(e) = q.complete_io_cmd_unified(
+                tag,
+                BufDesc::Slice(io_buf.as_slice()),
+                Ok(UblkIORes::Result(res)),
+            ) {
+                log(&format!("queue {qid}: completing tag {tag}: {e}"));
+            }
         }
+        served
     };
     serve_queue(qid, &queue, handler);
 }
 
 /// Serves `queue` until it is down: each request the kernel hands over goes to `handler`
-/// (with its tag). libublk's `UblkQueue::wait_and_handle_io`, but a wait that a signal
-/// interrupts (EINTR) is waited again: when the system suspends, the kernel's freezer wakes every
-/// task with a fake signal, and `wait_and_handle_io` ended the queue on that EINTR, so the daemon
-/// stopped and deleted a device that held swap (in the VM, three suspends in a row: the third
-/// one's resume found the device gone, and init died of its unreadable swapped pages). EAGAIN,
-/// EBUSY and ENOMEM are waited out too. No target I/O is submitted on this ring: every
-/// completion is a request's.
-fn serve_queue(qid: u16, queue: &UblkQueue, mut handler: impl FnMut(&UblkQueue, u16)) {
+/// (with its tag), which completes it, or puts a write off (see `defer`) for this loop to
+/// hand over again each round until it is done. libublk's `UblkQueue::wait_and_handle_io`,
+/// but a wait that a signal interrupts, or that found the kernel short of memory, is waited
+/// out, and while writes are put off the loop does not block for requests: it waits for the
+/// pool's next arena instead (a slice at most) and then serves whatever came meanwhile.
+fn serve_queue(
+    qid: u16,
+    queue: &UblkQueue,
+    mut handler: impl FnMut(&UblkQueue, u16, Attempt, &mut Deferral) -> Served,
+) {
+    // Writes put off, as (tag, bytes stored): one per tag at most, so never more than the
+    // depth (allocated here, not on the way).
+    let mut put_off: Vec<(u16, usize)> = Vec::with_capacity(queue.get_depth() as usize);
+    let mut deferral = Deferral::default();
     loop {
+        let to_wait = usize::from(put_off.is_empty());
         let handled = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
                 if user_data & libublk::UblkUringData::Target as u64 == 0
                     && cqe.result() == sys::UBLK_IO_RES_OK as i32
                 {
-                    handler(queue, UblkIOCtx::user_data_to_tag(user_data) as u16);
+                    let tag = UblkIOCtx::user_data_to_tag(user_data) as u16;
+                    // With writes put off, the reserve is dry: a new write joins them at once
+                    // rather than hold the requests behind it for a slice of its own.
+                    let attempt = Attempt {
+                        slice: if put_off.is_empty() {
+                            Attempt::FIRST.slice
+                        } else {
+                            Duration::ZERO
+                        },
+                        ..Attempt::FIRST
+                    };
+                    if let Served::PutOff(stored) = handler(queue, tag, attempt, &mut deferral) {
+                        put_off.push((tag, stored));
+                    }
                 }
             },
-            1,
+            to_wait,
         );
         match handled {
             Ok(_) => {}
@@ -203,12 +235,56 @@ fn serve_queue(qid: u16, queue: &UblkQueue, mut handler: impl FnMut(&UblkQueue, 
                     Some(libc::EAGAIN | libc::EBUSY | libc::ENOMEM)
                 ) =>
             {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+                std::thread::sleep(Duration::from_millis(10));
             }
             // The queue is down (the device is being deleted), or the ring failed.
             Err(libublk::UblkError::QueueIsDown) => return,
-            Err(e) => return log(&format!("queue {qid}: {e}")),
+            Err(e) => {
+                return log(&format!(
+                    "queue {qid}: {e} ({} writes put off left to the kernel)",
+                    put_off.len()
+                ))
+            }
         }
+        if !put_off.is_empty() {
+            again(queue, &mut put_off, &mut handler, &mut deferral);
+        }
+    }
+}
+
+/// One round for the writes put off, oldest first: the first waits a slice for an arena (the
+/// loop's wait while any is put off), the others follow without waiting as long as each is
+/// done (stored, or failed: a memory thread judged stuck fails them all in one round); the
+/// first still put off ends the round, so a dry reserve costs one write's copy and compression
+/// a round, not every one's.
+fn again(
+    queue: &UblkQueue,
+    put_off: &mut Vec<(u16, usize)>,
+    handler: &mut impl FnMut(&UblkQueue, u16, Attempt, &mut Deferral) -> Served,
+    deferral: &mut Deferral,
+) {
+    let mut slice = Attempt::FIRST.slice;
+    let mut dry = false;
+    put_off.retain_mut(|(tag, stored)| {
+        if dry {
+            return true;
+        }
+        let attempt = Attempt {
+            from: *stored,
+            again: true,
+            slice: std::mem::take(&mut slice),
+        };
+        match handler(queue, *tag, attempt, deferral) {
+            Served::PutOff(now) => {
+                *stored = now;
+                dry = true;
+                true
+            }
+            Served::Result(_) => false,
+        }
+    });
+    if put_off.is_empty() {
+        deferral.over();
     }
 }
 

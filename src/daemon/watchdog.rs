@@ -95,7 +95,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
             let _ = writeln!(
                 w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused, largest block {} kB), reserve {} arenas{}, refilled {} (slowest {} ms), unready leaves/chunks taken {}/{}{}{}",
+                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused, largest block {} kB), reserve {} arenas{}, refilled {} (slowest {} ms), writes put off {}, unready leaves/chunks taken {}/{}{}{}",
                 rss,
                 heap.in_use >> 10,
                 heap.committed >> 10,
@@ -110,6 +110,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
                 },
                 REFILLED_ARENAS.load(Ordering::Relaxed),
                 SLOWEST_REFILL_MS.load(Ordering::Relaxed),
+                super::defer::DEFERRED.load(Ordering::Relaxed),
                 unready.0,
                 unready.1,
                 MemoryThread(phase),

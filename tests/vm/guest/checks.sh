@@ -359,8 +359,8 @@ check_swap() {
     case $dev in /dev/ublkb*) grep -E 'requests failed|cannot refill' "$UZRAM_LOG" | tail -n 4 | sed 's/^/VM: /' ;; esac
     dout=$(($(vmstat_val pswpout) - o0)) din=$(($(vmstat_val pswpin) - i0))
     peak=$(dev_stat_field "$dev" 5)
-    wfail=$(dev_failed_writes "$dev")
-    echo "pswpout +$dout pswpin +$din, mm_stat $(dev_mm_stat "$dev"), failed writes $wfail" >>"$log"
+    wfail=$(dev_failed_writes "$dev") putoff=$(dev_writes_put_off "$dev")
+    echo "pswpout +$dout pswpin +$din, mm_stat $(dev_mm_stat "$dev"), failed writes $wfail, put off $putoff" >>"$log"
     if [ $rc != 0 ]; then
         [ $rc -gt 128 ] && dmesg | tail -n 15 >>"$log"
         fail_log "$name" "$log" "vmtool swapfill $fill MiB exited $rc (1: data mismatch, >128: killed, OOM?)"
@@ -456,7 +456,7 @@ check_swap() {
         fail_log "$name" "$log" "memory not given back after swapoff: mem_used $(mib "$used_off") (peak $(mib "$peak")), orig $(mib "$orig_off")"
         return
     fi
-    pass "$name" "filled $how: all pages verified twice, pswpout +$dout pswpin +$din, failed writes $wfail (swap retried them), peak mem_used $(mib "$peak"); after exit $(mib "$used_exit") ($exit_how); swapoff with $((held / 1024)) MiB out then verified; after swapoff mem_used $(mib "$used_off"), $(elapsed "$t0")s"
+    pass "$name" "filled $how: all pages verified twice, pswpout +$dout pswpin +$din, failed writes $wfail (swap retried them), writes put off ${putoff:-0}, peak mem_used $(mib "$peak"); after exit $(mib "$used_exit") ($exit_how); swapoff with $((held / 1024)) MiB out then verified; after swapoff mem_used $(mib "$used_off"), $(elapsed "$t0")s"
 }
 
 # ---- churn ---------------------------------------------------------------------------------------

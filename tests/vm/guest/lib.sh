@@ -148,6 +148,13 @@ dev_failed_writes() {
     *) echo 0 ;;
     esac
 }
+# writes uzram put off while its pool's reserve was dry (kept in flight, stored once memory came)
+dev_writes_put_off() {
+    case $1 in
+    /dev/ublkb*) "$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "writes_put_off" { print $2 }' ;;
+    *) echo 0 ;;
+    esac
+}
 dev_mem_used() { dev_stat_field "$1" 3; }
 dev_compact() {
     case $1 in
@@ -224,11 +231,26 @@ uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
     # UZRAM_VM_SLOT_FREE=discard: devices without the slot-free probe
     _sf=probe
     [ "${UZRAM_VM_SLOT_FREE:-probe}" = discard ] && _sf=discard
-    UZRAM_DEV=$(UZRAM_TEST_BREAK_READS=$_break UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size "$2" --algorithm "$1" \
-        --slot-free $_sf --log "$UZRAM_LOG" 2>/tmp/uzram-find.err)
-    _rc=$?
+    if [ -z "$UZRAM_VM_RESERVE" ]; then
+        UZRAM_DEV=$(UZRAM_TEST_BREAK_READS=$_break UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size "$2" --algorithm "$1" \
+            --slot-free $_sf --log "$UZRAM_LOG" 2>/tmp/uzram-find.err)
+        _rc=$?
+    else
+        # UZRAM_VM_RESERVE=SIZE: the daemon's --reserve, a `serve` option (not one of --find's);
+        # `serve` prints the device once it serves and keeps running, its output in a file
+        : >/tmp/uzram-serve.out
+        (UZRAM_TEST_BREAK_READS=$_break UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 setsid "$UZRAM_BIN" serve --detached \
+            --reserve "$UZRAM_VM_RESERVE" --size "$2" --algorithm "$1" --slot-free $_sf --log "$UZRAM_LOG" \
+            </dev/null >/tmp/uzram-serve.out 2>/tmp/uzram-find.err &)
+        UZRAM_DEV= _rc=1
+        for _ in $(seq 1 150); do
+            UZRAM_DEV=$(head -n 1 /tmp/uzram-serve.out)
+            [ -n "$UZRAM_DEV" ] && _rc=0 && break
+            sleep 0.2
+        done
+    fi
     if [ $_rc != 0 ] || [ ! -b "$UZRAM_DEV" ]; then
-        fail uzram-setup "uzram --find --size $2 --algorithm $1 exited $_rc, printed '$UZRAM_DEV': $(cat /tmp/uzram-find.err; tail -3 "$UZRAM_LOG" 2>/dev/null)"
+        fail uzram-setup "uzram --size $2 --algorithm $1 exited $_rc, printed '$UZRAM_DEV': $(cat /tmp/uzram-find.err; tail -3 "$UZRAM_LOG" 2>/dev/null)"
         UZRAM_DEV=
         return 1
     fi
