@@ -194,19 +194,27 @@ pub(super) struct RefillWait {
 }
 
 impl Pool {
+    /// Whether an empty arena is there; if not, asks the maintenance thread for one. Called
+    /// under the signal's lock (`st`): a refill that lands after this check notifies only after
+    /// the caller's wait has released it, so no wakeup is lost.
+    fn arena_or_ask(&self, st: &mut ReserveState) -> bool {
+        if self.arenas.lock().empty_arenas() > 0 {
+            return true;
+        }
+        st.needed = true;
+        self.signal.need.notify_one();
+        false
+    }
+
     /// Waits until an empty arena is there; false if `w` ran out first (no progress by the
     /// maintenance thread for `w.wait`, or `w.cap` passed), or at once while an earlier wait's
     /// running out still holds (see [`Starved`]).
     pub(super) fn wait_for_refill(&self, w: &mut RefillWait) -> bool {
         let mut st = self.signal.state.lock();
         loop {
-            // Checked under the signal's lock: a refill that lands after this check notifies
-            // only after the wait below has released it, so no wakeup is lost.
-            if self.arenas.lock().empty_arenas() > 0 {
+            if self.arena_or_ask(&mut st) {
                 return true;
             }
-            st.needed = true;
-            self.signal.need.notify_one();
             let touched = self.signal.touched.load(Ordering::Relaxed);
             if st
                 .starved
@@ -255,12 +263,9 @@ impl Pool {
     pub(super) fn wait_for_refill_until(&self, deadline: Instant) -> bool {
         let mut st = self.signal.state.lock();
         loop {
-            // Checked under the signal's lock, as in `wait_for_refill`.
-            if self.arenas.lock().empty_arenas() > 0 {
+            if self.arena_or_ask(&mut st) {
                 return true;
             }
-            st.needed = true;
-            self.signal.need.notify_one();
             if self
                 .signal
                 .refilled

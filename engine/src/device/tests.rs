@@ -277,15 +277,22 @@ fn a_table_larger_than_memory_is_refused() {
     }
 }
 
-#[test]
-fn a_context_with_a_shorter_reserve_wait_fails_a_write_sooner() {
-    let own = Duration::from_millis(400);
+/// A 16 MiB device whose pool has one arena (2 MiB) mapped and no thread to map more: the
+/// reserve runs dry after about 500 incompressible pages. `own`: the pool's own wait.
+fn one_arena_device(own: Duration) -> Device {
     let mut setup = DeviceSetup::new();
     setup.set_pool_reserve(2 << 20);
     setup.set_pool_reserve_min(2 << 20);
     setup.set_pool_growth(Growth::Reserve { wait: own });
     let d = setup.init(4096 * PAGE_SIZE as u64).unwrap();
     d.maintain_memory_with(&mut || {}).unwrap();
+    d
+}
+
+#[test]
+fn a_context_with_a_shorter_reserve_wait_fails_a_write_sooner() {
+    let own = Duration::from_millis(400);
+    let d = one_arena_device(own);
     let mut ctx = d.context().unwrap();
     // Nobody refills: incompressible pages fill the reserve's arena, then a write waits.
     let short = Duration::from_millis(50);
@@ -328,12 +335,7 @@ fn a_context_with_a_shorter_reserve_wait_fails_a_write_sooner() {
 fn a_write_that_stops_short_for_the_reserve_tells_how_far_it_got_and_counts_no_failure() {
     let own = Duration::from_millis(400);
     let slice = Duration::from_millis(30);
-    let mut setup = DeviceSetup::new();
-    setup.set_pool_reserve(2 << 20);
-    setup.set_pool_reserve_min(2 << 20);
-    setup.set_pool_growth(Growth::Reserve { wait: own });
-    let d = setup.init(4096 * PAGE_SIZE as u64).unwrap();
-    d.maintain_memory_with(&mut || {}).unwrap();
+    let d = one_arena_device(own);
     let mut ctx = d.context().unwrap();
     ctx.set_reserve_wait(ReserveWait::Slice(slice));
     // Writes of 32 incompressible pages until one stops short: nobody refills meanwhile.
