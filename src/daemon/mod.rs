@@ -115,6 +115,18 @@ pub struct ServeArgs {
     /// memory region, passed as this descriptor, and restarts the worker if it dies)
     #[arg(long, hide = true, value_name = "FD")]
     pub worker_region_fd: Option<i32>,
+    /// Internal, with --worker-region-fd: the slot-free probe's BPF link, which the supervisor
+    /// loaded and holds across its workers' deaths (with --worker-probe-map-fd)
+    #[arg(long, hide = true, value_name = "FD", requires = "worker_probe_map_fd")]
+    pub worker_probe_link_fd: Option<i32>,
+    /// Internal, with --worker-probe-link-fd: the probe's map of marks
+    #[arg(
+        long,
+        hide = true,
+        value_name = "FD",
+        requires = "worker_probe_link_fd"
+    )]
+    pub worker_probe_map_fd: Option<i32>,
     /// Internal, with --worker-region-fd: a sealed memfd holding the key of the backing store's
     /// records (the supervisor drew it; every worker of the device seals with it)
     #[arg(long, hide = true, value_name = "FD")]
@@ -203,6 +215,19 @@ pub enum ServeError {
     /// The supervisor's worker could not serve the device.
     #[error("{0}")]
     Worker(String),
+}
+
+/// The slot-free probe the supervisor passed (--worker-probe-link-fd, --worker-probe-map-fd).
+fn inherited_probe(args: &ServeArgs) -> Result<slotfree::Descriptors, String> {
+    let take = |fd: Option<i32>| {
+        let fd = fd.ok_or("--worker-probe-link-fd needs --worker-probe-map-fd")?;
+        crate::sys::take_inherited_fd(fd)
+            .map_err(|e| format!("taking the probe's descriptor {fd} from the supervisor: {e}"))
+    };
+    Ok(slotfree::Descriptors {
+        link: take(args.worker_probe_link_fd)?,
+        map: take(args.worker_probe_map_fd)?,
+    })
 }
 
 /// The engine's setup and disksize for `args`: what `uzram --find` checks too (through the same
@@ -325,9 +350,14 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     pin::tune_malloc();
     // The region and the key the supervisor passed are this process's alone: no program it
     // starts (the slot-free probe's helper below) may inherit them.
-    for fd in [args.worker_region_fd, args.worker_key_fd]
-        .into_iter()
-        .flatten()
+    for fd in [
+        args.worker_region_fd,
+        args.worker_key_fd,
+        args.worker_probe_link_fd,
+        args.worker_probe_map_fd,
+    ]
+    .into_iter()
+    .flatten()
     {
         crate::sys::keep_inherited_fd(fd).map_err(|source| ServeError::Setup {
             what: "take the descriptors the supervisor passed",
@@ -343,8 +373,13 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     let (setup, disksize) = configure(args)?;
     // Before memory is locked: the helper that loads it is a process of its own, and its
     // answer is read on a thread that then ends.
+    let pages = disksize.div_ceil(uzram_engine::PAGE_SIZE as u64);
     let slot_free = match args.device.slot_free {
         options::SlotFree::Discard => Err("turned off (--slot-free discard)".to_string()),
+        // The supervisor's: loaded once, before its first worker, and held.
+        options::SlotFree::Probe if args.worker_probe_link_fd.is_some() => {
+            inherited_probe(args).and_then(|probe| slotfree::adopt(probe, pages))
+        }
         // A successor starts while the device's I/O waits for it, often with memory short
         // and swap held up: loading the probe (a helper process parsing the kernel's BTF)
         // could wait for memory that only swap would free.
@@ -352,9 +387,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
             "not loaded by a successor (it would need memory while the device waits for it)"
                 .to_string(),
         ),
-        options::SlotFree::Probe => {
-            slotfree::load(disksize.div_ceil(uzram_engine::PAGE_SIZE as u64))
-        }
+        options::SlotFree::Probe => slotfree::load(pages),
     };
     let signals =
         crate::sys::BlockedSignals::block(&[libc::SIGTERM, libc::SIGINT]).map_err(|source| {

@@ -262,11 +262,43 @@ pub fn map_words(pages: u64) -> usize {
 /// Has the helper beside this binary load and attach the probe for a device of `pages` pages,
 /// and takes it over; why not, when it cannot.
 pub fn load(pages: u64) -> Result<Loaded, String> {
+    let probe = load_fds(pages)?;
+    adopt(probe, pages)
+}
+
+/// The probe's attachment and map as descriptors, to hand to a worker (see [`adopt`]).
+#[derive(Debug)]
+pub struct Descriptors {
+    /// The BPF link: closed in every process, the probe is gone.
+    pub link: std::os::fd::OwnedFd,
+    /// The BPF array of marks: a worker maps it.
+    pub map: std::os::fd::OwnedFd,
+}
+
+/// A probe loaded by another process (a worker's supervisor, which holds it across its workers'
+/// deaths, so that a successor needs no memory for it while the device waits): maps its marks.
+/// The marks a dead worker's probe made stay, and are this process's to free (see the engine's
+/// `freed` module: a mark never frees a page written after it).
+pub fn adopt(probe: Descriptors, pages: u64) -> Result<Loaded, String> {
     use std::os::fd::AsFd;
+    let hook = running_kernel_hook()?;
+    let words = map_words(pages);
+    let shared = SharedWords::map_bpf_array(probe.map.as_fd(), words)
+        .map_err(|e| format!("mapping the marks: {e}"))?;
+    Ok(Loaded {
+        link: probe.link,
+        words: Arc::new(shared),
+        pages,
+        hook,
+    })
+}
+
+/// [`load`], but only the descriptors: no mapping in this process.
+pub fn load_fds(pages: u64) -> Result<Descriptors, String> {
     use std::os::unix::fs::MetadataExt;
     use std::process::{Command, Stdio};
 
-    let hook = running_kernel_hook()?;
+    running_kernel_hook()?;
     // Swap offsets are the kernel's pages; the probe marks them as the device's 4 KiB pages.
     let page = crate::sys::page_size();
     if page != uzram_engine::PAGE_SIZE as u64 {
@@ -309,15 +341,7 @@ pub fn load(pages: u64) -> Result<Loaded, String> {
     drop(child.stdin.take());
     let _ = child.wait();
     let (link, map) = taken?;
-    let words = map_words(pages);
-    let shared = SharedWords::map_bpf_array(map.as_fd(), words)
-        .map_err(|e| format!("mapping the marks: {e}"))?;
-    Ok(Loaded {
-        link,
-        words: Arc::new(shared),
-        pages,
-        hook,
-    })
+    Ok(Descriptors { link, map })
 }
 
 /// The helper's one line of answer, read within [`HELPER_TIMEOUT`].

@@ -72,6 +72,9 @@ enum Role<'a> {
 struct Held {
     region: OwnedFd,
     key: Option<OwnedFd>,
+    /// The slot-free probe, loaded before the first worker: a successor takes it over as it
+    /// is, marks and all, instead of loading one while the device waits for it.
+    probe: Option<super::slotfree::Descriptors>,
 }
 
 impl Held {
@@ -79,7 +82,28 @@ impl Held {
         Ok(Held {
             region: self.region.try_clone()?,
             key: self.key.as_ref().map(OwnedFd::try_clone).transpose()?,
+            probe: self
+                .probe
+                .as_ref()
+                .map(|p| -> std::io::Result<_> {
+                    Ok(super::slotfree::Descriptors {
+                        link: p.link.try_clone()?,
+                        map: p.map.try_clone()?,
+                    })
+                })
+                .transpose()?,
         })
+    }
+
+    /// The descriptors passed on: the region's, the key's, the probe's.
+    fn fds(&self) -> impl Iterator<Item = std::os::fd::BorrowedFd<'_>> {
+        std::iter::once(self.region.as_fd())
+            .chain(self.key.as_ref().map(OwnedFd::as_fd))
+            .chain(
+                self.probe
+                    .iter()
+                    .flat_map(|p| [p.link.as_fd(), p.map.as_fd()]),
+            )
     }
 
     /// Adds the descriptors to `cmd`'s arguments and lets it inherit them; [`Held::keep`]
@@ -91,11 +115,13 @@ impl Held {
         if let Some(key) = &self.key {
             cmd.arg("--worker-key-fd").arg(key.as_raw_fd().to_string());
         }
-        let passed = crate::sys::set_inheritable(self.region.as_fd()).and_then(|()| {
-            self.key
-                .as_ref()
-                .map_or(Ok(()), |key| crate::sys::set_inheritable(key.as_fd()))
-        });
+        if let Some(probe) = &self.probe {
+            cmd.arg("--worker-probe-link-fd")
+                .arg(probe.link.as_raw_fd().to_string())
+                .arg("--worker-probe-map-fd")
+                .arg(probe.map.as_raw_fd().to_string());
+        }
+        let passed = self.fds().try_for_each(crate::sys::set_inheritable);
         if passed.is_err() {
             self.keep();
         }
@@ -105,9 +131,8 @@ impl Held {
     /// Only the program just started inherits them: nothing else this process starts should
     /// hold the region or the key.
     fn keep(&self) {
-        let _ = crate::sys::set_cloexec(self.region.as_fd());
-        if let Some(key) = &self.key {
-            let _ = crate::sys::set_cloexec(key.as_fd());
+        for fd in self.fds() {
+            let _ = crate::sys::set_cloexec(fd);
         }
     }
 }
@@ -444,7 +469,16 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             })?,
         )
     };
-    let held = Held { region, key };
+    // The slot-free probe, for a new device: loaded now, while nothing waits for this process
+    // (a successor started when a worker dies could not load one without memory). Where it
+    // cannot be had, the first worker tries and says why; its successors go without.
+    let probe = match (stored_id, args.device.slot_free) {
+        (None, super::options::SlotFree::Probe) => {
+            super::slotfree::load_fds(disksize.div_ceil(uzram_engine::PAGE_SIZE as u64)).ok()
+        }
+        _ => None,
+    };
+    let held = Held { region, key, probe };
     // The running worker (0 between two), for signals; the one that serves (0 while one starts),
     // for upgrades.
     let worker = Arc::new(AtomicU32::new(0));

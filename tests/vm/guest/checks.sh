@@ -884,7 +884,7 @@ check_kill() {
 # "Surviving the daemon"); UZRAM_VM_RECOVER_STORM=1 kills without stopping it.
 check_recover() {
     local kills=$1 name=recover$1 log=$UZ_TMP/recover$1.log dev swapsize avail fill tpid o0 i k pid
-    local rc oom0 oom1 times worst wfail cg
+    local rc oom0 oom1 times worst wfail cg probe freed
     note "$name: SIGKILL to the worker $kills time(s) while swap holds 2x RAM"
     swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
     # The daemon in a cgroup that is never swapped (as the systemd unit puts it): while no
@@ -941,11 +941,18 @@ check_recover() {
     times=$(grep -o '[0-9]* ms after the last one ended' "$UZRAM_LOG" | tail -n "$k" | awk '{ print $1 }' | tr '\n' ' ')
     worst=$(echo "$times" | tr ' ' '\n' | sort -n | tail -n 1)
     echo "restart times (ms): $times; failed writes $wfail" >>"$log"
+    # the last successor's slot-free mode: the probe its supervisor holds, and what it freed
+    probe=$("$UZRAM_BIN" attr "$dev" uzram_stat | awk '$1 == "slot_free_probe" { print $2 }')
+    freed=$("$UZRAM_BIN" attr "$dev" uzram_stat | awk '$1 == "slot_free_freed" { print $2 }')
     swapoff "$dev" >>"$log" 2>&1
     SWAP_DEV=
     if [ $rc != 0 ]; then
         [ $rc -gt 128 ] && dmesg | tail -n 15 >>"$log"
         fail_log "$name" "$log" "vmtool swapfill $fill MiB exited $rc after $k kill(s) (1: data mismatch, >128: killed)"
+        return
+    fi
+    if [ "${UZRAM_VM_SLOT_FREE:-probe}" = probe ] && [ "$probe" != 1 ]; then
+        fail_log "$name" "$log" "the successor frees only what swap discards (slot_free_probe '$probe'): it should have its supervisor's probe"
         return
     fi
     if [ "$oom1" != "$oom0" ]; then
@@ -958,7 +965,7 @@ check_recover() {
         return
     fi
     uzram_reset
-    pass "$name" "$fill MiB (2x MemAvailable) through swap, worker killed $k time(s) while it ran: every page verified, no process killed, restarts $k, time from the death to serving again: $times ms (worst $worst), failed writes $wfail"
+    pass "$name" "$fill MiB (2x MemAvailable) through swap, worker killed $k time(s) while it ran: every page verified, no process killed, restarts $k, time from the death to serving again: $times ms (worst $worst), failed writes $wfail; the successor's slot-free probe ${probe:-?} ($freed pages freed by it)"
 }
 
 # check_upgrade: `uzram upgrade` during a fio verify job (qd32, 2 jobs). The device is started
