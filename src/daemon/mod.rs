@@ -421,6 +421,8 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
             .map(|id| (id, args.restarts, args.last_restart.clone()))
     };
     let (device, adopted) = device_for(args, recover.as_ref(), setup, disksize)?;
+    // The marks before any request is served (see `Loaded::attach`).
+    let slot_free = slot_free.and_then(|probe| probe.attach(&device).map(|()| probe));
     // Whatever building or adopting the device allocated from malloc after `mlockall`, faulted
     // in now: an I/O thread that wrote a page of it first would fault while memory is short.
     if let Err(e) = populate_heap() {
@@ -537,8 +539,8 @@ fn device_for(
 
 /// Starts freeing the pages of swap's freed slots on `block` as the probe reports them, or
 /// says why only discards will.
-fn watch_slot_frees(slot_free: Result<slotfree::Loaded, String>, block: &str, device: &Device) {
-    match slot_free.and_then(|probe| probe.watch(block, device)) {
+fn watch_slot_frees(slot_free: Result<slotfree::Loaded, String>, block: &str) {
+    match slot_free.and_then(|probe| probe.watch(block)) {
         Ok(()) => {}
         Err(why) => slotfree::discard_only(why),
     }

@@ -145,7 +145,19 @@ impl uzram_engine::FreeMarks for Marks {
 impl Loaded {
     /// Starts marking the freed slots of the swap area on `block` (`/dev/ublkbN`, made by this
     /// daemon) for `device`: the device gets the marks, then the program the device's dev_t.
-    pub fn watch(self, block: &str, device: &uzram_engine::Device) -> Result<(), String> {
+    /// Gives `device` the marks, before it serves any request: a probe a successor adopted may
+    /// hold marks already (made before the worker died, or while none ran), and a write takes
+    /// its page's mark only on a device that has them. A write served before this would keep
+    /// its page's stale mark, and the memory thread would free what it stored.
+    pub fn attach(&self, device: &uzram_engine::Device) -> Result<(), String> {
+        FreedPages::new(Box::new(Marks(Arc::clone(&self.words))), self.pages)
+            .and_then(|f| device.set_freed_pages(f))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Points the probe at `block`'s swap area (its device number), once it serves; call
+    /// [`Loaded::attach`] first.
+    pub fn watch(self, block: &str) -> Result<(), String> {
         use std::os::unix::fs::MetadataExt;
         let rdev = std::fs::metadata(block)
             .map_err(|e| format!("{block}: {e}"))?
@@ -153,9 +165,6 @@ impl Loaded {
         // The kernel's own encoding (MKDEV): what the program reads from the swap file's inode.
         let (major, minor) = (libc::major(rdev), libc::minor(rdev));
         let kdev = u64::from(major) << 20 | u64::from(minor);
-        FreedPages::new(Box::new(Marks(Arc::clone(&self.words))), self.pages)
-            .and_then(|f| device.set_freed_pages(f))
-            .map_err(|e| e.to_string())?;
         self.words.words()[H_TARGET].store(kdev, Ordering::Release);
         super::log(&format!(
             "slot-free: probe on {}: {block} frees each page as swap frees its slot",

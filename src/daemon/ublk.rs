@@ -425,7 +425,6 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
     super::swapwatch::swap_watch_thread(id, Arc::clone(&device));
     let disksize = device.disksize();
     let detached = args.detached;
-    let watched = Arc::clone(&device);
     let served = ctrl.run_target(
         move |dev: &mut UblkDev| {
             set_params(dev, disksize);
@@ -458,7 +457,7 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
                 ));
             }
             super::disable_writeback_throttling(ctrl.dev_info().dev_id);
-            super::watch_slot_frees(slot_free, &ctrl.get_bdev_path(), &watched);
+            super::watch_slot_frees(slot_free, &ctrl.get_bdev_path());
             // `uzram --find` may have gone: serving goes on without its answer.
             let _ = crate::common::output::outln(ctrl.get_bdev_path());
             log(&format!("{} serving", ctrl.get_bdev_path()));
