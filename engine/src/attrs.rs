@@ -54,7 +54,8 @@ pub struct DaemonInfo {
     /// Whether the pages of swap's freed slots are marked as the kernel frees them (the
     /// daemon's probe, zram's `swap_slot_free_notify`), rather than freed only when discarded.
     pub slot_free_probe: bool,
-    /// Pages the probe marked freed.
+    /// Pages the probe marked freed (since it was loaded: under a supervisor, across its
+    /// workers).
     pub slot_free_marked: u64,
     /// Workers the daemon's supervisor replaced because they died.
     pub restarts: u64,

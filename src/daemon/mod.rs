@@ -371,8 +371,8 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
         })?;
     }
     let (setup, disksize) = configure(args)?;
-    // Before memory is locked: the helper that loads it is a process of its own, and its
-    // answer is read on a thread that then ends.
+    // Before memory is locked: the helper that loads it is a process of its own (its answer
+    // is read on this thread, with a deadline).
     let pages = disksize.div_ceil(uzram_engine::PAGE_SIZE as u64);
     let slot_free = match args.device.slot_free {
         options::SlotFree::Discard => Err("turned off (--slot-free discard)".to_string()),
@@ -380,11 +380,12 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
         options::SlotFree::Probe if args.worker_probe_link_fd.is_some() => {
             inherited_probe(args).and_then(|probe| slotfree::adopt(probe, pages))
         }
-        // A successor starts while the device's I/O waits for it, often with memory short
-        // and swap held up: loading the probe (a helper process parsing the kernel's BTF)
-        // could wait for memory that only swap would free.
+        // A successor whose supervisor holds none (its own load failed, or systemd restarted
+        // it) starts while the device's I/O waits for it, often with memory short and swap
+        // held up: loading the probe (a helper process parsing the kernel's BTF) could wait
+        // for memory that only swap would free.
         options::SlotFree::Probe if args.recover.is_some() || args.standby => Err(
-            "not loaded by a successor (it would need memory while the device waits for it)"
+            "not loaded by a successor whose supervisor holds none (it would need memory while the device waits for it)"
                 .to_string(),
         ),
         options::SlotFree::Probe => slotfree::load(pages),

@@ -14,8 +14,10 @@
 //! only code that talks to aya): relocating it reads the kernel's BTF (megabytes) and aya's
 //! code is over half a megabyte, and the daemon locks all of its own code and memory. The
 //! helper loads and attaches the program and waits; the daemon takes the attachment's and the
-//! map's descriptors from it (`pidfd_getfd`), maps the map, and lets it exit. The attachment
-//! lives as long as the daemon holds its descriptor.
+//! map's descriptors from it (`pidfd_getfd`), maps the map, and lets it exit. Under a
+//! supervisor it is the supervisor that loads it, once, and holds both descriptors across its
+//! workers' deaths; each worker maps the marks ([`adopt`]). The attachment lives as long as a
+//! process holds its descriptor.
 //!
 //! Where the probe cannot be had (no helper, no such function, no BTF, symbol addresses
 //! hidden, no eBPF, `--slot-free discard`), the device frees only what swap discards, and says
@@ -170,8 +172,9 @@ impl Loaded {
             "slot-free: probe on {}: {block} frees each page as swap frees its slot",
             self.hook.function
         ));
-        // The program stays attached for the daemon's life (the kernel detaches it when the
-        // process goes).
+        // The program stays attached for this process's life (the kernel lets go of this
+        // process's hold when it goes; a supervisor's copy keeps it attached for the next
+        // worker).
         std::mem::forget(self.link);
         let _ = STATUS.set(Status {
             mode: Mode::Probe,

@@ -95,13 +95,14 @@ impl Held {
         })
     }
 
-    /// The descriptors passed on: the region's, the key's, the probe's.
-    fn fds(&self) -> impl Iterator<Item = std::os::fd::BorrowedFd<'_>> {
+    /// The descriptors passed on: the region's, the key's, and with `probe` the probe's.
+    fn fds(&self, probe: bool) -> impl Iterator<Item = std::os::fd::BorrowedFd<'_>> {
         std::iter::once(self.region.as_fd())
             .chain(self.key.as_ref().map(OwnedFd::as_fd))
             .chain(
                 self.probe
                     .iter()
+                    .filter(move |_| probe)
                     .flat_map(|p| [p.link.as_fd(), p.map.as_fd()]),
             )
     }
@@ -109,19 +110,21 @@ impl Held {
     /// Adds the descriptors to `cmd`'s arguments and lets it inherit them; [`Held::keep`]
     /// once it started.
     /// On an error nothing stays inheritable.
-    fn pass_on(&self, cmd: &mut Command) -> std::io::Result<()> {
+    /// `probe`: the slot-free probe's too (not to the binary a supervisor systemd restarts
+    /// will run: that supervisor loads none, so its workers are never given one).
+    fn pass_on(&self, cmd: &mut Command, probe: bool) -> std::io::Result<()> {
         cmd.arg("--worker-region-fd")
             .arg(self.region.as_raw_fd().to_string());
         if let Some(key) = &self.key {
             cmd.arg("--worker-key-fd").arg(key.as_raw_fd().to_string());
         }
-        if let Some(probe) = &self.probe {
+        if let Some(probe) = self.probe.as_ref().filter(|_| probe) {
             cmd.arg("--worker-probe-link-fd")
                 .arg(probe.link.as_raw_fd().to_string())
                 .arg("--worker-probe-map-fd")
                 .arg(probe.map.as_raw_fd().to_string());
         }
-        let passed = self.fds().try_for_each(crate::sys::set_inheritable);
+        let passed = self.fds(probe).try_for_each(crate::sys::set_inheritable);
         if passed.is_err() {
             self.keep();
         }
@@ -131,7 +134,7 @@ impl Held {
     /// Only the program just started inherits them: nothing else this process starts should
     /// hold the region or the key.
     fn keep(&self) {
-        for fd in self.fds() {
+        for fd in self.fds(true) {
             let _ = crate::sys::set_cloexec(fd);
         }
     }
@@ -177,7 +180,7 @@ fn spawn(exe: &Path, held: &Held, log: &OwnedFd, role: Role<'_>) -> Result<Child
             .env_remove("NOTIFY_SOCKET");
     }
     let _one = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
-    held.pass_on(&mut cmd)
+    held.pass_on(&mut cmd, true)
         .map_err(|e| setup("pass the region on", e))?;
     let child = cmd.spawn().map_err(|e| setup("start the worker", e));
     held.keep();
@@ -252,7 +255,8 @@ const CHECK_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Asks the binary at `exe` (`--check-region`) whether it could take the device in `region`
 /// over: its answer, or why not. It changes nothing; the worker keeps serving either way.
-fn check_binary(exe: &Path, held: &Held) -> Result<(), String> {
+/// `probe`: passed the slot-free probe's descriptors too, as its workers would be.
+fn check_binary(exe: &Path, held: &Held, probe: bool) -> Result<(), String> {
     let own: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut cmd = Command::new(exe);
     cmd.args(own)
@@ -262,7 +266,7 @@ fn check_binary(exe: &Path, held: &Held) -> Result<(), String> {
         .stderr(Stdio::piped());
     let child = {
         let _one = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
-        held.pass_on(&mut cmd)
+        held.pass_on(&mut cmd, probe)
             .map_err(|e| format!("cannot pass the region on: {e}"))?;
         let child = cmd.spawn();
         held.keep();
@@ -526,7 +530,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                             super::fdstore::restarting()
                         }
                     {
-                        match check_binary(&exe, &held) {
+                        match check_binary(&exe, &held, false) {
                             Ok(()) if serving.load(Ordering::SeqCst) == pid => {
                                 log(&format!(
                                     "systemd restarts the service: handing the device over to the supervisor it starts next ({} can take it over); stopping worker {pid}",
@@ -555,7 +559,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                     log("upgrade: not now (a worker is starting, the device is stopping, or an upgrade is under way)");
                     continue;
                 }
-                match check_binary(&exe, &held) {
+                match check_binary(&exe, &held, true) {
                     // The same worker still serves (it did not die, and no other took over,
                     // while the new binary was asked).
                     Ok(()) if serving.load(Ordering::SeqCst) == pid => {
