@@ -5,6 +5,9 @@
 use std::io;
 use std::os::fd::AsRawFd;
 
+mod bpf;
+pub use bpf::{bpf_array_store, SharedWords};
+
 /// `prctl(PR_SET_IO_FLUSHER)`; libc has no constant for it.
 const PR_SET_IO_FLUSHER: libc::c_int = 57;
 /// `prctl(PR_GET_IO_FLUSHER)`.
@@ -461,93 +464,6 @@ pub fn set_thread_uid(uid: u32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// `len` words of a BPF array map mapped shared, read and write, as atomics: the slot-free
-/// probe's marks, which the kernel sets while the daemon reads and clears them. Unmapped on
-/// drop.
-#[derive(Debug)]
-pub struct SharedWords {
-    at: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory accessed only through atomics; it is never
-// reallocated while a `SharedWords` lives, so any thread may use the words.
-unsafe impl Send for SharedWords {}
-// SAFETY: as above; `&SharedWords` only hands out `&[AtomicU64]`.
-unsafe impl Sync for SharedWords {}
-
-impl SharedWords {
-    /// Maps the first `len` 8-byte words of the BPF map `fd`, which must be what its
-    /// `/proc/self/fdinfo` says: an array (`map_type` 2) of 8-byte values, mappable
-    /// (`BPF_F_MMAPABLE`), of at least `len` entries. Anything else (a file that could be
-    /// truncated under the mapping, or written without atomics) is refused.
-    pub fn map_bpf_array(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<SharedWords> {
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
-        };
-        let num = |name: &str| {
-            let v = field(name)?;
-            match v.strip_prefix("0x") {
-                Some(hex) => u64::from_str_radix(hex, 16).ok(),
-                None => v.parse::<u64>().ok(),
-            }
-        };
-        const BPF_MAP_TYPE_ARRAY: u64 = 2;
-        const BPF_F_MMAPABLE: u64 = 1 << 10;
-        let ok = num("map_type") == Some(BPF_MAP_TYPE_ARRAY)
-            && num("value_size") == Some(8)
-            && num("map_flags").is_some_and(|f| f & BPF_F_MMAPABLE != 0)
-            && num("max_entries").is_some_and(|n| n >= len as u64);
-        if !ok {
-            return Err(io::Error::other(format!(
-                "not a mappable BPF array of {len} words: {}",
-                info.split_whitespace().collect::<Vec<_>>().join(" ")
-            )));
-        }
-        let bytes = len
-            .checked_mul(8)
-            .filter(|&b| b > 0)
-            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: a new mapping at an address the kernel picks, of a descriptor borrowed for
-        // the call; no existing memory is touched. The result is checked.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let at = std::ptr::NonNull::new(at.cast()).ok_or_else(|| io::Error::other("mmap at 0"))?;
-        Ok(SharedWords { at, len })
-    }
-
-    /// The words.
-    pub fn words(&self) -> &[std::sync::atomic::AtomicU64] {
-        // SAFETY: `at` is a live mapping of `len` words, page-aligned (so aligned for
-        // AtomicU64), readable and writable, that stays mapped while `self` lives; it is a BPF
-        // array (`map_bpf_array` checked), whose size never changes, and whose words the
-        // kernel's programs touch only with atomic operations (slotfree.bpf.c), so shared
-        // references to atomics over it are sound.
-        unsafe { std::slice::from_raw_parts(self.at.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for SharedWords {
-    fn drop(&mut self) {
-        // SAFETY: the mapping `map_bpf_array` made, whole; no reference to it outlives `self`.
-        unsafe { libc::munmap(self.at.as_ptr().cast(), self.len * 8) };
-    }
 }
 
 /// A pidfd for process `pid` (`pidfd_open`, Linux 5.3).

@@ -127,6 +127,15 @@ pub struct ServeArgs {
         requires = "worker_probe_link_fd"
     )]
     pub worker_probe_map_fd: Option<i32>,
+    /// Internal, with --worker-probe-link-fd: the protocol of the binary that loaded the probe
+    /// (its map's layout), which this worker must speak to use it
+    #[arg(
+        long,
+        hide = true,
+        value_name = "PROTOCOL",
+        requires = "worker_probe_link_fd"
+    )]
+    pub worker_probe_protocol: Option<String>,
     /// Internal, with --worker-region-fd: a sealed memfd holding the key of the backing store's
     /// records (the supervisor drew it; every worker of the device seals with it)
     #[arg(long, hide = true, value_name = "FD")]
@@ -217,16 +226,33 @@ pub enum ServeError {
     Worker(String),
 }
 
-/// The slot-free probe the supervisor passed (--worker-probe-link-fd, --worker-probe-map-fd).
-fn inherited_probe(args: &ServeArgs) -> Result<slotfree::Descriptors, String> {
-    let take = |fd: Option<i32>| {
-        let fd = fd.ok_or("--worker-probe-link-fd needs --worker-probe-map-fd")?;
-        crate::sys::take_inherited_fd(fd)
-            .map_err(|e| format!("taking the probe's descriptor {fd} from the supervisor: {e}"))
+/// The slot-free probe the supervisor passed (--worker-probe-link-fd, --worker-probe-map-fd),
+/// if it passed one.
+fn inherited_probe(args: &ServeArgs) -> Result<Option<slotfree::Descriptors>, ServeError> {
+    let (Some(link), Some(map)) = (args.worker_probe_link_fd, args.worker_probe_map_fd) else {
+        return Ok(None);
     };
-    Ok(slotfree::Descriptors {
-        link: take(args.worker_probe_link_fd)?,
-        map: take(args.worker_probe_map_fd)?,
+    let take = |fd: i32| {
+        crate::sys::take_inherited_fd(fd).map_err(|source| ServeError::Setup {
+            what: "take the slot-free probe's descriptors from the supervisor",
+            source,
+        })
+    };
+    Ok(Some(slotfree::Descriptors {
+        link: take(link)?,
+        map: take(map)?,
+    }))
+}
+
+/// The probe the supervisor passed, which this worker could not use (`why`), stopped before
+/// this worker serves: its marks are not this worker's (see [`slotfree::disown`]). A worker
+/// that cannot stop it must not serve at all.
+fn disown_probe(probe: &slotfree::Descriptors, why: &str) -> Result<(), ServeError> {
+    use std::os::fd::AsFd;
+    slotfree::disown(probe.map.as_fd()).map_err(|e| {
+        ServeError::Worker(format!(
+            "{e}; this worker cannot use it ({why}), and would serve writes that take no marks while it marks"
+        ))
     })
 }
 
@@ -374,21 +400,23 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     // Before memory is locked: the helper that loads it is a process of its own (its answer
     // is read on this thread, with a deadline).
     let pages = disksize.div_ceil(uzram_engine::PAGE_SIZE as u64);
-    let slot_free = match args.device.slot_free {
-        options::SlotFree::Discard => Err("turned off (--slot-free discard)".to_string()),
+    let inherited = inherited_probe(args)?;
+    let slot_free = match (args.device.slot_free, &inherited) {
+        (options::SlotFree::Discard, _) => Err("turned off (--slot-free discard)".to_string()),
         // The supervisor's: loaded once, before its first worker, and held.
-        options::SlotFree::Probe if args.worker_probe_link_fd.is_some() => {
-            inherited_probe(args).and_then(|probe| slotfree::adopt(probe, pages))
+        (options::SlotFree::Probe, Some(probe)) => {
+            let protocol = args.worker_probe_protocol.as_deref().unwrap_or_default();
+            slotfree::adopt(probe, pages, protocol)
         }
         // A successor whose supervisor holds none (its own load failed, or systemd restarted
         // it) starts while the device's I/O waits for it, often with memory short and swap
         // held up: loading the probe (a helper process parsing the kernel's BTF) could wait
         // for memory that only swap would free.
-        options::SlotFree::Probe if args.recover.is_some() || args.standby => Err(
+        (options::SlotFree::Probe, None) if args.recover.is_some() || args.standby => Err(
             "not loaded by a successor whose supervisor holds none (it would need memory while the device waits for it)"
                 .to_string(),
         ),
-        options::SlotFree::Probe => slotfree::load(pages),
+        (options::SlotFree::Probe, None) => slotfree::load(pages),
     };
     let signals =
         crate::sys::BlockedSignals::block(&[libc::SIGTERM, libc::SIGINT]).map_err(|source| {
@@ -424,6 +452,10 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     let (device, adopted) = device_for(args, recover.as_ref(), setup, disksize)?;
     // The marks before any request is served (see `Loaded::attach`).
     let slot_free = slot_free.and_then(|probe| probe.attach(&device).map(|()| probe));
+    if let (Some(probe), Err(why)) = (&inherited, &slot_free) {
+        disown_probe(probe, why)?;
+    }
+    drop(inherited);
     // Whatever building or adopting the device allocated from malloc after `mlockall`, faulted
     // in now: an I/O thread that wrote a page of it first would fault while memory is short.
     if let Err(e) = populate_heap() {

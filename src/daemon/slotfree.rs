@@ -34,7 +34,8 @@ use crate::sys::SharedWords;
 /// dev_t to watch, then the program's counters (`H_*` there: frees seen, pages newly marked,
 /// pages of frees it could not mark).
 const HEADER_WORDS: usize = 8;
-/// Header word: the kernel's dev_t of the device whose swap area is watched (0: none).
+/// Header word: the kernel's dev_t of the device whose swap area is watched (0: none). Word 0
+/// in every [`PROTOCOL`]: a worker stops a probe of another version with it ([`disown`]).
 const H_TARGET: usize = 0;
 /// Header word: pages the program marked that were not marked already.
 const H_PAGES: usize = 2;
@@ -274,8 +275,7 @@ pub fn map_words(pages: u64) -> usize {
 /// Has the helper beside this binary load and attach the probe for a device of `pages` pages,
 /// and takes it over; why not, when it cannot.
 pub fn load(pages: u64) -> Result<Loaded, String> {
-    let probe = load_fds(pages)?;
-    adopt(probe, pages)
+    adopt(&load_fds(pages)?, pages, PROTOCOL)
 }
 
 /// The probe's attachment and map as descriptors, to hand to a worker (see [`adopt`]).
@@ -289,20 +289,59 @@ pub struct Descriptors {
 
 /// A probe loaded by another process (a worker's supervisor, which holds it across its workers'
 /// deaths, so that a successor needs no memory for it while the device waits): maps its marks.
+/// `protocol`: the [`PROTOCOL`] of the binary that loaded it (an upgrade may have another).
+///
 /// The marks a dead worker's probe made stay, and are this process's to free (see the engine's
-/// `freed` module: a mark never frees a page written after it).
-pub fn adopt(probe: Descriptors, pages: u64) -> Result<Loaded, String> {
+/// `freed` module: a mark never frees a page written after it), unless the probe marks nothing
+/// (its target 0): then a worker served without its marks ([`disown`]), or none has pointed it
+/// at the device yet, and whatever marks it holds may be older than a write since; they are
+/// cleared. That leaks the pages they stood for until swap writes or discards them; it frees
+/// nothing it should not.
+pub fn adopt(probe: &Descriptors, pages: u64, protocol: &str) -> Result<Loaded, String> {
     use std::os::fd::AsFd;
+    if protocol != PROTOCOL {
+        return Err(format!(
+            "the supervisor's probe speaks {protocol:?}, this binary {PROTOCOL:?} (restart \
+             the device to load this binary's)"
+        ));
+    }
     let hook = running_kernel_hook()?;
+    let link = probe
+        .link
+        .try_clone()
+        .map_err(|e| format!("taking the probe's link: {e}"))?;
     let words = map_words(pages);
     let shared = SharedWords::map_bpf_array(probe.map.as_fd(), words)
         .map_err(|e| format!("mapping the marks: {e}"))?;
+    clear_unwatched(shared.words());
     Ok(Loaded {
-        link: probe.link,
+        link,
         words: Arc::new(shared),
         pages,
         hook,
     })
+}
+
+/// Clears the marks in `words` (a probe's map) if the probe marks nothing (see [`adopt`]);
+/// whether it did.
+fn clear_unwatched(words: &[std::sync::atomic::AtomicU64]) -> bool {
+    if words[H_TARGET].load(Ordering::Acquire) != 0 {
+        return false;
+    }
+    for word in &words[HEADER_WORDS..] {
+        word.store(0, Ordering::Relaxed);
+    }
+    true
+}
+
+/// Stops the probe whose map is `map` marking (its target 0), for a worker that was given it
+/// and serves without its marks: that worker's writes take no marks, so a mark made before or
+/// while it serves could free a page it stored, once a later worker adopted them. [`adopt`]
+/// clears the marks of a probe that marks nothing. Header word 0 is the target in every
+/// protocol, so this holds across versions.
+pub fn disown(map: std::os::fd::BorrowedFd<'_>) -> Result<(), String> {
+    crate::sys::bpf_array_store(map, H_TARGET as u32, 0)
+        .map_err(|e| format!("stopping the supervisor's slot-free probe: {e}"))
 }
 
 /// [`load`], but only the descriptors: no mapping in this process.
@@ -625,6 +664,44 @@ mod tests {
         assert!(kernel_verified("weird")
             .unwrap_err()
             .contains("cannot read"));
+    }
+
+    #[test]
+    fn marks_of_a_probe_that_marks_nothing_are_cleared_on_adopt() {
+        use super::{clear_unwatched, HEADER_WORDS, H_PAGES, H_TARGET};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let map: Vec<AtomicU64> = (0..HEADER_WORDS + 4).map(|_| AtomicU64::new(0)).collect();
+        let marked = |m: &[AtomicU64]| -> Vec<u64> {
+            m[HEADER_WORDS..]
+                .iter()
+                .map(|w| w.load(Ordering::Relaxed))
+                .collect()
+        };
+        map[H_PAGES].store(3, Ordering::Relaxed);
+        map[HEADER_WORDS].store(1, Ordering::Relaxed);
+        map[HEADER_WORDS + 2].store(0b101, Ordering::Relaxed);
+        // Watched (the last worker pointed it at its device): the marks are the successor's.
+        map[H_TARGET].store(259 << 20, Ordering::Relaxed);
+        assert!(!clear_unwatched(&map));
+        assert_eq!(marked(&map), [1, 0, 0b101, 0]);
+        // Disowned, or never pointed at the device: they may be older than a write since.
+        map[H_TARGET].store(0, Ordering::Relaxed);
+        assert!(clear_unwatched(&map));
+        assert_eq!(marked(&map), [0; 4]);
+        // The counters stay.
+        assert_eq!(map[H_PAGES].load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn a_probe_of_another_protocol_is_not_adopted() {
+        let null = || std::fs::File::open("/dev/null").unwrap().into();
+        let probe = super::Descriptors {
+            link: null(),
+            map: null(),
+        };
+        let why = super::adopt(&probe, 1024, "uzram-probe/1").unwrap_err();
+        assert!(why.contains("\"uzram-probe/1\""), "{why}");
+        assert!(why.contains(super::PROTOCOL), "{why}");
     }
 
     #[test]

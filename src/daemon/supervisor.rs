@@ -122,7 +122,9 @@ impl Held {
             cmd.arg("--worker-probe-link-fd")
                 .arg(probe.link.as_raw_fd().to_string())
                 .arg("--worker-probe-map-fd")
-                .arg(probe.map.as_raw_fd().to_string());
+                .arg(probe.map.as_raw_fd().to_string())
+                .arg("--worker-probe-protocol")
+                .arg(super::slotfree::PROTOCOL);
         }
         let passed = self.fds(probe).try_for_each(crate::sys::set_inheritable);
         if passed.is_err() {

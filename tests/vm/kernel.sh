@@ -128,6 +128,26 @@ fetch_kernel_newer() {
     extract_kernel "$CACHE/kernel/$img" "${debs[@]}"
 }
 
+# kernel_has_btf MODDIR: whether the kernel of that module tree has BTF: its config says so
+# (where the package carries one: boot/config-* beside it), else its zram module (or, built in,
+# any module) has a .BTF section, which the build adds only to a kernel with BTF.
+kernel_has_btf() {
+    local m=$1 cfg rel tmp found=1
+    cfg=$(ls "$m/../../../boot/config-"* 2>/dev/null | head -1 || true)
+    if [ -n "$cfg" ]; then
+        grep -q '^CONFIG_DEBUG_INFO_BTF=y' "$cfg"
+        return
+    fi
+    rel=$(grep -E '/zram\.ko(\.xz)?:' "$m/modules.dep" | cut -d: -f1 || true)
+    [ -n "$rel" ] || rel=$(head -1 "$m/modules.dep" | cut -d: -f1)
+    [ -n "$rel" ] || return 1
+    tmp=$(mktemp)
+    case $rel in *.xz) xz -dc "$m/$rel" >"$tmp" ;; *) cp "$m/$rel" "$tmp" ;; esac
+    readelf -S --wide "$tmp" 2>/dev/null | grep -q ' \.BTF ' && found=0
+    rm -f "$tmp"
+    return $found
+}
+
 # extract_kernel DIR DEB...: the kernel and the module directories the guest can need (not
 # drivers/* beyond block), from either layout, into DIR as DIR/boot/vmlinuz-VERSION and
 # DIR/lib/modules/VERSION, then depmod. Done once per DIR.
@@ -179,6 +199,12 @@ extract_kernel() {
         grep -qE "/$mod\.ko(\.xz)?:" "$m/modules.dep" || grep -qE "/$mod\.ko\$" "$m/modules.builtin" \
             || die "$KVER has no $mod module in $*"
     done
+    # The slot-free probe is relocated against the kernel's BTF (CONFIG_DEBUG_INFO_BTF): the
+    # config says so where the package has one, else a module's .BTF section (made only then).
+    if [ "$SLOT_FREE" = probe ] && ! kernel_has_btf "$m"; then
+        rm -rf "$KDIR"
+        die "$KVER has no BTF (CONFIG_DEBUG_INFO_BTF) in $*: the slot-free probe cannot load on it (UZRAM_VM_SLOT_FREE=discard runs without)"
+    fi
     touch "$KDIR/.done"
     say "extracted $KVER in $(since "$t") s"
 }
