@@ -130,22 +130,25 @@ fetch_kernel_newer() {
 
 # kernel_has_btf MODDIR: whether the kernel of that module tree has BTF: its config says so
 # (where the package carries one: boot/config-* beside it), else its zram module (or, built in,
-# any module) has a .BTF section, which the build adds only to a kernel with BTF.
+# any module) has a .BTF section, which the build adds only to a kernel with BTF (and
+# CONFIG_DEBUG_INFO_BTF_MODULES, which Debian's kernels have wherever they have BTF).
 kernel_has_btf() {
-    local m=$1 cfg rel tmp found=1
+    local m=$1 cfg rel tmp sections
     cfg=$(ls "$m/../../../boot/config-"* 2>/dev/null | head -1 || true)
     if [ -n "$cfg" ]; then
         grep -q '^CONFIG_DEBUG_INFO_BTF=y' "$cfg"
         return
     fi
+    command -v readelf >/dev/null && command -v xz >/dev/null \
+        || die "readelf and xz are needed to read $KVER's modules for BTF"
     rel=$(grep -E '/zram\.ko(\.xz)?:' "$m/modules.dep" | cut -d: -f1 || true)
     [ -n "$rel" ] || rel=$(head -1 "$m/modules.dep" | cut -d: -f1)
     [ -n "$rel" ] || return 1
     tmp=$(mktemp)
     case $rel in *.xz) xz -dc "$m/$rel" >"$tmp" ;; *) cp "$m/$rel" "$tmp" ;; esac
-    readelf -S --wide "$tmp" 2>/dev/null | grep -q ' \.BTF ' && found=0
+    sections=$(readelf -S --wide "$tmp" 2>/dev/null || true)
     rm -f "$tmp"
-    return $found
+    [[ $sections == *" .BTF "* ]]
 }
 
 # extract_kernel DIR DEB...: the kernel and the module directories the guest can need (not
