@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use super::listing::{self, Column, DeviceRow, Format};
 use crate::common::control::{self, CallError, Request};
 use crate::common::options::{self, DeviceArgs};
-use crate::common::{block_path, is_swap, mount_point, socket_path, swap_state, RUN_DIR};
+use crate::common::{
+    block_path, is_swap, mount_point, socket_path, swap_state, MAX_DEVICES, RUN_DIR,
+};
 
 /// A failure of a `uzram` command: the message to print (exit code 1, as zramctl's).
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +51,6 @@ pub fn parse_device(name: &str) -> Result<u32, CtlError> {
         ))),
     }
 }
-
-/// ublk's limit on device ids (its minor numbers).
-pub const MAX_DEVICES: u32 = 1 << 20;
 
 /// A new device: its size, what it is made of, and where it goes.
 #[derive(Debug, Clone, Default)]

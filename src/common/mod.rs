@@ -3,6 +3,7 @@
 //! options. Neither `daemon` nor `cli` is imported from here.
 
 pub mod control;
+pub mod maps;
 pub mod options;
 pub mod output;
 
@@ -13,6 +14,9 @@ pub const RUN_DIR: &str = "/run/uzram";
 
 /// The kernel's ublk control device: present when the driver is loaded.
 pub const UBLK_CONTROL: &str = "/dev/ublk-control";
+
+/// ublk's limit on device ids (its minor numbers).
+pub const MAX_DEVICES: u32 = 1 << 20;
 
 /// The block device of device `id`: `/dev/ublkbN`.
 pub fn block_path(id: u32) -> String {

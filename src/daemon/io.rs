@@ -5,10 +5,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use uzram_engine::device::writeback::BackingError;
-use uzram_engine::{Device, IoContext, IoError, ReserveWait, PAGE_SIZE};
+use uzram_engine::{Device, IoContext, IoError, ReserveWait};
 
 use super::defer::{self, Deferral};
+use super::errno::errno;
 use super::mailbox;
 
 /// A request's operation, as the block layer names it.
@@ -75,65 +75,6 @@ pub(super) static FINISHED: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 /// watcher frees a swap area's old pages after a swapoff only if none came since the device
 /// was last seen as swap (a new user's, as mkfs's; see `swapwatch`).
 pub(super) static NON_SWAP_WRITES: AtomicU64 = AtomicU64::new(0);
-
-/// The one place engine errors become errnos for the kernel. Exhaustive: a new [`IoError`]
-/// does not build until it has its errno here.
-pub fn errno(e: &IoError) -> i32 {
-    match e {
-        IoError::OutOfRange { .. } | IoError::Misaligned { .. } => libc::EINVAL,
-        IoError::MemLimit { .. } => libc::ENOSPC,
-        IoError::OutOfMemory(_) | IoError::TableOutOfMemory { .. } | IoError::Context(_) => {
-            libc::ENOMEM
-        }
-        IoError::Corrupt { .. }
-        | IoError::Compress { .. }
-        | IoError::Lost { .. }
-        | IoError::NoCodec { .. }
-        | IoError::Backing { .. } => libc::EIO,
-    }
-}
-
-/// The errno's name, for the log.
-pub fn errno_name(errno: i32) -> &'static str {
-    match errno {
-        libc::EIO => "EIO",
-        libc::ENOMEM => "ENOMEM",
-        libc::ENOSPC => "ENOSPC",
-        libc::EINVAL => "EINVAL",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        _ => "an error",
-    }
-}
-
-/// Why a request failed, in words that need no allocation (the I/O path records it in the
-/// mailbox).
-pub fn cause(e: &IoError) -> &'static str {
-    use uzram_allocator::Error as PoolError;
-    match e {
-        IoError::OutOfRange { .. } => "beyond the device's size",
-        IoError::Misaligned { .. } => "not aligned to 512-byte sectors",
-        IoError::MemLimit { .. } => "mem_limit reached",
-        IoError::OutOfMemory(PoolError::ReserveExhausted { .. }) => {
-            "the pool's reserve ran out and the memory thread did not map an arena in time"
-        }
-        IoError::OutOfMemory(PoolError::OutOfMemory { .. }) => "no memory for the pool",
-        IoError::OutOfMemory(_) => "out of memory",
-        IoError::TableOutOfMemory { .. } => "no memory for the slot table",
-        IoError::Context(_) => "no memory for the codec streams of an i/o context",
-        IoError::Corrupt { .. } => "a stored page failed to decompress",
-        IoError::Compress { .. } => "a page failed to compress",
-        IoError::Lost { .. } => "a page's object is missing from the pool",
-        IoError::NoCodec { .. } => "a page's codec is gone",
-        IoError::Backing { source, .. } => match source {
-            BackingError::Tampered { .. } => {
-                "a written-back record failed authentication (the backing file changed)"
-            }
-            BackingError::Full => "the backing device is full",
-            BackingError::Io(_) => "the backing device failed the I/O",
-            _ => "the backing device",
-        },
-    }
-}
 
 /// How a request's data travels between the kernel and the daemon's buffer.
 pub trait Transfer {
@@ -260,6 +201,7 @@ fn serve_one(
     match result {
         Ok(()) => {
             if req.op == Op::Read {
+                #[cfg(feature = "test-hooks")]
                 break_reads_for_tests(offset, &mut buf[..len as usize]);
                 if transfer.deliver(&buf[..len as usize]).is_err() {
                     return Served::Result(copy_failed(req.op, offset, len));
@@ -274,7 +216,7 @@ fn serve_one(
             })
         }
         Err(e) => {
-            mailbox::note_failure(req.op, req.swap, offset, len, &e);
+            mailbox::note_failure(req.op.name(), req.swap, offset, len, &e);
             Served::Result(-errno(&e))
         }
     }
@@ -321,7 +263,7 @@ fn write(
         }
     };
     device.count_failed_write(ctx);
-    mailbox::note_failure(req.op, req.swap, offset, data.len() as u64, &error);
+    mailbox::note_failure(req.op.name(), req.swap, offset, data.len() as u64, &error);
     Served::Result(-errno(&error))
 }
 
@@ -329,7 +271,7 @@ fn write(
 /// the device is being deleted): EIO, counted like any failed request.
 fn copy_failed(op: Op, offset: u64, len: u64) -> i32 {
     mailbox::note(
-        op,
+        op.name(),
         offset,
         len,
         libc::EIO,
@@ -354,10 +296,12 @@ pub fn breaks_reads() -> bool {
     false
 }
 
+#[cfg(feature = "test-hooks")]
 fn break_reads_for_tests(offset: u64, data: &mut [u8]) {
     if !breaks_reads() {
         return;
     }
+    use uzram_engine::PAGE_SIZE;
     let first = offset / PAGE_SIZE as u64;
     for (i, page) in data.chunks_mut(PAGE_SIZE).enumerate() {
         if (first + i as u64) % 61 == 0 {
@@ -371,7 +315,7 @@ fn break_reads_for_tests(offset: u64, data: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uzram_engine::{DeviceSetup, PageIndex};
+    use uzram_engine::DeviceSetup;
 
     /// A request's first attempt, which must not be put off.
     fn serve(
@@ -398,35 +342,6 @@ mod tests {
     }
 
     #[test]
-    fn every_engine_error_has_one_errno() {
-        let range = IoError::OutOfRange {
-            offset: 0,
-            len_bytes: 1,
-            disksize: 0,
-        };
-        assert_eq!(errno(&range), libc::EINVAL);
-        assert_eq!(
-            errno(&IoError::Misaligned {
-                offset: 1,
-                len_bytes: 1
-            }),
-            libc::EINVAL
-        );
-        assert_eq!(
-            errno(&IoError::MemLimit {
-                index: PageIndex(0),
-                limit_bytes: 1
-            }),
-            libc::ENOSPC
-        );
-        let lost = IoError::Lost {
-            index: PageIndex(0),
-            source: uzram_allocator::Error::InvalidHandle { raw: 0 },
-        };
-        assert_eq!(errno(&lost), libc::EIO);
-    }
-
-    #[test]
     fn a_failed_request_is_counted_with_its_cause_not_logged_by_the_io_thread() {
         let device = DeviceSetup::new().init(1 << 20).unwrap();
         let mut ctx = device.context().unwrap();
@@ -449,10 +364,13 @@ mod tests {
             len_bytes: 1,
             disksize: 0,
         };
-        assert_eq!(cause(&range), "beyond the device's size");
+        assert_eq!(
+            super::super::errno::cause(&range),
+            "beyond the device's size"
+        );
         let short =
             IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms: 1000 });
-        assert!(cause(&short).contains("reserve"));
+        assert!(super::super::errno::cause(&short).contains("reserve"));
         assert_eq!(errno(&short), libc::ENOMEM);
     }
 

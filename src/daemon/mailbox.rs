@@ -12,14 +12,15 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use uzram_engine::IoError;
 
-use super::io::{self, Op};
+use super::errno;
 use super::threads::{memory_phase, Phase};
 
 /// The latest failed request, kept for [`report_failures`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Failure {
-    op: Op,
-    /// Swap's request (see [`io::Request::swap`]).
+    /// The op in a sentence ("a read": `io::Op::name`).
+    op: &'static str,
+    /// Swap's request (see `io::Request::swap`).
     swap: bool,
     offset: u64,
     len: u64,
@@ -40,7 +41,7 @@ static LATEST_FAILURE: Mutex<Option<Failure>> = Mutex::new(None);
 static RAN_OUT: Mutex<Option<Failure>> = Mutex::new(None);
 
 /// Counts a failed request and, if nobody holds the mailbox, leaves its details there.
-pub(super) fn note_failure(op: Op, swap: bool, offset: u64, len: u64, e: &IoError) {
+pub(super) fn note_failure(op: &'static str, swap: bool, offset: u64, len: u64, e: &IoError) {
     let (waited_ms, memory) = match e {
         IoError::OutOfMemory(uzram_allocator::Error::ReserveExhausted { waited_ms }) => {
             (*waited_ms, Some(memory_phase()))
@@ -52,15 +53,15 @@ pub(super) fn note_failure(op: Op, swap: bool, offset: u64, len: u64, e: &IoErro
         swap,
         offset,
         len,
-        errno: io::errno(e),
-        cause: io::cause(e),
+        errno: errno::errno(e),
+        cause: errno::cause(e),
         waited_ms,
         memory,
     });
 }
 
 /// Counts a failed request that failed with `errno` for `cause`; see [`note_failure`].
-pub(super) fn note(op: Op, offset: u64, len: u64, errno: i32, cause: &'static str) {
+pub(super) fn note(op: &'static str, offset: u64, len: u64, errno: i32, cause: &'static str) {
     record(Failure {
         op,
         swap: false,
@@ -114,11 +115,11 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
         } else {
             " since the last report"
         },
-        f.op.name(),
+        f.op,
         swap_word(f.swap),
         f.len,
         f.offset,
-        io::errno_name(f.errno),
+        errno::errno_name(f.errno),
         f.cause,
         match (f.waited_ms, f.memory) {
             (_, None) => String::new(),
@@ -139,7 +140,7 @@ pub(super) fn report_failures(reported: &mut u64, last: &mut Option<Instant>, mi
             super::log(&format!(
                 "the first of them to wait for the reserve ({}{} of {} bytes at byte {}) failed \
                  once the memory thread had made no progress for {} ms; it had been {} for {ms} ms",
-                f.op.name(),
+                f.op,
                 swap_word(f.swap),
                 f.len,
                 f.offset,

@@ -20,6 +20,7 @@
 
 mod control;
 pub mod defer;
+pub mod errno;
 mod fdstore;
 #[allow(unsafe_code)] // the global allocator: talc over a span of its own
 pub mod heap;
@@ -41,9 +42,23 @@ use std::time::Duration;
 
 pub use self::log::{kmsg, log};
 #[cfg(feature = "ublk")]
-pub use self::ublk::{remove_dead, serve};
+pub use self::ublk::remove_dead;
 use crate::common::options::{self, DeviceArgs, OptionsError};
 use uzram_engine::{Device, DeviceSetup, Growth};
+
+/// `uzram serve`: the supervisor, which starts and restarts workers (see `supervisor`); with
+/// `--worker-region-fd`, a worker; with `--check-region` too, the check a supervisor asks of a
+/// new binary.
+#[cfg(feature = "ublk")]
+pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
+    if args.check_region {
+        supervisor::check_region(args)
+    } else if args.worker_region_fd.is_some() {
+        ublk::serve_worker(args)
+    } else {
+        supervisor::supervise(args)
+    }
+}
 
 /// Largest I/O the device takes: 128 KiB. Each queue thread has one buffer this large (the
 /// kernel's `UBLK_F_USER_COPY`: the thread copies each request's data through it), locked in
@@ -302,7 +317,7 @@ fn io_flusher() -> Result<(), ServeError> {
 pub(super) fn populate_heap() -> std::io::Result<()> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     for line in maps.lines().filter(|l| l.ends_with("[heap]")) {
-        let entry = crate::tools::pagedump::parse_maps_line(line)
+        let entry = crate::common::maps::parse_maps_line(line)
             .map_err(|e| std::io::Error::other(format!("/proc/self/maps: {e}")))?;
         if entry.pathname == "[heap]" {
             crate::sys::populate_write(entry.start, entry.len_bytes())?;

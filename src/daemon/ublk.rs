@@ -308,18 +308,6 @@ fn stop(id: u32) {
     }
 }
 
-/// `uzram serve`: the supervisor, which starts and restarts workers (see `supervisor`); or,
-/// with `--worker-region-fd`, a worker.
-pub fn serve(args: &ServeArgs) -> Result<(), ServeError> {
-    if args.check_region {
-        super::supervisor::check_region(args)
-    } else if args.worker_region_fd.is_some() {
-        serve_worker(args)
-    } else {
-        super::supervisor::supervise(args)
-    }
-}
-
 /// A worker: creates the device (or, with `--recover N`, takes device N over from a worker that
 /// died, after adopting its state), prints `/dev/ublkbN` once it serves I/O, and serves until
 /// the device is stopped (SIGTERM/SIGINT delete it). A device with a backing store opens its

@@ -205,7 +205,8 @@ pub struct Pool {
     limit_pages: AtomicU64,
     pages_compacted: AtomicU64,
     pages_released: AtomicU64,
-    auto_compact: AtomicBool,
+    /// Compact a class as its frees fragment it (`PoolConfig::auto_compact`).
+    auto_compact: bool,
     defrag_running: AtomicBool,
     growth: Growth,
     /// On demand: the reserve. In reserve mode: its most (the target lives in `signal`).
@@ -401,7 +402,7 @@ impl Pool {
             limit_pages: AtomicU64::new(0),
             pages_compacted: AtomicU64::new(0),
             pages_released: AtomicU64::new(0),
-            auto_compact: AtomicBool::new(config.auto_compact),
+            auto_compact: config.auto_compact,
             defrag_running: AtomicBool::new(false),
             growth: config.growth,
             reserve_arenas,
@@ -565,12 +566,12 @@ impl Pool {
             let mut class = self.class(h)?.lock();
             let shared = self.shared();
             let freed = class.free(h, &shared)?;
-            if self.auto_compact.load(Ordering::Relaxed) && class.fragmented() {
+            if self.auto_compact && class.fragmented() {
                 class.compact(AUTO_COMPACT_MOVES, &shared);
             }
             freed
         };
-        if zspage_freed > 0 && self.auto_compact.load(Ordering::Relaxed) {
+        if zspage_freed > 0 && self.auto_compact {
             self.maybe_defrag();
         }
         Ok(())
@@ -647,11 +648,6 @@ impl Pool {
     pub fn reset_max_used(&self) {
         self.max_pages_used
             .store(self.pages_used.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-
-    /// Turns automatic compaction on or off.
-    pub fn set_auto_compact(&self, on: bool) {
-        self.auto_compact.store(on, Ordering::Relaxed);
     }
 
     /// Compacts every class (moving objects out of the sparsest zspages), then moves zspages out of
@@ -796,24 +792,6 @@ impl Pool {
     /// One row per class, like zsmalloc's debugfs `classes`.
     pub fn class_stats(&self) -> Vec<ClassStats> {
         self.classes.iter().map(|c| c.lock().stats()).collect()
-    }
-
-    /// The class table as text, in the layout of zsmalloc's debugfs `classes` file.
-    pub fn format_class_stats(&self) -> String {
-        use std::fmt::Write;
-        let mut out = String::from(" class  size   10%   20%   30%   40%   50%   60%   70%   80%   90%   99%  100% obj_allocated   obj_used pages_used pages_per_zspage freeable\n");
-        for s in self.class_stats() {
-            let _ = write!(out, "{:>6} {:>5}", s.index, s.size);
-            for n in s.by_fullness {
-                let _ = write!(out, " {n:>5}");
-            }
-            let _ = writeln!(
-                out,
-                " {:>13} {:>10} {:>10} {:>16} {:>8}",
-                s.obj_allocated, s.obj_used, s.pages_used, s.pages_per_zspage, s.freeable
-            );
-        }
-        out
     }
 
     /// Verifies every internal invariant (free lists, fullness groups, handle back-pointers, page

@@ -21,7 +21,7 @@ mod upkeep;
 mod write;
 pub mod writeback;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -76,7 +76,8 @@ pub struct Device {
     wb_batch: AtomicUsize,
     epoch: Instant,
     /// Seconds added to the clock (feature `testing`: `Device::advance_clock`).
-    clock_skew: AtomicU32,
+    #[cfg(any(test, feature = "testing"))]
+    clock_skew: std::sync::atomic::AtomicU32,
     /// The tiering policy's settings, budget and counters.
     tier: policy::Tier,
     counters: Counters,
@@ -248,7 +249,8 @@ impl Device {
             huge_threshold,
             backing,
             epoch,
-            clock_skew: AtomicU32::new(0),
+            #[cfg(any(test, feature = "testing"))]
+            clock_skew: std::sync::atomic::AtomicU32::new(0),
             tier: policy::Tier::new(config.policy),
             next_shard: AtomicUsize::new(0),
             freed: OnceLock::new(),
@@ -296,8 +298,10 @@ impl Device {
     }
 
     fn now(&self) -> u32 {
-        (self.epoch.elapsed().as_secs() as u32)
-            .wrapping_add(self.clock_skew.load(Ordering::Relaxed))
+        let now = self.epoch.elapsed().as_secs() as u32;
+        #[cfg(any(test, feature = "testing"))]
+        let now = now.wrapping_add(self.clock_skew.load(Ordering::Relaxed));
+        now
     }
 
     /// Page `index`'s slot, if it was ever written (its leaf is there).

@@ -148,12 +148,12 @@ fn section_id(name: &str) -> Result<Option<u32>, String> {
     }
     u32::try_from(id)
         .ok()
-        .filter(|&id| id < crate::cli::ctl::MAX_DEVICES)
+        .filter(|&id| id < crate::common::MAX_DEVICES)
         .map(Some)
         .ok_or_else(|| {
             format!(
                 "[{name}]: at most zram{} (ublk's device numbers)",
-                crate::cli::ctl::MAX_DEVICES - 1
+                crate::common::MAX_DEVICES - 1
             )
         })
 }

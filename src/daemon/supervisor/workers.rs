@@ -1,0 +1,281 @@
+//! Starting a worker: what it inherits from the supervisor across its predecessors' deaths
+//! ([`Held`]: the region, the key, the slot-free probe), how it starts ([`Role`]), its first
+//! line (serving, or why not), and the check a new binary answers before an upgrade or a
+//! systemd restart hands it the device (`--check-region`).
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use uzram_engine::Device;
+
+use super::cause;
+use crate::daemon::{self, fdstore, slotfree, ServeArgs, ServeError};
+
+/// How a worker starts.
+pub(super) enum Role<'a> {
+    /// The first: it adds the device.
+    First,
+    /// A successor ahead of need: it waits, pinned, for `go` on its stdin (a pipe).
+    Standby,
+    /// A successor started after the death (when no standby was there).
+    Successor(u32, u64, &'a str),
+}
+
+/// What the supervisor holds for its workers across their deaths: the device's memory region
+/// and, for a device with a backing store, the key of its records (a sealed memfd, mapped and
+/// locked here: never written to a file, never swapped out).
+pub(super) struct Held {
+    pub(super) region: OwnedFd,
+    pub(super) key: Option<OwnedFd>,
+    /// The slot-free probe, loaded before the first worker: a successor takes it over as it
+    /// is, marks and all, instead of loading one while the device waits for it.
+    pub(super) probe: Option<slotfree::Descriptors>,
+}
+
+impl Held {
+    pub(super) fn try_clone(&self) -> std::io::Result<Held> {
+        Ok(Held {
+            region: self.region.try_clone()?,
+            key: self.key.as_ref().map(OwnedFd::try_clone).transpose()?,
+            probe: self
+                .probe
+                .as_ref()
+                .map(|p| -> std::io::Result<_> {
+                    Ok(slotfree::Descriptors {
+                        link: p.link.try_clone()?,
+                        map: p.map.try_clone()?,
+                    })
+                })
+                .transpose()?,
+        })
+    }
+
+    /// The descriptors passed on: the region's, the key's, and with `probe` the probe's.
+    fn fds(&self, probe: bool) -> impl Iterator<Item = std::os::fd::BorrowedFd<'_>> {
+        std::iter::once(self.region.as_fd())
+            .chain(self.key.as_ref().map(OwnedFd::as_fd))
+            .chain(
+                self.probe
+                    .iter()
+                    .filter(move |_| probe)
+                    .flat_map(|p| [p.link.as_fd(), p.map.as_fd()]),
+            )
+    }
+
+    /// Adds the descriptors to `cmd`'s arguments and lets it inherit them; [`Held::keep`]
+    /// once it started.
+    /// On an error nothing stays inheritable.
+    /// `probe`: the slot-free probe's too (not to the binary a supervisor systemd restarts
+    /// will run: that supervisor loads none, so its workers are never given one).
+    fn pass_on(&self, cmd: &mut Command, probe: bool) -> std::io::Result<()> {
+        cmd.arg("--worker-region-fd")
+            .arg(self.region.as_raw_fd().to_string());
+        if let Some(key) = &self.key {
+            cmd.arg("--worker-key-fd").arg(key.as_raw_fd().to_string());
+        }
+        if let Some(probe) = self.probe.as_ref().filter(|_| probe) {
+            cmd.arg("--worker-probe-link-fd")
+                .arg(probe.link.as_raw_fd().to_string())
+                .arg("--worker-probe-map-fd")
+                .arg(probe.map.as_raw_fd().to_string())
+                .arg("--worker-probe-protocol")
+                .arg(slotfree::PROTOCOL);
+        }
+        let passed = self.fds(probe).try_for_each(crate::sys::set_inheritable);
+        if passed.is_err() {
+            self.keep();
+        }
+        passed
+    }
+
+    /// Only the program just started inherits them: nothing else this process starts should
+    /// hold the region or the key.
+    fn keep(&self) {
+        for fd in self.fds(true) {
+            let _ = crate::sys::set_cloexec(fd);
+        }
+    }
+}
+
+/// Starts a worker: this program with the supervisor's own arguments, the region's descriptor
+/// (and the key's), and for a successor the device to take over and the restarts so far. Its
+/// stdout is a pipe: its first line says the device it serves, or why it could not.
+pub(super) fn spawn(
+    exe: &Path,
+    held: &Held,
+    log: &OwnedFd,
+    role: Role<'_>,
+) -> Result<Child, ServeError> {
+    let setup = |what, source| ServeError::Setup { what, source };
+    let own: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut cmd = Command::new(exe);
+    cmd.args(own);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    let successor = match role {
+        Role::First => false,
+        Role::Standby => {
+            cmd.arg("--standby").stdin(Stdio::piped());
+            true
+        }
+        Role::Successor(id, restarts, last) => {
+            cmd.args(["--recover", &id.to_string()])
+                .args(["--restarts", &restarts.to_string()])
+                .args(["--last-restart", last]);
+            true
+        }
+    };
+    if successor {
+        // A successor's messages wait until it serves: until then its stderr is /dev/null, and
+        // the supervisor's stderr is handed over as --log-fd.
+        cmd.arg("--log-fd")
+            .arg(log.as_raw_fd().to_string())
+            .stderr(Stdio::null());
+        crate::sys::set_inheritable(log.as_fd()).map_err(|e| setup("pass stderr on", e))?;
+    }
+    if fdstore::under_systemd() {
+        // systemd keeps the region for the supervisor's successor (`fdstore`): a worker that
+        // outlived this process would hold the restart up (until the unit's stop timeout,
+        // with KillMode=mixed; with the default KillMode it would get SIGTERM, which deletes
+        // the device). It dies at once instead, the device quiesced, its I/O waiting.
+        cmd.arg("--die-with-supervisor")
+            .arg(std::process::id().to_string())
+            .env_remove("NOTIFY_SOCKET");
+    }
+    let _one = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
+    held.pass_on(&mut cmd, true)
+        .map_err(|e| setup("pass the region on", e))?;
+    let child = cmd.spawn().map_err(|e| setup("start the worker", e));
+    held.keep();
+    let _ = crate::sys::set_cloexec(log.as_fd());
+    child
+}
+
+/// How long a successor may take to serve again before the supervisor gives up on it (and on
+/// the device): adopting a large pool under emulation takes seconds, and the kernel may hold
+/// `START_USER_RECOVERY` off for up to 30 s while it requeues the dead worker's requests.
+pub(super) const SUCCESSOR_DEADLINE: Duration = Duration::from_secs(120);
+
+/// The worker's first line: the device it serves (`/dev/ublkbN`), or its error; within
+/// `deadline` if one is given (else an error saying so).
+pub(super) fn first_line(
+    child: &mut Child,
+    deadline: Option<Duration>,
+) -> Result<(String, u32), String> {
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        if let Some(d) = deadline {
+            // An error of poll reads as ready: the read below reports what is wrong.
+            if !crate::sys::wait_readable(out.as_fd(), d).unwrap_or(true) {
+                return Err(format!("it did not serve within {} s", d.as_secs()));
+            }
+        }
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    let line = line.trim_end().to_string();
+    let id = line
+        .strip_prefix("/dev/ublkb")
+        .and_then(|n| n.parse::<u32>().ok());
+    match id {
+        Some(id) => Ok((line, id)),
+        None => Err(match line.strip_prefix("error: ") {
+            Some(msg) => msg.to_string(),
+            None => format!(
+                "the worker ended ({}) without serving",
+                child
+                    .try_wait()
+                    .ok()
+                    .flatten()
+                    .map_or("still running".to_string(), cause)
+            ),
+        }),
+    }
+}
+
+/// How long a new binary may take to say whether it could take the device over.
+const CHECK_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Asks the binary at `exe` (`--check-region`) whether it could take the device in `region`
+/// over: its answer, or why not. It changes nothing; the worker keeps serving either way.
+/// `probe`: passed the slot-free probe's descriptors too, as its workers would be.
+pub(super) fn check_binary(exe: &Path, held: &Held, probe: bool) -> Result<(), String> {
+    let own: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut cmd = Command::new(exe);
+    cmd.args(own)
+        .arg("--check-region")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = {
+        let _one = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
+        held.pass_on(&mut cmd, probe)
+            .map_err(|e| format!("cannot pass the region on: {e}"))?;
+        let child = cmd.spawn();
+        held.keep();
+        child
+    };
+    let mut child = child.map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    // Its answer within CHECK_DEADLINE: the signal thread that asks is also the one that
+    // handles SIGTERM.
+    let answered = child
+        .stdout
+        .as_ref()
+        .is_some_and(|o| crate::sys::wait_readable(o.as_fd(), CHECK_DEADLINE).unwrap_or(true));
+    if !answered {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!(
+            "{} did not answer within {} s",
+            exe.display(),
+            CHECK_DEADLINE.as_secs()
+        ));
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("cannot hear {}: {e}", exe.display()))?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    let first = said.lines().next().unwrap_or("");
+    if out.status.success() && first == "ok" {
+        return Ok(());
+    }
+    let why = match first.strip_prefix("error: ") {
+        Some(msg) => msg.to_string(),
+        None => String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .trim_start_matches("uzram: ")
+            .to_string(),
+    };
+    Err(format!(
+        "{} ({}): {why}",
+        exe.display(),
+        cause(out.status).replace('_', " ")
+    ))
+}
+
+/// `--check-region` (see [`ServeArgs::check_region`]): whether this binary could take the device
+/// in the region over; prints `ok`.
+pub fn check_region(args: &ServeArgs) -> Result<(), ServeError> {
+    let (mut setup, disksize) = daemon::configure(args)?;
+    if let Some(key) = daemon::inherited_key(args)? {
+        setup.set_backing_key(key);
+    }
+    let fd = args
+        .worker_region_fd
+        .ok_or_else(|| ServeError::Worker("--check-region needs --worker-region-fd".to_string()))?;
+    let fd = crate::sys::take_inherited_fd(fd).map_err(|source| ServeError::Setup {
+        what: "take the memory region from the supervisor",
+        source,
+    })?;
+    Device::check_adoptable(setup.config(), disksize, fd.as_fd())?;
+    let _ = crate::common::output::outln("ok");
+    Ok(())
+}
+
+/// Held while a program is started with the region's (and key's) descriptors inheritable
+/// ([`Held::pass_on`] to [`Held::keep`]): the main thread starts workers, the signal thread
+/// asks binaries and systemctl, and neither may start a program while the other has the
+/// descriptors open to inheritance (or closed to it).
+pub(super) static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
