@@ -27,6 +27,13 @@ fn main() {
 /// hold goes to malloc and is counted; unmarked threads never touch the heap. The model: every
 /// live block with the byte it was filled with.
 fn io_heap_serves_marked_threads() {
+    heap_refills_and_trims();
+    heap_blocks_stay_intact();
+}
+
+/// The heap's margin: committed by refills (one step at a time between arenas while memory is
+/// short), given back by a trim once it is not, and the heap's own again when recommitted.
+fn heap_refills_and_trims() {
     // Before the heap exists a marked thread still allocates (from malloc).
     std::thread::spawn(|| {
         heap::serve_from_io_heap();
@@ -104,6 +111,11 @@ fn io_heap_serves_marked_threads() {
     })
     .join()
     .unwrap();
+}
+
+/// Blocks of marked threads come from the heap and stay intact through growth, shrinking and
+/// frees from other threads; what the heap cannot hold goes to malloc and is counted.
+fn heap_blocks_stay_intact() {
     // Unmarked threads (this one) allocate from malloc.
     let plain = vec![1u8; 4096];
     assert!(!heap::owns(plain.as_ptr()));
@@ -206,37 +218,38 @@ fn rss_anon_kib() -> u64 {
         .unwrap()
 }
 
+/// A request's first attempt, as a queue thread makes it (none is put off here).
+fn handle(
+    device: &uzram_engine::Device,
+    ctx: &mut uzram_engine::IoContext,
+    req: uzram::daemon::io::Request,
+    buf: &mut [u8],
+    transfer: &uzram::daemon::io::InPlace,
+) -> i32 {
+    use uzram::daemon::defer::Deferral;
+    use uzram::daemon::io::{Attempt, Served};
+    let mut deferral = Deferral::default();
+    match uzram::daemon::io::handle(
+        device,
+        ctx,
+        req,
+        buf,
+        transfer,
+        Attempt::FIRST,
+        &mut deferral,
+    ) {
+        Served::Result(res) => res,
+        put_off => panic!("{req:?} was {put_off:?}"),
+    }
+}
+
 /// The request path (`io::handle`, as a queue thread calls it), run on a thread whose whole
 /// stack is [`STACK_PREFAULT`] less 32 KiB (libublk's frames above the handler): a deeper path
 /// would overflow it (the guard page ends the test with SIGSEGV), so the stack a queue thread
 /// faults in before serving covers every page it will touch.
 fn io_path_fits_in_the_prefaulted_stack() {
-    use uzram::daemon::defer::Deferral;
-    use uzram::daemon::io::{Attempt, InPlace, Op, Request, Served};
-    use uzram_engine::{Device, IoContext};
+    use uzram::daemon::io::{InPlace, Op, Request};
 
-    /// A request's first attempt, as a queue thread makes it (none is put off here).
-    fn handle(
-        device: &Device,
-        ctx: &mut IoContext,
-        req: Request,
-        buf: &mut [u8],
-        transfer: &InPlace,
-    ) -> i32 {
-        let mut deferral = Deferral::default();
-        match uzram::daemon::io::handle(
-            device,
-            ctx,
-            req,
-            buf,
-            transfer,
-            Attempt::FIRST,
-            &mut deferral,
-        ) {
-            Served::Result(res) => res,
-            put_off => panic!("{req:?} was {put_off:?}"),
-        }
-    }
     use uzram_engine::testing::pages::{noise_page, text_page};
     use uzram_engine::DeviceSetup;
     let run = || {
@@ -318,6 +331,89 @@ fn io_path_fits_in_the_prefaulted_stack() {
         .unwrap();
 }
 
+/// The memory thread's rounds on `d` (a region, its pool in reserve mode): calm, then short.
+fn memory_rounds(d: &uzram_engine::Device) {
+    use std::time::Duration;
+    use uzram_engine::testing::pages::text_page;
+    use uzram_engine::{Pressure, PAGE_SIZE};
+    const PAGE: u64 = PAGE_SIZE as u64;
+    // The memory thread: rounds with memory calm, then short.
+    for short in [false, true] {
+        d.set_memory_short(short);
+        heap::set_memory_short(short);
+        assert!(d.wait_for_maintenance(Duration::ZERO) || !short);
+        let _ = d.reclaim_freed_until(|| false);
+        let _ = Pressure::read().short();
+        let _ = Pressure::swap_outs();
+        let mut after_each = || {
+            heap::refill_with(heap::Margin::Calm, &mut |pages| {
+                d.note_upkeep_progress(pages)
+            });
+            d.prefault_region(false);
+        };
+        let m = d.maintain_memory_with(&mut after_each).unwrap();
+        assert!(m.arenas_mapped > 0 || !short, "{m:?}");
+        heap::refill_with(heap::Margin::Whole, &mut |_| {});
+        let (leaves, chunks) = d.prefault_region(short);
+        assert!(!short || leaves + chunks as usize > 0);
+    }
+    heap::set_memory_short(false);
+    heap::trim();
+    let mut ctx = d.context().unwrap();
+    for i in 0..64u64 {
+        d.write(&mut ctx, i * PAGE, &text_page(i)).unwrap();
+    }
+}
+
+/// The policy thread's rounds on `d` (a backing file, zstd second): recompression and
+/// writeback by age, eviction above the watermark; every page read back as written.
+fn policy_rounds(d: &uzram_engine::Device) {
+    use std::time::Duration;
+    use uzram_engine::testing::pages::{noise_page, text_page};
+    use uzram_engine::{Policy, Pressure, PAGE_SIZE};
+    const PAGE: u64 = PAGE_SIZE as u64;
+    let mut ctx = d.context().unwrap();
+    let mut policy = Policy::new();
+    policy.make_buffers();
+    let model: Vec<(u64, [u8; PAGE_SIZE])> = (0..300)
+        .map(|i| {
+            (
+                i,
+                if i % 3 == 0 {
+                    noise_page(i)
+                } else {
+                    text_page(i)
+                },
+            )
+        })
+        .collect();
+    for (i, p) in &model {
+        d.write(&mut ctx, i * PAGE, p).unwrap();
+    }
+    d.advance_clock(610);
+    let _ = Pressure::read().short();
+    let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
+    assert!(r.recompressed > 0, "{r:?}");
+    d.advance_clock(3600);
+    let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
+    assert!(r.written_back > 0, "{r:?}");
+    // Above the watermark: the coldest pages are evicted.
+    for (i, p) in &model {
+        d.write(&mut ctx, (1000 + i) * PAGE, p).unwrap();
+    }
+    d.set_mem_limit(Some(d.stats().mm.mem_used_total / 2));
+    d.advance_clock(60);
+    let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
+    assert!(r.written_back > 0, "{r:?}");
+    policy.serve_evictions(d, Duration::ZERO);
+    d.compact();
+    let mut back = [0u8; PAGE_SIZE];
+    for (i, p) in &model {
+        d.read(&mut ctx, i * PAGE, &mut back).unwrap();
+        assert!(back == *p, "page {i} differs");
+    }
+}
+
 /// The memory thread's and the policy thread's rounds, run on a thread whose whole stack is
 /// [`UPKEEP_STACK_PREFAULT`] less 32 KiB (the thread's own frames above them): a deeper round
 /// would overflow it (SIGSEGV), so the stack those threads fault in covers every page they
@@ -326,8 +422,7 @@ fn io_path_fits_in_the_prefaulted_stack() {
 /// [`UPKEEP_STACK_PREFAULT`]: uzram::daemon::pin::UPKEEP_STACK_PREFAULT
 fn upkeep_fits_in_its_prefaulted_stack() {
     use std::time::Duration;
-    use uzram_engine::testing::pages::{noise_page, text_page};
-    use uzram_engine::{Device, DeviceSetup, Growth, Policy, Pressure, Region, PAGE_SIZE};
+    use uzram_engine::{Device, DeviceSetup, Growth, Region, PAGE_SIZE};
     const PAGE: u64 = PAGE_SIZE as u64;
     let dir = std::env::temp_dir().join(format!("uzram-pin-upkeep-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -354,75 +449,8 @@ fn upkeep_fits_in_its_prefaulted_stack() {
         setup.init(4096 * PAGE).unwrap()
     };
     let run = move || {
-        // The memory thread: rounds with memory calm, then short.
-        let d = &memory_device;
-        for short in [false, true] {
-            d.set_memory_short(short);
-            heap::set_memory_short(short);
-            assert!(d.wait_for_maintenance(Duration::ZERO) || !short);
-            let _ = d.reclaim_freed_until(|| false);
-            let _ = Pressure::read().short();
-            let _ = Pressure::swap_outs();
-            let mut after_each = || {
-                heap::refill_with(heap::Margin::Calm, &mut |pages| {
-                    d.note_upkeep_progress(pages)
-                });
-                d.prefault_region(false);
-            };
-            let m = d.maintain_memory_with(&mut after_each).unwrap();
-            assert!(m.arenas_mapped > 0 || !short, "{m:?}");
-            heap::refill_with(heap::Margin::Whole, &mut |_| {});
-            let (leaves, chunks) = d.prefault_region(short);
-            assert!(!short || leaves + chunks as usize > 0);
-        }
-        heap::set_memory_short(false);
-        heap::trim();
-        let mut ctx = d.context().unwrap();
-        for i in 0..64u64 {
-            d.write(&mut ctx, i * PAGE, &text_page(i)).unwrap();
-        }
-        // The policy thread.
-        let d = &policy_device;
-        let mut ctx = d.context().unwrap();
-        let mut policy = Policy::new();
-        policy.make_buffers();
-        let model: Vec<(u64, [u8; PAGE_SIZE])> = (0..300)
-            .map(|i| {
-                (
-                    i,
-                    if i % 3 == 0 {
-                        noise_page(i)
-                    } else {
-                        text_page(i)
-                    },
-                )
-            })
-            .collect();
-        for (i, p) in &model {
-            d.write(&mut ctx, i * PAGE, p).unwrap();
-        }
-        d.advance_clock(610);
-        let _ = Pressure::read().short();
-        let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
-        assert!(r.recompressed > 0, "{r:?}");
-        d.advance_clock(3600);
-        let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
-        assert!(r.written_back > 0, "{r:?}");
-        // Above the watermark: the coldest pages are evicted.
-        for (i, p) in &model {
-            d.write(&mut ctx, (1000 + i) * PAGE, p).unwrap();
-        }
-        d.set_mem_limit(Some(d.stats().mm.mem_used_total / 2));
-        d.advance_clock(60);
-        let r = policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
-        assert!(r.written_back > 0, "{r:?}");
-        policy.serve_evictions(d, Duration::ZERO);
-        d.compact();
-        let mut back = [0u8; PAGE_SIZE];
-        for (i, p) in &model {
-            d.read(&mut ctx, i * PAGE, &mut back).unwrap();
-            assert!(back == *p, "page {i} differs");
-        }
+        memory_rounds(&memory_device);
+        policy_rounds(&policy_device);
     };
     std::thread::Builder::new()
         .stack_size(uzram::daemon::pin::UPKEEP_STACK_PREFAULT - (32 << 10))

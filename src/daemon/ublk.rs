@@ -325,7 +325,7 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
         Some((id, restarts, cause)) => (Some(id), (restarts, cause)),
         None => (None, (0, "none".to_string())),
     };
-    let mut log_fd = args
+    let log_fd = args
         .log_fd
         .and_then(|fd| crate::sys::take_inherited_fd(fd).ok());
     // A successor serves the device as it was made: the kernel's queue count (libublk needs
@@ -345,59 +345,10 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
             MAX_IO_BYTES >> 10
         ));
     }
-    // In a region the kernel holds the device's I/O when this process dies, and hands the
-    // requests it had taken to the successor (reissued: a page written twice is the same page).
-    let recovery = if in_region {
-        u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE)
-    } else {
-        0
-    };
-    let (ctrl_flags, mut dev_flags) = if user_copy {
-        (
-            u64::from(sys::UBLK_F_USER_COPY) | recovery,
-            UblkFlags::UBLK_DEV_F_ADD_DEV,
-        )
-    } else {
-        (
-            recovery,
-            UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER,
-        )
-    };
-    if recover.is_some() {
-        dev_flags.remove(UblkFlags::UBLK_DEV_F_ADD_DEV);
-        dev_flags.insert(UblkFlags::UBLK_DEV_F_RECOVER_DEV);
-    }
-    let ctrl = UblkCtrlBuilder::default()
-        .name("uzram")
-        .id(recover.map_or(args.id.unwrap_or(-1), |id| id as i32))
-        .nr_queues(queues)
-        .depth(args.depth)
-        .io_buf_bytes(MAX_IO_BYTES)
-        .ctrl_flags(ctrl_flags)
-        .dev_flags(dev_flags)
-        .build()
-        .map_err(|e| ServeError::Ublk(format!("cannot add the device: {e}")))?;
+    let ctrl = new_ctrl(args, recover, queues, user_copy, in_region)?;
     let id = ctrl.dev_info().dev_id;
     if let Some(id) = recover {
-        // Everything that can fail was done (the state adopted) before this: Linux 6.12 has no
-        // way back from a recovery that fails after it started.
-        match ctrl.start_user_recover() {
-            Ok(r) if r >= 0 => super::kmsg(&format!(
-                "/dev/ublkb{id}: successor {} takes the device over",
-                std::process::id()
-            )),
-            Ok(r) => {
-                return Err(ServeError::Ublk(format!(
-                    "/dev/ublkc{id}: cannot start its recovery: {}",
-                    std::io::Error::from_raw_os_error(-r)
-                )))
-            }
-            Err(e) => {
-                return Err(ServeError::Ublk(format!(
-                    "/dev/ublkc{id}: cannot start its recovery: {e}"
-                )))
-            }
-        }
+        start_recovery(&ctrl, id)?;
     }
     // A signal that arrived since `start` blocked them waits, pending, for this thread.
     std::thread::spawn(move || {
@@ -426,33 +377,14 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
             }
         },
         move |ctrl: &UblkCtrl| {
-            super::watchdog::SERVING.store(true, std::sync::atomic::Ordering::Relaxed);
-            // Served again: messages may wait for the device now.
-            if let Some(fd) = log_fd.take() {
-                let _ = crate::sys::redirect_stderr(fd);
-            }
-            if let Some(said) = &adopted {
-                log(said);
-            }
-            if in_region {
-                // libublk's description of the device, on tmpfs: a successor would read it
-                // before serving, and its page may be in swap on this very device. The kernel's
-                // own description (GET_DEV_INFO) is what a successor needs.
-                let _ = std::fs::remove_file(format!(
-                    "{}/{:04}.json",
-                    UblkCtrl::run_dir(),
-                    ctrl.dev_info().dev_id
-                ));
-            }
-            super::disable_writeback_throttling(ctrl.dev_info().dev_id);
-            super::watch_slot_frees(slot_free, &ctrl.get_bdev_path());
-            // `uzram --find` may have gone: serving goes on without its answer.
-            let _ = crate::common::output::outln(ctrl.get_bdev_path());
-            log(&format!("{} serving", ctrl.get_bdev_path()));
-            if detached {
-                // `uzram --find` has its answer: close its pipe.
-                super::redirect_stdout_to_null();
-            }
+            on_serving(
+                ctrl,
+                log_fd,
+                adopted.as_deref(),
+                in_region,
+                slot_free,
+                detached,
+            );
         },
     );
     // Delete the device whether serving ended by a signal or failed: never leave one behind.
@@ -462,6 +394,113 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
     served
         .map(|_| ())
         .map_err(|e| ServeError::Ublk(format!("serving {}: {e}", block_path(id))))
+}
+
+/// The device's control, built (added, or for a successor, `recover`, set to be recovered):
+/// `queues` of `args.depth` tags, with user copy where the kernel has it, and recovery where
+/// the device lives in a region.
+fn new_ctrl(
+    args: &ServeArgs,
+    recover: Option<u32>,
+    queues: u16,
+    user_copy: bool,
+    in_region: bool,
+) -> Result<UblkCtrl, ServeError> {
+    // In a region the kernel holds the device's I/O when this process dies, and hands the
+    // requests it had taken to the successor (reissued: a page written twice is the same page).
+    let recovery = if in_region {
+        u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE)
+    } else {
+        0
+    };
+    let (ctrl_flags, mut dev_flags) = if user_copy {
+        (
+            u64::from(sys::UBLK_F_USER_COPY) | recovery,
+            UblkFlags::UBLK_DEV_F_ADD_DEV,
+        )
+    } else {
+        (
+            recovery,
+            UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER,
+        )
+    };
+    if recover.is_some() {
+        dev_flags.remove(UblkFlags::UBLK_DEV_F_ADD_DEV);
+        dev_flags.insert(UblkFlags::UBLK_DEV_F_RECOVER_DEV);
+    }
+    UblkCtrlBuilder::default()
+        .name("uzram")
+        .id(recover.map_or(args.id.unwrap_or(-1), |id| id as i32))
+        .nr_queues(queues)
+        .depth(args.depth)
+        .io_buf_bytes(MAX_IO_BYTES)
+        .ctrl_flags(ctrl_flags)
+        .dev_flags(dev_flags)
+        .build()
+        .map_err(|e| ServeError::Ublk(format!("cannot add the device: {e}")))
+}
+
+/// Starts the recovery of device `id` (its I/O held since its worker died).
+fn start_recovery(ctrl: &UblkCtrl, id: u32) -> Result<(), ServeError> {
+    // Everything that can fail was done (the state adopted) before this: Linux 6.12 has no
+    // way back from a recovery that fails after it started.
+    match ctrl.start_user_recover() {
+        Ok(r) if r >= 0 => super::kmsg(&format!(
+            "/dev/ublkb{id}: successor {} takes the device over",
+            std::process::id()
+        )),
+        Ok(r) => {
+            return Err(ServeError::Ublk(format!(
+                "/dev/ublkc{id}: cannot start its recovery: {}",
+                std::io::Error::from_raw_os_error(-r)
+            )))
+        }
+        Err(e) => {
+            return Err(ServeError::Ublk(format!(
+                "/dev/ublkc{id}: cannot start its recovery: {e}"
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// Once the device is served: the successor's messages go to the log again, the start is
+/// said, and the probe watches the device's swap area.
+fn on_serving(
+    ctrl: &UblkCtrl,
+    log_fd: Option<std::os::fd::OwnedFd>,
+    adopted: Option<&str>,
+    in_region: bool,
+    slot_free: Result<super::slotfree::Loaded, String>,
+    detached: bool,
+) {
+    super::watchdog::SERVING.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Served again: messages may wait for the device now.
+    if let Some(fd) = log_fd {
+        let _ = crate::sys::redirect_stderr(fd);
+    }
+    if let Some(said) = adopted {
+        log(said);
+    }
+    if in_region {
+        // libublk's description of the device, on tmpfs: a successor would read it
+        // before serving, and its page may be in swap on this very device. The kernel's
+        // own description (GET_DEV_INFO) is what a successor needs.
+        let _ = std::fs::remove_file(format!(
+            "{}/{:04}.json",
+            UblkCtrl::run_dir(),
+            ctrl.dev_info().dev_id
+        ));
+    }
+    super::disable_writeback_throttling(ctrl.dev_info().dev_id);
+    super::watch_slot_frees(slot_free, &ctrl.get_bdev_path());
+    // `uzram --find` may have gone: serving goes on without its answer.
+    let _ = crate::common::output::outln(ctrl.get_bdev_path());
+    log(&format!("{} serving", ctrl.get_bdev_path()));
+    if detached {
+        // `uzram --find` has its answer: close its pipe.
+        super::redirect_stdout_to_null();
+    }
 }
 
 /// Whether device `id` waits for a daemon (`UBLK_S_DEV_QUIESCED`: the one that served it died,

@@ -61,65 +61,12 @@ pub(super) fn progress_log(device: Arc<Device>) {
                 (stalled_secs, dumped) = (0, false);
             }
             last_finished = finished;
-            let (orig, used) = device.usage();
             let n = std::fs::File::open("/proc/self/status")
                 .and_then(|mut f| f.read(&mut status))
                 .unwrap_or(0);
             let rss = status_field(&status[..n], b"VmRSS:");
-            let heap = super::heap::stats();
-            // Region pages an I/O thread wrote first (and so faulted on): each could have waited
-            // for reclaim.
-            let unready = device.region_unready();
             let mut w = std::io::Cursor::new(&mut line[..]);
-            // "<3>" (error level) so that it reaches the console; one write(2) per record.
-            let _ = write!(
-                w,
-                "<3>uzram: requests read/write/flush/discard/other started"
-            );
-            for (i, c) in STARTED.iter().enumerate() {
-                let _ = write!(
-                    w,
-                    "{}{}",
-                    if i == 0 { " " } else { "/" },
-                    c.load(Ordering::Relaxed)
-                );
-            }
-            let _ = write!(w, " finished");
-            for (i, c) in FINISHED.iter().enumerate() {
-                let _ = write!(
-                    w,
-                    "{}{}",
-                    if i == 0 { " " } else { "/" },
-                    c.load(Ordering::Relaxed)
-                );
-            }
-            let _ = writeln!(
-                w,
-                ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused, largest block {} kB), reserve {} arenas{}, refilled {} (slowest {} ms), writes put off {}, unready leaves/chunks taken {}/{}{}{}",
-                rss,
-                heap.in_use >> 10,
-                heap.committed >> 10,
-                heap.fallbacks,
-                heap.refused,
-                heap.largest >> 10,
-                device.pool_reserve_target(),
-                if super::heap::memory_short() {
-                    " (memory short)"
-                } else {
-                    ""
-                },
-                REFILLED_ARENAS.load(Ordering::Relaxed),
-                SLOWEST_REFILL_MS.load(Ordering::Relaxed),
-                super::defer::DEFERRED.load(Ordering::Relaxed),
-                unready.0,
-                unready.1,
-                MemoryThread(phase),
-                match (stalled_secs > 0, waiting) {
-                    (true, true) => ", NOT SERVING YET",
-                    (true, false) => ", NO PROGRESS",
-                    (false, _) => "",
-                }
-            );
+            progress_line(&mut w, &device, rss, phase, stalled_secs > 0, waiting);
             let len = w.position() as usize;
             let _ = kmsg.write_all(&line[..len]);
             if (stalled_secs >= 20 || memory_stuck) && !dumped {
@@ -133,6 +80,68 @@ pub(super) fn progress_log(device: Arc<Device>) {
             }
         }
     });
+}
+
+/// One progress record into `w`: the requests, the pool, the daemon's memory, the memory
+/// thread's `phase`, whether the device is `stalled` or `waiting` for this process.
+fn progress_line(
+    w: &mut impl Write,
+    device: &Device,
+    rss: u64,
+    phase: (Phase, u64),
+    stalled: bool,
+    waiting: bool,
+) {
+    let counts = |w: &mut dyn Write, c: &[AtomicU64; 5]| {
+        for (i, c) in c.iter().enumerate() {
+            let _ = write!(
+                w,
+                "{}{}",
+                if i == 0 { " " } else { "/" },
+                c.load(Ordering::Relaxed)
+            );
+        }
+    };
+    let (orig, used) = device.usage();
+    let heap = super::heap::stats();
+    // Region pages an I/O thread wrote first (and so faulted on): each could have waited for
+    // reclaim.
+    let unready = device.region_unready();
+    // "<3>" (error level) so that it reaches the console; one write(2) per record.
+    let _ = write!(
+        w,
+        "<3>uzram: requests read/write/flush/discard/other started"
+    );
+    counts(w, &STARTED);
+    let _ = write!(w, " finished");
+    counts(w, &FINISHED);
+    let _ = writeln!(
+        w,
+        ", stored {orig} B, pool {used} B, daemon VmRSS {} kB, I/O heap {}/{} kB ({} fallbacks, {} refused, largest block {} kB), reserve {} arenas{}, refilled {} (slowest {} ms), writes put off {}, unready leaves/chunks taken {}/{}{}{}",
+        rss,
+        heap.in_use >> 10,
+        heap.committed >> 10,
+        heap.fallbacks,
+        heap.refused,
+        heap.largest >> 10,
+        device.pool_reserve_target(),
+        if super::heap::memory_short() {
+            " (memory short)"
+        } else {
+            ""
+        },
+        REFILLED_ARENAS.load(Ordering::Relaxed),
+        SLOWEST_REFILL_MS.load(Ordering::Relaxed),
+        super::defer::DEFERRED.load(Ordering::Relaxed),
+        unready.0,
+        unready.1,
+        MemoryThread(phase),
+        match (stalled, waiting) {
+            (true, true) => ", NOT SERVING YET",
+            (true, false) => ", NO PROGRESS",
+            (false, _) => "",
+        }
+    );
 }
 
 /// The memory thread's phase in the progress line, when it has been in one (other than waiting
