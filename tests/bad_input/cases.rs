@@ -101,6 +101,7 @@ pub fn device_options() -> Vec<Case> {
 }
 
 /// Devices, the listing, attr, bench, dump-pages, setup and teardown.
+#[allow(clippy::too_many_lines)] // a table literal, one row a case
 pub fn subcommands() -> Vec<Case> {
     let mut v = Vec::new();
     // Devices and listing.
@@ -234,6 +235,7 @@ pub fn subcommands() -> Vec<Case> {
 }
 
 /// zram-generator.conf and zramswap files with one bad value each.
+#[allow(clippy::too_many_lines)] // a table literal, one row a case
 pub fn configs(s: &Scratch) -> Vec<Case> {
     let gen = |body: &str| format!("[zram0]\n{body}\n");
     // A set! that runs uzram setup on a config with a set! of its own: the inner one refuses.

@@ -349,6 +349,7 @@ fn freed_slots() -> Vec<DeviceOp> {
     ]
 }
 
+#[allow(clippy::too_many_lines)] // a table literal, one row a case
 pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
     use DeviceOp::*;
     use PageKind::*;
