@@ -11,15 +11,17 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::class::{ClassSpec, ClassTable, MAX_OBJECT};
-use crate::mem::{ArenaSet, Prefault, Region, Source, ARENA_PAGES, PAGE_SIZE, USER_CHUNK_TAG};
+use crate::mem::{ArenaSet, Prefault, Region, Source, ARENA_PAGES, PAGE_SIZE};
 use crate::Error;
 
+mod adopt;
 mod class_state;
+mod compact;
 mod persist;
 mod reserve;
 
 pub use self::class_state::FULLNESS_GROUPS;
-use self::class_state::{ClassState, Shared, AUTO_COMPACT_MOVES, AUTO_DEFRAG_MOVES};
+use self::class_state::{ClassState, Shared, AUTO_COMPACT_MOVES};
 use self::reserve::{Demand, RefillPatience, RefillWait, ReserveSignal, RESERVE_WAIT_CAP};
 
 /// Largest zspage the pool accepts in its configuration.
@@ -240,122 +242,6 @@ impl Pool {
                 bytes: (premapped * ARENA_PAGES * PAGE_SIZE) as u64,
                 errno,
             })
-    }
-
-    /// The pool a predecessor process left in `config.region` (see [`Region`]), rebuilt from the
-    /// handle tables and zspage locations it kept there: every object it held is readable
-    /// through the same [`Handle`], at the same bytes. `config` is the predecessor's (the
-    /// zspage length must be the same). Refused with [`Error::RegionRefused`], naming the value,
-    /// when anything it left does not add up; a refusal writes nothing to the region.
-    /// Arena places the adopted pool does not use are emptied.
-    pub fn adopt(config: PoolConfig) -> Result<Pool, Error> {
-        let Some(region) = config.region.clone() else {
-            return Err(Error::InvalidConfig {
-                what: "region",
-                value: 0,
-            });
-        };
-        let (mut pool, premapped, prefault) = Pool::build(&config)?;
-        // Until it is adopted, dropping it (a refusal) must leave the region as it was.
-        pool.left = true;
-        let refused = |reason: String| Error::RegionRefused { reason };
-        let classes = pool.classes.len();
-        // Each class's two tables, their chunks in place order.
-        let mut tables: Vec<[Vec<(usize, crate::mem::Chunk)>; 2]> =
-            (0..classes).map(|_| [Vec::new(), Vec::new()]).collect();
-        for (tag, chunk) in region.take_adopted_chunks(|t| t < USER_CHUNK_TAG) {
-            let Some((kind, class, seq)) = persist::untag(tag).filter(|t| t.1 < classes) else {
-                return Err(refused(format!(
-                    "metadata chunk {} has tag {tag:#x}: not a handle or zspage table of one of this pool's {classes} classes",
-                    chunk.index()
-                )));
-            };
-            tables[class][kind as usize].push((seq, chunk));
-        }
-        {
-            let mut arenas = pool.arenas.lock();
-            let mut wanted = std::collections::BTreeSet::new();
-            let mut sorted: Vec<[Vec<crate::mem::Chunk>; 2]> = Vec::with_capacity(classes);
-            for (class, kinds) in tables.into_iter().enumerate() {
-                let mut out: [Vec<crate::mem::Chunk>; 2] = [Vec::new(), Vec::new()];
-                for (k, chunks) in kinds.into_iter().enumerate() {
-                    out[k] = crate::mem::in_place_order(chunks).map_err(|(seq, i)| {
-                        let table = ["handle", "zspage location"][k];
-                        refused(format!(
-                            "class {class}: its {table} table has chunk {seq} where chunk {i} belongs"
-                        ))
-                    })?;
-                }
-                for chunk in &out[persist::Kind::Zspages as usize] {
-                    wanted.extend(
-                        chunk
-                            .iter()
-                            .filter_map(|&w| persist::loc_unpack(w))
-                            .map(|l| l.0),
-                    );
-                }
-                sorted.push(out);
-            }
-            for &arena in &wanted {
-                let mapping = region.map_existing(arena).map_err(|e| {
-                    refused(format!(
-                        "a zspage names arena {arena}, which cannot be mapped: {e}"
-                    ))
-                })?;
-                arenas.insert(mapping);
-            }
-            let mut pages_used = 0;
-            let mut new_classes = Vec::with_capacity(classes);
-            for (class, [handles, locations]) in sorted.into_iter().enumerate() {
-                let spec = pool.table.classes()[class];
-                let min_size = match class {
-                    0 => 1,
-                    _ => pool.table.classes()[class - 1].size + 1,
-                };
-                let state = ClassState::adopt(
-                    class,
-                    spec,
-                    &region,
-                    persist::SharedWords::adopted(
-                        region.clone(),
-                        persist::Kind::Handles,
-                        class,
-                        handles,
-                    ),
-                    persist::SharedWords::adopted(
-                        region.clone(),
-                        persist::Kind::Zspages,
-                        class,
-                        locations,
-                    ),
-                    min_size,
-                    &mut arenas,
-                )
-                .map_err(|e| refused(format!("class {class} (size {}): {e}", spec.size)))?;
-                new_classes.push(state);
-            }
-            // Every class passed, and every zspage's run is marked: only now may pages go back
-            // (a zspage with no object), since no arena can look empty while a later class
-            // still holds a run in it.
-            for state in &mut new_classes {
-                state.finish_adopt(&mut arenas);
-                pages_used += (state.live_zspages * state.spec.pages_per_zspage) as u64;
-            }
-            drop(arenas);
-            for (slot, state) in pool.classes.iter().zip(new_classes) {
-                *slot.lock() = state;
-            }
-            pool.pages_used.store(pages_used, Ordering::Relaxed);
-            pool.max_pages_used.store(pages_used, Ordering::Relaxed);
-        }
-        pool.check_invariants().map_err(refused)?;
-        // The reserve before anything is owned: a failure here still leaves the region whole.
-        pool.premap(premapped, prefault)?;
-        // From here the pool is adopted: what it does not hold leaves the region.
-        pool.left = false;
-        pool.arenas.lock().own_adopted();
-        region.punch_unclaimed();
-        Ok(pool)
     }
 
     /// A pool with no memory yet, the reserve to map and how.
@@ -648,81 +534,6 @@ impl Pool {
     pub fn reset_max_used(&self) {
         self.max_pages_used
             .store(self.pages_used.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-
-    /// Compacts every class (moving objects out of the sparsest zspages), then moves zspages out of
-    /// sparse arenas so that whole arenas go back to the OS. Takes one class lock at a time.
-    pub fn compact(&self) -> CompactStats {
-        let shared = self.shared();
-        let mut pages_freed = 0;
-        for class in self.classes.iter() {
-            pages_freed += class.lock().compact(usize::MAX, &shared);
-        }
-        let mut pages_released = self.defrag(usize::MAX);
-        if self.growth != Growth::OnDemand {
-            // In reserve mode frees leave empty arenas mapped; a compaction gives them back.
-            let unmapped = (self.unmap_empty(self.reserve_target()) * ARENA_PAGES) as u64;
-            self.pages_released.fetch_add(unmapped, Ordering::Relaxed);
-            pages_released += unmapped;
-        }
-        CompactStats {
-            pages_freed,
-            pages_released,
-        }
-    }
-
-    fn maybe_defrag(&self) {
-        let fragmented = {
-            let a = self.arenas.lock();
-            // Free pages inside partly used arenas; empty ones are the reserve, not fragmentation.
-            let in_use = a.mapped_pages() - a.empty_arenas() * ARENA_PAGES;
-            let slack = in_use - a.used_pages();
-            slack >= 2 * ARENA_PAGES && slack * 8 >= in_use
-        };
-        if fragmented {
-            self.defrag(AUTO_DEFRAG_MOVES);
-        }
-    }
-
-    /// Empties the sparsest arenas into the others, moving at most `max_moves` zspages. Returns arena
-    /// pages unmapped.
-    fn defrag(&self, max_moves: usize) -> u64 {
-        if self.defrag_running.swap(true, Ordering::Acquire) {
-            return 0;
-        }
-        let shared = self.shared();
-        let released_before = self.arenas.lock().released_arenas();
-        let mut moves = 0;
-        // Each round empties one arena or stops, so this bounds the rounds.
-        let mut rounds = self.arenas.lock().mapped_pages() / ARENA_PAGES;
-        'outer: while moves < max_moves && rounds > 0 {
-            rounds -= 1;
-            let Some(victim) = self.arenas.lock().sparsest() else {
-                break;
-            };
-            // Zspages do not record back to arenas: scan each class for the victim's zspages.
-            for class in self.classes.iter() {
-                if self.arenas.lock().arena_used_pages(victim) == 0 {
-                    break;
-                }
-                match class.lock().evacuate(victim, max_moves - moves, &shared) {
-                    Some(n) => moves += n,
-                    None => break 'outer,
-                }
-                if moves >= max_moves {
-                    break 'outer;
-                }
-            }
-            if self.arenas.lock().arena_used_pages(victim) > 0 {
-                // The victim did not empty (new runs landed in it): stop rather than spin.
-                break;
-            }
-        }
-        let released =
-            (self.arenas.lock().released_arenas() - released_before) * ARENA_PAGES as u64;
-        self.pages_released.fetch_add(released, Ordering::Relaxed);
-        self.defrag_running.store(false, Ordering::Release);
-        released
     }
 
     /// Pool-wide figures.
