@@ -45,16 +45,19 @@
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
 
+mod key;
 mod label;
 mod open;
 mod reuse;
+mod space;
 mod store;
 
+pub use self::key::{BackingKey, KEY_LEN};
 pub use self::label::check as check_backing;
 pub(in crate::device) use self::reuse::record_of;
 use self::store::Extent;
 pub(crate) use self::store::FileIdentity;
-pub use self::store::{AlignedBuf, BackingError, BackingKey, BackingStore, FileUsage, KEY_LEN};
+pub use self::store::{AlignedBuf, BackingError, BackingStore, FileUsage};
 pub use super::backing_io::BackingIo;
 use super::{slot, Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, IoError};

@@ -14,7 +14,8 @@ use parking_lot::Mutex;
 
 use super::super::backing_io::BackingIo;
 use super::label::{self, LABEL_LEN};
-use super::store::{AlignedBuf, BackingError, BackingFile, Space};
+use super::space::Space;
+use super::store::{AlignedBuf, BackingError, BackingFile};
 use super::{ALIGN, SECTOR};
 
 /// What opening one backing file changed: see [`Undo::undo`].

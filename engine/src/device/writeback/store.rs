@@ -6,13 +6,15 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use chacha20poly1305::aead::{AeadInPlace, KeyInit, OsRng};
+use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::{ChaCha20Poly1305, Nonce, Tag};
 use parking_lot::Mutex;
 
 use super::super::backing_io::BackingIo;
 #[cfg(any(test, feature = "testing"))]
 use super::super::backing_io::FaultyFile;
+use super::key::BackingKey;
+use super::space::Space;
 use super::{ALIGN, ALIGN_SECTORS, FILE_SHIFT, MAX_FILES, NONCE, SECTOR, TAG};
 use crate::device::PageIndex;
 
@@ -115,76 +117,6 @@ pub enum BackingError {
     Full,
 }
 
-/// The sector bitmap of one file.
-pub(super) struct Space {
-    used: Vec<u64>,
-    sectors: u64,
-    cursor: u64,
-    free: u64,
-}
-
-impl Space {
-    pub(super) fn new(sectors: u64) -> Space {
-        Space {
-            used: vec![0; sectors.div_ceil(64) as usize],
-            sectors,
-            cursor: 0,
-            free: sectors,
-        }
-    }
-
-    fn is_used(&self, s: u64) -> bool {
-        self.used[(s / 64) as usize] & (1 << (s % 64)) != 0
-    }
-
-    pub(super) fn set(&mut self, start: u64, n: u64, used: bool) {
-        for s in start..start + n {
-            let (w, b) = ((s / 64) as usize, s % 64);
-            if used {
-                self.used[w] |= 1 << b;
-            } else {
-                self.used[w] &= !(1 << b);
-            }
-        }
-        if used {
-            self.free -= n;
-        } else {
-            self.free += n;
-        }
-    }
-
-    /// First fit of `n` contiguous sectors starting on a multiple of `align`, from the cursor
-    /// round to it.
-    fn alloc(&mut self, n: u64, align: u64) -> Option<u64> {
-        if n == 0 || n > self.free {
-            return None;
-        }
-        let mut start = self.cursor.next_multiple_of(align);
-        let mut scanned = 0;
-        while scanned < self.sectors + n + align {
-            if start + n > self.sectors {
-                scanned += self.sectors.saturating_sub(start);
-                start = 0;
-                continue;
-            }
-            // The last used sector in the window: the next start is past it.
-            match (start..start + n).rev().find(|&s| self.is_used(s)) {
-                None => {
-                    self.set(start, n, true);
-                    self.cursor = start + n;
-                    return Some(start);
-                }
-                Some(busy) => {
-                    let next = (busy + 1).next_multiple_of(align);
-                    scanned += next - start;
-                    start = next;
-                }
-            }
-        }
-        None
-    }
-}
-
 /// Counters of the backing store (zram's `bd_stat`, and what uzram adds).
 #[derive(Debug, Default)]
 pub(super) struct BdCounters {
@@ -212,71 +144,6 @@ pub(super) struct BackingFile {
     pub(super) bytes: u64,
     pub(super) space: Mutex<Space>,
     pub(super) writes: AtomicU64,
-}
-
-/// The key that seals a device's records on its backing store (ChaCha20-Poly1305, 256 bits).
-/// Drawn from the OS for each new device; a device that outlives its process
-/// ([`crate::Device::adopt`]) needs its successor given the same key, which the daemon passes in
-/// a sealed memfd and never writes to disk. Zeroed when dropped; its `Debug` shows nothing.
-#[derive(Clone)]
-pub struct BackingKey([u8; KEY_LEN]);
-
-/// Bytes of a [`BackingKey`].
-pub const KEY_LEN: usize = 32;
-
-impl BackingKey {
-    /// A new key from the OS's random source.
-    pub fn generate() -> BackingKey {
-        BackingKey(ChaCha20Poly1305::generate_key(&mut OsRng).into())
-    }
-
-    /// The key of these bytes (a predecessor's, passed on).
-    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> BackingKey {
-        BackingKey(bytes)
-    }
-
-    /// Its bytes, to pass to a successor.
-    pub fn as_bytes(&self) -> &[u8; KEY_LEN] {
-        &self.0
-    }
-
-    fn cipher(&self) -> ChaCha20Poly1305 {
-        ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(&self.0))
-    }
-
-    /// What identifies the key without revealing it: the tag of an empty record under a nonce
-    /// the counter never reaches (all ones), kept in the region so that a successor given
-    /// another key is refused before it reads a page.
-    pub(crate) fn check_value(&self) -> [u64; 2] {
-        let tag = self
-            .cipher()
-            .encrypt_in_place_detached(
-                Nonce::from_slice(&[0xff; NONCE]),
-                b"uzram backing key check",
-                &mut [],
-            )
-            .unwrap_or_default();
-        let mut words = [0u64; 2];
-        for (w, b) in words.iter_mut().zip(tag.chunks(8)) {
-            let mut le = [0u8; 8];
-            le.copy_from_slice(b);
-            *w = u64::from_le_bytes(le);
-        }
-        words
-    }
-}
-
-impl Drop for BackingKey {
-    fn drop(&mut self) {
-        self.0.fill(0);
-        std::hint::black_box(&self.0);
-    }
-}
-
-impl std::fmt::Debug for BackingKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BackingKey(..)")
-    }
 }
 
 /// What identifies one backing file across a restart: a regular file by its filesystem and
