@@ -1,0 +1,176 @@
+# shellcheck shell=sh
+# Checks (sourced by checks.sh): systemd: the units under a user manager.
+
+# sd_start: a systemd user manager (the host's systemd, in a chroot of the host's root with the
+# guest's /proc, /sys, /dev and fresh /run and /tmp), in a cgroup of its own; sets SD_PID.
+# Returns 1 (with why in $log) if it does not come up.
+SD_ROOT=/host
+SD_PID=
+sd_start() {
+    local i
+    [ -x $SD_ROOT/lib/systemd/systemd ] || { echo "no systemd on the host" >>"$log"; return 1; }
+    [ -f /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
+    mkdir -p /sys/fs/cgroup/uzram-systemd
+    # (not /tmp: the checkout may be under the host's /tmp, as CI's is)
+    mount -t tmpfs sdrun $SD_ROOT/run &&
+        mount -o rbind /proc $SD_ROOT/proc && mount -o rbind /sys $SD_ROOT/sys &&
+        mount -o rbind /dev $SD_ROOT/dev || { echo "mounts for the chroot failed" >>"$log"; return 1; }
+    mkdir -p $SD_ROOT/run/user/0/systemd/user && chmod 700 $SD_ROOT/run/user/0
+    # what a user manager takes for "booted with systemd"
+    mkdir -p $SD_ROOT/run/systemd/system
+    sh -c 'echo $$ >/sys/fs/cgroup/uzram-systemd/cgroup.procs; exec chroot '$SD_ROOT' env -i SYSTEMD_IGNORE_CHROOT=1 PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root XDG_RUNTIME_DIR=/run/user/0 /lib/systemd/systemd --user --log-target=kmsg --log-level=info' >>"$log.manager" 2>&1 &
+    SD_PID=$!
+    for i in $(seq 1 300); do
+        case $(sd_ctl is-system-running 2>&1) in running|degraded|starting) return 0 ;; esac
+        kill -0 $SD_PID 2>/dev/null || break
+        sleep 0.2
+    done
+    echo "the user manager did not come up: $(sd_ctl is-system-running 2>&1)" >>"$log"
+    cat "$log.manager" >>"$log"
+    sd_messages
+    return 1
+}
+
+# sd_ctl ARGS: systemctl --user of sd_start's manager
+sd_ctl() {
+    chroot $SD_ROOT env -i SYSTEMD_IGNORE_CHROOT=1 PATH=/usr/sbin:/usr/bin:/sbin:/bin XDG_RUNTIME_DIR=/run/user/0 systemctl --user "$@"
+}
+
+# sd_messages: the user manager's messages (it logs to the kernel's ring) into $log
+sd_messages() {
+    dmesg | grep -E 'systemd\[|uzram' | tail -n 40 >>"$log"
+}
+
+# sd_uzram ARGS: uzram in the chroot
+sd_uzram() {
+    chroot $SD_ROOT env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "${UZRAM_VM_DIR#/host}/cache/uzram" "$@"
+}
+
+sd_stop() {
+    local m
+    [ -n "$SD_PID" ] && { kill -TERM $SD_PID; wait $SD_PID; }
+    SD_PID=
+    for m in dev sys proc run; do umount -l $SD_ROOT/$m 2>/dev/null; done
+}
+
+# check_systemd: contrib/systemd/uzram@.service's way, under a real systemd (the host's, as a
+# user manager in the guest): a device served by a Type=notify service with a descriptor store;
+# 32 MiB written; the *supervisor* killed (SIGKILL) while a reader waits on the device; systemd
+# restarts the service with the region from its store, a successor takes the device over:
+# every byte reads the same, the reader gets no error; then `systemctl restart` (a reader
+# across it): the device handed over the same way, not deleted; `systemctl stop` deletes it.
+check_systemd() {
+    local name=systemd log=$UZ_TMP/systemd.log unit dev sup sup1 w rpid rrc t0 i MB=1048576
+    local bin=${UZRAM_VM_DIR#/host}/cache/uzram
+    if [ "$UZRAM_VM_MODE" != guest ]; then
+        skip "$name" "needs the guest (it runs the host's systemd as a user manager in a chroot of the host's root)"
+        return
+    fi
+    note "$name: a supervisor under systemd killed; systemd restarts it with the region from its descriptor store"
+    : >"$log"
+    uzram_reset
+    if ! sd_start; then
+        fail_log "$name" "$log" "no systemd user manager in the guest"
+        sd_stop
+        return
+    fi
+    unit=$SD_ROOT/run/user/0/systemd/user/uzram-vm.service
+    # the unit's [Service] as contrib/systemd/uzram@.service has it, the device's options here
+    sed -n '/^\[Service\]/,/^\[Install\]/p' "$UZRAM_VM_DIR/../../contrib/systemd/uzram@.service" |
+        grep -v '^\[Install\]' | grep -v '^EnvironmentFile=' | grep -v '^ExecStart=' | grep -v '^MemorySwapMax=' >"$unit.tmp"
+    # the daemons log to stderr (`serve --log` is `uzram --find`'s)
+    echo "ExecStart=$bin serve --size 64M --algorithm lz4" >>"$unit.tmp"
+    echo "StandardError=append:/run/user/0/uzram-vm-sd.log" >>"$unit.tmp"
+    mv "$unit.tmp" "$unit"
+    cat "$unit" >>"$log"
+    sd_ctl daemon-reload >>"$log" 2>&1
+    if ! sd_ctl start uzram-vm.service >>"$log" 2>&1; then
+        sd_ctl status uzram-vm.service >>"$log" 2>&1
+        cat $SD_ROOT/run/user/0/uzram-vm-sd.log >>"$log" 2>&1
+        sd_messages
+        fail_log "$name" "$log" "systemctl start of the service failed"
+        sd_stop
+        return
+    fi
+    dev=$(sd_ctl show -p StatusText --value uzram-vm.service | awk '{ print $2 }')
+    sup=$(sd_ctl show -p MainPID --value uzram-vm.service)
+    UZRAM_DEV=$dev
+    echo "status: $(sd_ctl show -p StatusText --value uzram-vm.service); main pid $sup" >>"$log"
+    if [ ! -b "$dev" ] || ! "$TOOL" write "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1; then
+        sd_ctl status uzram-vm.service >>"$log" 2>&1
+        fail_log "$name" "$log" "the service's device ($dev) did not take 32 MiB"
+        sd_ctl stop uzram-vm.service
+        sd_stop
+        return
+    fi
+    # the listing and the attributes in the chroot: libublk's description of the device is in
+    # its /run
+    w=$(sd_uzram --raw --noheadings -o PID "$dev" 2>>"$log")
+    echo "worker $w; $(ls -la $SD_ROOT/tmp | tr '\n' ' ')" >>"$log"
+    # a reader that waits on the device across the restart
+    "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >"$log.reader" 2>&1 &
+    rpid=$!
+    t0=$(uptime_s)
+    kill -KILL "$sup"
+    sup1=
+    for i in $(seq 1 600); do
+        sup1=$(sd_ctl show -p MainPID --value uzram-vm.service 2>/dev/null)
+        [ -n "$sup1" ] && [ "$sup1" != 0 ] && [ "$sup1" != "$sup" ] &&
+            [ "$(sd_ctl is-active uzram-vm.service 2>/dev/null)" = active ] && break
+        sleep 0.1
+    done
+    wait $rpid
+    rrc=$?
+    cat "$log.reader" >>"$log"
+    cat $SD_ROOT/run/user/0/uzram-vm-sd.log >>"$log" 2>&1
+    sd_ctl status uzram-vm.service >>"$log" 2>&1
+    if [ "$(sd_ctl is-active uzram-vm.service 2>/dev/null)" != active ] || [ "$sup1" = "$sup" ]; then
+        sd_messages
+        fail_log "$name" "$log" "systemd did not restart the service after its supervisor $sup was killed (main pid now ${sup1:-none})"
+        sd_ctl stop uzram-vm.service
+        sd_stop
+        return
+    fi
+    if [ -z "$w" ] || kill -0 "$w" 2>/dev/null; then
+        fail_log "$name" "$log" "the old worker $w outlived its supervisor"
+    elif [ $rrc != 0 ] || ! "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1; then
+        fail_log "$name" "$log" "the 32 MiB did not read back the same across the restart (reader exit $rrc)"
+    elif ! grep -q 'descriptor store' $SD_ROOT/run/user/0/uzram-vm-sd.log; then
+        fail_log "$name" "$log" "the restarted supervisor did not say it took the region from the store"
+    else
+        res="supervisor $sup killed, systemd restarted the service (supervisor $sup1) in $(elapsed "$t0") s; $(grep -o 'a successor (pid [0-9]*) serves it again, [0-9]* ms after this supervisor started' $SD_ROOT/run/user/0/uzram-vm-sd.log | tail -n 1); a reader across the restart and a second read: 32 MiB verified; last_restart $(sd_uzram attr "$dev" uzram_stat 2>&1 | awk '$1 == "last_restart" { print $2 }')"
+        # systemctl restart: the device handed over, not deleted
+        "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >"$log.reader" 2>&1 &
+        rpid=$!
+        t0=$(uptime_s)
+        sd_ctl restart uzram-vm.service >>"$log" 2>&1
+        wait $rpid
+        rrc=$?
+        cat "$log.reader" >>"$log"
+        sup=$sup1
+        sup1=$(sd_ctl show -p MainPID --value uzram-vm.service 2>/dev/null)
+        if [ $rrc != 0 ] || [ ! -b "$dev" ] || [ "$sup1" = "$sup" ] ||
+            ! "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1 ||
+            ! grep -q 'systemd restarts the service: handing the device over' $SD_ROOT/run/user/0/uzram-vm-sd.log; then
+            cat $SD_ROOT/run/user/0/uzram-vm-sd.log >>"$log" 2>&1
+            sd_ctl status uzram-vm.service >>"$log" 2>&1
+            sd_messages
+            fail_log "$name" "$log" "systemctl restart did not hand $dev over with its pages (reader exit $rrc, supervisor $sup -> ${sup1:-none})"
+            sd_ctl stop uzram-vm.service
+            UZRAM_DEV=
+            sd_stop
+            return
+        fi
+        res="$res; systemctl restart handed $dev over (supervisor $sup -> $sup1) in $(elapsed "$t0") s with a reader across it, 32 MiB verified"
+        sd_ctl stop uzram-vm.service >>"$log" 2>&1
+        for i in $(seq 1 100); do [ -b "$dev" ] || break; sleep 0.1; done
+        if [ -b "$dev" ]; then
+            fail_log "$name" "$log" "systemctl stop left $dev"
+        else
+            pass "$name" "$res; systemctl stop deleted $dev"
+        fi
+    fi
+    sd_ctl stop uzram-vm.service >/dev/null 2>&1
+    UZRAM_DEV=
+    sd_stop
+}
