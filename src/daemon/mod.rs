@@ -5,7 +5,7 @@
 //! hand-off to other threads on the I/O path. Before any I/O is served the process pins its
 //! memory (`mlockall`), marks every I/O thread `PR_SET_IO_FLUSHER` and sets `oom_score_adj` to
 //! -1000: a server that backs swap must never wait for the memory it is asked to free (see
-//! ARCHITECTURE.md, "Safe to hold swap").
+//! docs/design/safe-to-hold-swap.md).
 //!
 //! Parts: [`io`] (one request: the op, the engine call, the errno map), `mailbox` (failed
 //! requests, counted on the I/O path and logged elsewhere), `threads` (memory and policy),

@@ -1,6 +1,6 @@
 //! A device that outlives its process (issue 15): its settings, slot table and pool in a memfd
 //! region ([`DeviceConfig::region`]), adopted by a successor ([`Device::adopt`]) or handed over
-//! ([`Device::leave`]). See ARCHITECTURE.md, "Surviving the daemon".
+//! ([`Device::leave`]). See docs/design/surviving-the-daemon.md.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

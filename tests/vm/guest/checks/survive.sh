@@ -83,8 +83,8 @@ check_kill() {
 # held meanwhile): the program must finish with every page verified, no process may be killed,
 # and the device must count KILLS restarts. The program is stopped (SIGSTOP) for each kill and
 # continued once a successor serves: a kill in the middle of its fill storm, with every task
-# waiting on the device, can stall the kernel's side of the takeover (see ARCHITECTURE.md,
-# "Surviving the daemon"); UZRAM_VM_RECOVER_STORM=1 kills without stopping it.
+# waiting on the device, can stall the kernel's side of the takeover (see
+# docs/design/surviving-the-daemon.md); UZRAM_VM_RECOVER_STORM=1 kills without stopping it.
 check_recover() {
     local kills=$1 name=recover$1 log=$UZ_TMP/recover$1.log dev swapsize avail fill tpid o0 i k pid
     local rc oom0 oom1 times worst wfail cg probe freed
