@@ -1,4 +1,4 @@
-//! `uzram sleep pre|post ACTION`: what the system's sleep needs of swap on uzram (issue 17),
+//! `uzram sleep pre|post ACTION`: what the system's sleep needs of swap on uzram,
 //! run by the units in `contrib/systemd/` before and after systemd's sleep services.
 //!
 //! When the system sleeps the kernel freezes every user task, uzram's daemons included. Two

@@ -1,4 +1,4 @@
-//! systemd's file descriptor store (issue 15): a supervisor run as a `Type=notify` service with
+//! systemd's file descriptor store: a supervisor run as a `Type=notify` service with
 //! `FileDescriptorStoreMax=` (`contrib/systemd/uzram@.service`) hands systemd a duplicate of
 //! the device's memory region, and of the backing store's key, once its first worker serves.
 //! When the supervisor dies (a bug, `kill -9`), its workers die with it (`--die-with-supervisor`:

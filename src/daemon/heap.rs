@@ -234,8 +234,8 @@ pub enum Margin {
     /// memory is short, at most one step more toward the whole margin, so that a round of many
     /// arenas catches up step by step. The memory thread fills only this far between the
     /// pool's arenas, while writes may be waiting for the next one: with memory short each
-    /// fault may wait in reclaim, and the whole margin (megabytes) at once took over a second
-    /// in a CI run, time the waiting writes did not have.
+    /// fault may wait in reclaim, and the whole margin (megabytes) at once can take over a
+    /// second, time the waiting writes do not have.
     Calm,
     /// All of what the heap keeps now: [`RESERVE`] or more while memory is short.
     Whole,

@@ -452,9 +452,8 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     // A standby has what needs memory done (pinned, its stacks and malloc's heap resident) but
     // its I/O heap: it waits here, until a worker dies, for the supervisor's word. Its I/O heap
     // is committed when it takes over (the refill below, 1 MiB, or 4 MiB with memory short, as
-    // a worker's is): held by every standby all along, that step was 1 MiB of the idle
-    // daemon's 10.2 (issue 14), and a takeover under pressure faulted the 3 MiB beyond it in
-    // then anyway.
+    // a worker's is): held by every standby all along, that step would be 1 MiB of the idle
+    // daemon's 10, and a takeover under pressure faults the 3 MiB beyond it then anyway.
     let recover = if args.standby {
         match wait_for_go() {
             Some(go) => Some((go.id, go.restarts, go.cause)),

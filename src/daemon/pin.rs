@@ -20,8 +20,8 @@ pub const STACK_PREFAULT: usize = 256 << 10;
 /// their rounds (the pool's maintenance with the I/O heap's refill and a region's prefault,
 /// freed slots, the host's memory figures, a trim; the policy's idle recompression to zstd,
 /// writeback by age, encrypted, eviction above the watermark, the evictions writes hand it,
-/// compaction) on a thread whose whole stack is 32 KiB less than this. 256 KiB each before:
-/// 256 KiB of the idle daemon's memory (issue 14).
+/// compaction) on a thread whose whole stack is 32 KiB less than this: it is held by two
+/// threads of every daemon, so kept as small as the deepest round needs.
 pub const UPKEEP_STACK_PREFAULT: usize = 128 << 10;
 
 /// Tunes glibc's malloc for the threads that still use it (control, watchdog; the I/O path has

@@ -166,8 +166,8 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 // wait for reclaim): between arenas to the calm margin, after them to the
                 // whole one. Each step of that counts as progress for the waiting writes. At
                 // a storm's start this order matters: the heap's margin grows by 3 MiB and
-                // the region's by 2 MiB when memory turns short, and a CI run whose memory
-                // thread faulted those in before the first arena failed 98 writes.
+                // the region's by 2 MiB when memory turns short, and a memory thread that
+                // faulted those in before the first arena would leave writes failing.
                 let mut committed = false;
                 let mut progress = |pages: u64| device.note_upkeep_progress(pages);
                 let mut top_up = |memory_short: bool| {

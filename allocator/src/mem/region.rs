@@ -1,4 +1,4 @@
-//! Pool memory that outlives the process: one memfd a successor can adopt (issue 15).
+//! Pool memory that outlives the process: one memfd a successor can adopt.
 //!
 //! # Layout
 //! ```text

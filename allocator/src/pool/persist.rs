@@ -1,4 +1,4 @@
-//! The words of a pool that a successor needs to adopt it (issue 15), and nothing else.
+//! The words of a pool that a successor needs to adopt it, and nothing else.
 //!
 //! In a pool over a [`Region`], two tables of each class live in the region's metadata area, in
 //! chunks tagged with their class, their table and their place in it:

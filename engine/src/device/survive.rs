@@ -1,4 +1,4 @@
-//! A device that outlives its process (issue 15): its settings, slot table and pool in a memfd
+//! A device that outlives its process: its settings, slot table and pool in a memfd
 //! region ([`DeviceConfig::region`]), adopted by a successor ([`Device::adopt`]) or handed over
 //! ([`Device::leave`]). See docs/design/surviving-the-daemon.md.
 

@@ -1,4 +1,4 @@
-//! `uzram serve` as a supervisor (issue 15): it makes the device's memory region (a memfd, see
+//! `uzram serve` as a supervisor: it makes the device's memory region (a memfd, see
 //! `uzram_engine::Region`), starts a worker (`uzram serve --worker-region-fd N ...`, the daemon
 //! that serves the device) with the region's descriptor, and holds that descriptor for as long
 //! as the device lives. When the worker dies (a bug, `kill -9`), the kernel holds the device's
