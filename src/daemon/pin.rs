@@ -5,8 +5,8 @@
 //! while memory is short can only wait for other reclaimers' swap writes, which wait for the I/O
 //! threads. This module removes the faults: memory is locked (`mlockall`) and I/O threads fault in
 //! their stacks before they serve; their allocations come from a heap of their own whose every
-//! page is faulted in before it is handed out ([`super::heap`]). See ARCHITECTURE.md, "Safe to
-//! hold swap".
+//! page is faulted in before it is handed out ([`super::heap`]). See
+//! docs/design/safe-to-hold-swap.md.
 
 /// Stack a queue thread faults in (and so locks) before it serves: `tests/pin.rs` runs the
 /// request path (`io::handle`: lz4 and zstd up to level 19, whole and partial pages) on a

@@ -24,7 +24,7 @@ pub enum Prefault {
 pub struct Mapping {
     pub(super) ptr: NonNull<u8>,
     /// The region and the arena's place in it, for a shared mapping.
-    pub(super) place: Option<(Region, u32)>,
+    place: Option<(Region, u32)>,
     /// Whether dropping the mapping punches its pages out of the region: not for an arena a
     /// predecessor left until the adoption succeeded (a refused one destroys nothing).
     pub(super) punch: bool,
@@ -124,7 +124,7 @@ impl Mapping {
     /// Makes the arena resident with `advice` (`MADV_POPULATE_READ` or `_WRITE`),
     /// [`TOUCH_STRIDE`] pages a call, adding to `touched` as it goes; false if the kernel does
     /// not take the advice (the caller faults the pages in itself).
-    pub(super) fn populate(&self, advice: libc::c_int, touched: &AtomicU64) -> bool {
+    fn populate(&self, advice: libc::c_int, touched: &AtomicU64) -> bool {
         for first in (0..ARENA_PAGES).step_by(TOUCH_STRIDE) {
             // SAFETY: the range is inside this mapping of ARENA_BYTES (TOUCH_STRIDE divides
             // ARENA_PAGES); populating changes no byte of it.
@@ -163,7 +163,7 @@ impl Mapping {
 
     /// Writes one byte of each page, adding to `touched` after each. Only for
     /// a mapping whose bytes are all zeros (fresh).
-    pub(super) fn touch(&self, touched: &AtomicU64) {
+    fn touch(&self, touched: &AtomicU64) {
         for page in 0..ARENA_PAGES {
             // SAFETY: the offset is inside the fresh mapping of ARENA_BYTES, which nothing else
             // references yet; a volatile write (of the zero already there) so the fault is not

@@ -368,10 +368,11 @@ impl Supervised {
             })?;
             flags.worker.store(0, Ordering::SeqCst);
             flags.serving.store(0, Ordering::SeqCst);
-            let Some(why) = self.after_death(status, path, id, &mut standby, &mut deaths)? else {
+            let Some((why, died)) =
+                self.after_death(status, path, id, &mut standby, &mut deaths)?
+            else {
                 return Ok(());
             };
-            let died = Instant::now();
             restarts += 1;
             let dead = child.id();
             child = self.successor(standby.take(), id, restarts, &why)?;
@@ -399,8 +400,8 @@ impl Supervised {
         }
     }
 
-    /// What a worker's end (`status`) calls for: why it ended, when a successor is wanted;
-    /// `None` when the supervisor is done (the device deleted, handed over, or given up after
+    /// What a worker's end (`status`) calls for: why it ended and when (seen), when a successor
+    /// is wanted; `None` when the supervisor is done (the device deleted, handed over, or given up after
     /// a stop); an error when workers keep dying.
     fn after_death(
         &self,
@@ -409,7 +410,7 @@ impl Supervised {
         id: u32,
         standby: &mut Option<Child>,
         deaths: &mut VecDeque<Instant>,
-    ) -> Result<Option<String>, ServeError> {
+    ) -> Result<Option<(String, Instant)>, ServeError> {
         let flags = &self.flags;
         if status.success() {
             // The worker deleted the device (a reset, SIGTERM): nothing left to hold.
@@ -467,7 +468,7 @@ impl Supervised {
                 "{path}: workers keep dying ({why})"
             )));
         }
-        Ok(Some(why))
+        Ok(Some((why, died)))
     }
 
     /// The successor of a dead worker: the standby, told to go (nothing between the death and

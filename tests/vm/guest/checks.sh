@@ -12,6 +12,6 @@
 SEED=${UZRAM_VM_SEED:-20250520}
 
 # The checks themselves, one file per family (their helpers are in lib.sh or beside them).
-for _f in "$UZRAM_VM_DIR"/guest/checks/*.sh; do
+for _f in "${D:-$UZRAM_VM_DIR/guest}"/checks/*.sh; do
     . "$_f"
 done

@@ -13,7 +13,7 @@ impl Region {
     }
 
     /// Claims the lowest free arena place, or `None` when all are mapped.
-    pub(super) fn claim(&self) -> Option<u32> {
+    fn claim(&self) -> Option<u32> {
         let mut slots = self.inner.slots.lock();
         for (w, word) in slots.iter_mut().enumerate() {
             if *word != u64::MAX {
@@ -30,7 +30,7 @@ impl Region {
     }
 
     /// Claims arena place `slot` (one the predecessor used); false if it is taken or out of range.
-    pub(super) fn claim_at(&self, slot: u32) -> bool {
+    fn claim_at(&self, slot: u32) -> bool {
         if slot >= self.inner.layout.arenas {
             return false;
         }
@@ -88,7 +88,7 @@ impl Region {
         Ok(Mapping::from_existing(ptr, self.clone(), slot))
     }
 
-    pub(super) fn map_slot(&self, slot: u32) -> Result<NonNull<u8>, i32> {
+    fn map_slot(&self, slot: u32) -> Result<NonNull<u8>, i32> {
         map_shared(self.fd(), self.arena_offset(slot), ARENA_BYTES)
     }
 
@@ -104,7 +104,7 @@ impl Region {
 
     /// Punches arena place `slot` out of the file. A failure leaves the pages held, never wrong:
     /// a place is only reused through [`Region::map_new`], whose pages are then written anyway.
-    pub(super) fn punch(&self, slot: u32) {
+    fn punch(&self, slot: u32) {
         let (Ok(off), Ok(len)) = (
             libc::off_t::try_from(self.arena_offset(slot)),
             libc::off_t::try_from(ARENA_BYTES),

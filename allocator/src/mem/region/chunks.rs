@@ -12,7 +12,7 @@ use crate::Error;
 pub const CHUNK_WORDS: usize = 32;
 pub(super) const CHUNK_BYTES: usize = CHUNK_WORDS * 8;
 /// A chunk's descriptor: set when the chunk is handed out, with the caller's tag below.
-pub(super) const CHUNK_LIVE: u64 = 1 << 63;
+const CHUNK_LIVE: u64 = 1 << 63;
 /// The most a tag may carry.
 pub const CHUNK_TAG_MAX: u64 = CHUNK_LIVE - 1;
 /// Chunk tags from this one up are the region's user's (the engine's); the pool's are below.
@@ -24,7 +24,7 @@ pub(super) fn chunks_in(bytes: usize) -> u32 {
 }
 
 /// Chunks of an area of `bytes` that fit beside their descriptors (rounded up to a chunk).
-pub(super) fn usable_chunks_in(bytes: usize) -> u32 {
+fn usable_chunks_in(bytes: usize) -> u32 {
     let n = chunks_in(bytes) as usize;
     let first = n.div_ceil(CHUNK_WORDS) * CHUNK_WORDS;
     ((bytes / 8).saturating_sub(first) / CHUNK_WORDS).min(n) as u32
@@ -119,7 +119,7 @@ impl Region {
         unsafe { self.inner.meta.as_ptr().add(index as usize) }
     }
 
-    pub(super) fn chunk_ptr(&self, index: u32) -> NonNull<u64> {
+    fn chunk_ptr(&self, index: u32) -> NonNull<u64> {
         let first = (self.inner.chunks as usize).div_ceil(CHUNK_WORDS) * CHUNK_WORDS;
         debug_assert!(index < self.usable_chunks());
         // SAFETY: callers pass `index < usable_chunks()`, which counts only the chunks that end
