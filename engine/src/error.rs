@@ -174,6 +174,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// The memory region's own memory failed: creating it, adopting it, or claiming one of its
+    /// metadata chunks.
+    #[error("memory region: {what}")]
+    RegionFailed {
+        /// What was being done.
+        what: &'static str,
+        /// The allocator's error.
+        #[source]
+        source: uzram_allocator::Error,
+    },
     /// A device a predecessor left in a region was not adopted ([`Device::adopt`](crate::Device)):
     /// nothing of it was changed, and none of its pages is served.
     #[error("the device left in the memory region was not adopted: {reason}")]

@@ -538,9 +538,10 @@ fn device_for(
         what: "take the memory region from the supervisor",
         source,
     })?;
-    let region = uzram_engine::Region::adopt(fd).map_err(|e| {
-        ServeError::Device(uzram_engine::Error::Region {
-            reason: e.to_string(),
+    let region = uzram_engine::Region::adopt(fd).map_err(|source| {
+        ServeError::Device(uzram_engine::Error::RegionFailed {
+            what: "adopting the memory region the supervisor passed",
+            source,
         })
     })?;
     setup.set_region(region);

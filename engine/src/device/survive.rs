@@ -50,8 +50,9 @@ const B_EPOCH: usize = 4;
 /// Writes a new device's backing store (its files' identities, its key's check value and its
 /// nonce epoch) into `region`, for a successor to check what it is given against.
 pub(super) fn write_backing(region: &Region, store: &BackingStore) -> Result<(), Error> {
-    let region_err = |e: uzram_allocator::Error| Error::Region {
-        reason: e.to_string(),
+    let region_err = |source| Error::RegionFailed {
+        what: "claiming a chunk for the backing store's record",
+        source,
     };
     let ids = store.identities()?;
     for (i, id) in ids.iter().enumerate() {
@@ -255,8 +256,9 @@ pub(super) fn write_settings(
 ) -> Result<(), Error> {
     let mut chunk = region
         .claim_chunk(SETTINGS_TAG)
-        .map_err(|e| Error::Region {
-            reason: e.to_string(),
+        .map_err(|source| Error::RegionFailed {
+            what: "claiming the settings chunk",
+            source,
         })?;
     chunk[..S_WORDS].copy_from_slice(&settings(config, disksize, unix_now()));
     Ok(())

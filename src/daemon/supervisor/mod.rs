@@ -256,9 +256,10 @@ fn still_waiting(
 /// A new memory region for the device, as its descriptor: the supervisor maps nothing of it
 /// (locked, a mapping would be populated whole).
 fn new_region(size: uzram_engine::RegionSize) -> Result<OwnedFd, ServeError> {
-    let region = Region::create("uzram", size).map_err(|e| {
-        ServeError::Device(uzram_engine::Error::Region {
-            reason: e.to_string(),
+    let region = Region::create("uzram", size).map_err(|source| {
+        ServeError::Device(uzram_engine::Error::RegionFailed {
+            what: "creating the device's memory region",
+            source,
         })
     })?;
     region

@@ -223,9 +223,10 @@ impl Harness {
             region: Some(
                 Device::region_size(DEVICE_PAGES * PAGE_SIZE as u64)
                     .and_then(|size| {
-                        crate::Region::create("uzram-device-ops", size).map_err(|e| {
-                            crate::Error::Region {
-                                reason: e.to_string(),
+                        crate::Region::create("uzram-device-ops", size).map_err(|source| {
+                            crate::Error::RegionFailed {
+                                what: "creating the harness's region",
+                                source,
                             }
                         })
                     })
