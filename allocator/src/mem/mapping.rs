@@ -67,6 +67,12 @@ impl Mapping {
             Prefault::Populate => libc::MAP_POPULATE,
             Prefault::Touch => 0,
         };
+        // Miri maps only plain private anonymous memory: the hints go (the bytes are the same).
+        let flags = if cfg!(miri) {
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
+        } else {
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | populate
+        };
         // SAFETY: an anonymous private mapping with no address hint has no preconditions; the result
         // is checked against MAP_FAILED before use.
         let ptr = unsafe {
@@ -74,7 +80,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 ARENA_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | populate,
+                flags,
                 -1,
                 0,
             )

@@ -602,5 +602,6 @@ impl Region {
     }
 }
 
-#[cfg(test)]
+// Not under Miri: a region is a memfd, which Miri cannot make.
+#[cfg(all(test, not(miri)))]
 mod tests;

@@ -118,6 +118,7 @@ fn region_for(pages: u64) -> Region {
 /// A table in a region, against a model: a successor finds every slot written (leaves
 /// taken out of order), and refuses a directory that gives one page to two leaves.
 #[test]
+#[cfg_attr(miri, ignore = "a region is a memfd, which Miri cannot make")]
 fn a_table_in_a_region_is_adopted_against_a_model() {
     let pages = 4 * LEAF_SLOTS as u64;
     let region = region_for(pages);
