@@ -623,6 +623,24 @@ fn disable_writeback_throttling(id: u32) {
     }
 }
 
+/// The block layer's request timeout set on the device, in milliseconds (the kernel's default
+/// is 30 s). While a worker lives the ublk driver only rearms the timer when it fires; before
+/// Linux 6.15 the timer is also what ends a dead worker's hold on a queue whose every tag it
+/// had taken (a swap storm): until it fires, the quiesce the successor waits for cannot finish.
+/// The timer is rounded up to a whole second, so half a second gives the kernel's side of a
+/// takeover at most 1.5 s.
+const REQUEST_TIMEOUT_MS: u32 = 500;
+
+/// Sets the device's request timeout to [`REQUEST_TIMEOUT_MS`] (see there).
+fn shorten_request_timeout(id: u32) {
+    let path = format!("/sys/block/ublkb{id}/queue/io_timeout");
+    if let Err(e) = std::fs::write(&path, REQUEST_TIMEOUT_MS.to_string()) {
+        log(&format!(
+            "warning: cannot set the request timeout ({path}): {e}; a worker's death in a swap storm may hold the device's I/O for 30 s"
+        ));
+    }
+}
+
 /// Points stdout at /dev/null: `uzram --find` has its answer and waits for its pipe to close.
 fn redirect_stdout_to_null() {
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {

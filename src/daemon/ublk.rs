@@ -493,6 +493,7 @@ fn on_serving(
         ));
     }
     super::disable_writeback_throttling(ctrl.dev_info().dev_id);
+    super::shorten_request_timeout(ctrl.dev_info().dev_id);
     super::watch_slot_frees(slot_free, &ctrl.get_bdev_path());
     // `uzram --find` may have gone: serving goes on without its answer.
     let _ = crate::common::output::outln(ctrl.get_bdev_path());

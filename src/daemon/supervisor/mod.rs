@@ -27,6 +27,7 @@ use uzram_engine::{Device, Region};
 use super::{kmsg, log, ServeArgs, ServeError};
 use crate::common::block_path;
 
+mod cgroup;
 mod signals;
 mod workers;
 
@@ -58,30 +59,6 @@ fn cause(status: ExitStatus) -> String {
             format!("killed_by_{name}")
         }
         _ => "unknown".to_string(),
-    }
-}
-
-/// Whether this process's memory cgroup, or one above it, forbids swap (`memory.swap.max` 0):
-/// then the region's pages are never swapped out, also while no worker maps them (locked).
-/// Otherwise, why not.
-fn swap_forbidden() -> Result<(), String> {
-    let cgroups = crate::common::read_text(std::path::Path::new("/proc/self/cgroup"), 1 << 16)
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
-    let Some(own) = cgroups.lines().find_map(|l| l.strip_prefix("0::")) else {
-        return Err("it is in no cgroup v2 hierarchy".to_string());
-    };
-    let mut dir = std::path::PathBuf::from("/sys/fs/cgroup");
-    dir.push(own.trim_start_matches('/'));
-    loop {
-        let max = std::fs::read_to_string(dir.join("memory.swap.max")).unwrap_or_default();
-        if max.trim() == "0" {
-            return Ok(());
-        }
-        if dir == std::path::Path::new("/sys/fs/cgroup") || !dir.pop() {
-            return Err(format!(
-                "its cgroup {own} lets its memory be swapped (memory.swap.max is not 0 there or above)"
-            ));
-        }
     }
 }
 
@@ -134,10 +111,14 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         super::log::open_syslog();
     }
     let (setup, disksize) = super::configure(args)?;
-    if let Err(why) = swap_forbidden() {
-        log(&format!(
-            "warning: {why}: while no worker maps the device's memory, reclaim could swap it out to the device itself, and a successor would wait for it forever; run uzram with memory.swap.max=0 (systemd: MemorySwapMax=0, as contrib/systemd/uzram-setup.service has)"
-        ));
+    match cgroup::protect_from_swap() {
+        Ok(None) => {}
+        Ok(Some(there)) => log(&format!(
+            "moved into {there}, where its memory cannot be swapped (memory.swap.max 0)"
+        )),
+        Err(why) => log(&format!(
+            "warning: {why}: while no worker maps the device's memory, reclaim could swap it out to the device itself, and a successor would wait for it forever; run uzram with memory.swap.max=0 (systemd: MemorySwapMax=0)"
+        )),
     }
     let stored = still_waiting(stored)?;
     let started = Instant::now();

@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput swapoffmkfs sigterm kill recover1 recover10 upgrade corrupt systemd sleep hibernate}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput swapoffmkfs sigterm kill recover1 recover10 recovergentle upgrade corrupt systemd sleep hibernate}
 # In the guest, a check still running after CHECK_LIMIT seconds is taken for a hang (the
 # kernel's hung-task watchdog sees only tasks in D state, not a spinning one or an
 # interruptible wait): the guest's state goes to the console, the check FAILs and the guest
@@ -168,8 +168,9 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want swapoffmkfs && check_swapoffmkfs
     want sigterm && check_sigterm
     want kill && check_kill
-    want recover1 && check_recover 1
-    want recover10 && check_recover 10
+    want recover1 && check_recover recover1 1 storm
+    want recover10 && check_recover recover10 10 shell
+    want recovergentle && check_recover recovergentle 3 gentle
     want upgrade && check_upgrade
     want corrupt && check_corrupt
     want systemd && check_systemd

@@ -76,37 +76,50 @@ check_kill() {
     pass "$name" "listed dead with its I/O held; --reset removed it and the writer ended (fio exit $rc) $((i / 10)).$((i % 10)) s later; $dev re-created and verified"
 }
 
-# check_recover KILLS: swap on uzram under pressure (vmtool swapfill of 2x MemAvailable, every
-# page verified on the way back); while the program's pages are out in swap, SIGKILL to the
+# check_recover NAME KILLS MODE: swap on uzram under pressure (vmtool swapfill of 2x MemAvailable,
+# every page verified on the way back); while the program's pages are out in swap, SIGKILL to the
 # worker (the listing's PID) KILLS times, 2 s of the program running between two. Each time the
 # supervisor hands the device to a successor that adopts its pages and takes it over (its I/O
 # held meanwhile): the program must finish with every page verified, no process may be killed,
-# and the device must count KILLS restarts. The program is stopped (SIGSTOP) for each kill and
-# continued once a successor serves: a kill in the middle of its fill storm, with every task
-# waiting on the device, can stall the kernel's side of the takeover (see
-# docs/design/surviving-the-daemon.md); UZRAM_VM_RECOVER_STORM=1 kills without stopping it.
+# no task may hang (the hung-task watchdog at 30 s, panic on), each takeover must end within
+# 5 s (the issue's bar is 2 s; each time is printed), and the device must count KILLS restarts.
+# MODE: `storm` kills in the middle of the program's swapping, the daemon in a cgroup that is
+# never swapped (as the systemd unit puts it); `shell` the same, the daemon started from a shell
+# as the README does (it must move itself into such a cgroup); `gentle` stops the program
+# (SIGSTOP) for each kill and continues it once a successor serves.
 check_recover() {
-    local kills=$1 name=recover$1 log=$UZ_TMP/recover$1.log dev swapsize avail fill tpid o0 i k pid
-    local rc oom0 oom1 times worst wfail cg probe freed
-    note "$name: SIGKILL to the worker $kills time(s) while swap holds 2x RAM"
+    local name=$1 kills=$2 mode=$3 log=$UZ_TMP/$1.log dev swapsize avail fill tpid o0 i k pid
+    local rc oom0 oom1 times worst wfail cg probe freed hung0 moved=
+    note "$name: SIGKILL to the worker $kills time(s) while swap holds 2x RAM ($mode)"
     swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
-    # The daemon in a cgroup that is never swapped (as the systemd unit puts it): while no
-    # worker maps the device's region its pages are not locked, and swapped out to the device
-    # itself they would wait for the successor that reads them.
-    cg=$(noswap_cgroup)
-    if [ -z "$cg" ]; then
-        fail "$name" "no memory cgroup with memory.swap.max here: cannot run uzram as its unit would"
-        return
+    if [ "$mode" = shell ]; then
+        uzram_setup lz4 $swapsize || return
+        moved=$(grep -o 'moved into .*' "$UZRAM_LOG" | tail -n 1)
+        if [ -z "$moved" ]; then
+            fail "$name" "started from a shell, the supervisor did not move itself out of swap's reach: $(grep -e warning -e 'swapped' "$UZRAM_LOG" | tail -n 1)"
+            return
+        fi
+    else
+        # The daemon in a cgroup that is never swapped (as the systemd unit puts it): while no
+        # worker maps the device's region its pages are not locked, and swapped out to the
+        # device itself they would wait for the successor that reads them.
+        cg=$(noswap_cgroup)
+        if [ -z "$cg" ]; then
+            fail "$name" "no memory cgroup with memory.swap.max here: cannot run uzram as its unit would"
+            return
+        fi
+        echo $$ >"$cg/cgroup.procs"
+        uzram_setup lz4 $swapsize
+        rc=$?
+        echo $$ >/sys/fs/cgroup/cgroup.procs
+        [ $rc = 0 ] || return
     fi
-    echo $$ >"$cg/cgroup.procs"
-    uzram_setup lz4 $swapsize
-    rc=$?
-    echo $$ >/sys/fs/cgroup/cgroup.procs
-    [ $rc = 0 ] || return
     dev=$UZRAM_DEV
     grep -q 'lets its memory be swapped' "$UZRAM_LOG" && note "$name: $(grep 'lets its memory be swapped' "$UZRAM_LOG" | tail -n 1)"
     : >"$log"
     swap_begin "$dev" --discard=pages || return
+    hung0=$(cat /proc/sys/kernel/hung_task_timeout_secs)
+    echo 30 >/proc/sys/kernel/hung_task_timeout_secs
     fill=$((avail * 2))
     oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
     o0=$(vmstat_val pswpout)
@@ -116,7 +129,7 @@ check_recover() {
     k=0
     while [ $k -lt "$kills" ] && kill -0 $tpid 2>/dev/null; do
         pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>>"$log")
-        if [ "${UZRAM_VM_RECOVER_STORM:-0}" != 1 ]; then
+        if [ "$mode" = gentle ]; then
             kill -STOP $tpid
             sleep 1
         fi
@@ -129,6 +142,7 @@ check_recover() {
         kill -CONT $tpid
         if [ "$(uzram_stat_field "$dev" restarts)" != "$k" ]; then
             kill -KILL $tpid
+            echo "$hung0" >/proc/sys/kernel/hung_task_timeout_secs
             swapoff "$dev" 2>/dev/null
             fail_log "$name" "$log" "no successor served $dev 60 s after SIGKILL $k to worker $pid: $(tail -n 3 "$UZRAM_LOG" | tr '\n' ' ')"
             return
@@ -138,6 +152,7 @@ check_recover() {
     done
     wait $tpid
     rc=$?
+    echo "$hung0" >/proc/sys/kernel/hung_task_timeout_secs
     grep '^vmtool' "$log" | sed 's/^/VM: /'
     oom1=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
     wfail=$(dev_failed_writes "$dev")
@@ -163,12 +178,16 @@ check_recover() {
         fail_log "$name" "$log" "a process was killed while the worker restarted"
         return
     fi
+    if [ "${worst:-0}" -gt 5000 ]; then
+        fail_log "$name" "$log" "a takeover took $worst ms (times: $times ms): the kernel held the dead worker's requests"
+        return
+    fi
     if [ $k -lt "$kills" ]; then
         fail_log "$name" "$log" "the program finished after $k of $kills kills: too little to prove anything"
         return
     fi
     uzram_reset
-    pass "$name" "$fill MiB (2x MemAvailable) through swap, worker killed $k time(s) while it ran: every page verified, no process killed, restarts $k, time from the death to serving again: $times ms (worst $worst), failed writes $wfail; the successor's slot-free probe ${probe:-?} ($freed pages freed by it)"
+    pass "$name" "$fill MiB (2x MemAvailable) through swap, worker killed $k time(s) while it ran ($mode${moved:+; the supervisor $moved}): every page verified, no process killed, restarts $k, time from the death to serving again: $times ms (worst $worst), failed writes $wfail; the successor's slot-free probe ${probe:-?} ($freed pages freed by it)"
 }
 
 # check_upgrade: `uzram upgrade` during a fio verify job (qd32, 2 jobs). The device is started

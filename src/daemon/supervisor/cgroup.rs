@@ -1,0 +1,207 @@
+//! Keeping the device's memory out of swap wherever the supervisor was started. While no worker
+//! maps the region (between a worker's death and its successor's start) nothing locks its
+//! pages, and reclaim in a swap storm would write them out to the very device whose I/O waits
+//! for the successor that needs them. A memory cgroup with `memory.swap.max` 0 forbids that;
+//! the systemd units put uzram in one (`MemorySwapMax=0`), and a supervisor started from a
+//! shell (`uzram --find`, as the README says) moves itself into one before it makes the region
+//! or starts a worker, so that everything they fault in is charged there.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// cgroup v2's mount point.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// The cgroup a supervisor makes for itself where systemd does not manage the tree (under
+/// [`CGROUP_ROOT`]; shared by every device's supervisor).
+const OWN_CGROUP: &str = "uzram";
+/// How long systemd may take to move the supervisor into its new scope (the job is
+/// asynchronous).
+const SCOPE_WAIT: Duration = Duration::from_secs(3);
+
+/// Whether this process's memory cgroup, or one above it, forbids swap (`memory.swap.max` 0):
+/// then the region's pages are never swapped out, also while no worker maps them (locked).
+/// Otherwise, why not.
+fn swap_forbidden() -> Result<(), String> {
+    let own = own_cgroup()?;
+    let mut dir = PathBuf::from(CGROUP_ROOT);
+    dir.push(own.trim_start_matches('/'));
+    loop {
+        let max = std::fs::read_to_string(dir.join("memory.swap.max")).unwrap_or_default();
+        if max.trim() == "0" {
+            return Ok(());
+        }
+        if dir == Path::new(CGROUP_ROOT) || !dir.pop() {
+            return Err(format!(
+                "its cgroup {own} lets its memory be swapped (memory.swap.max is not 0 there or above)"
+            ));
+        }
+    }
+}
+
+/// This process's cgroup v2 path (`/` for the root).
+fn own_cgroup() -> Result<String, String> {
+    let cgroups = crate::common::read_text(Path::new("/proc/self/cgroup"), 1 << 16)
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    cgroup_v2_path(&cgroups).ok_or_else(|| "it is in no cgroup v2 hierarchy".to_string())
+}
+
+/// The unified hierarchy's line of `/proc/PID/cgroup` (`0::PATH`).
+fn cgroup_v2_path(cgroups: &str) -> Option<String> {
+    cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// Makes sure the device's memory cannot be swapped: nothing to do where the cgroup forbids it
+/// already; a supervisor that systemd started as a unit is left where the unit put it (moving
+/// it would take it out of its service); any other moves itself into a cgroup that forbids it,
+/// a transient scope where systemd manages the tree, else a cgroup of its own. Returns what it
+/// did (`None`: nothing), or why the memory stays swappable.
+pub fn protect_from_swap() -> Result<Option<String>, String> {
+    let Err(why) = swap_forbidden() else {
+        return Ok(None);
+    };
+    if std::env::var_os("INVOCATION_ID").is_some() {
+        return Err(format!(
+            "{why}, and systemd started it (its unit should have MemorySwapMax=0, as contrib/systemd/uzram-setup.service has)"
+        ));
+    }
+    let pid = std::process::id();
+    let moved = if Path::new("/run/systemd/system").is_dir() {
+        into_scope(pid)
+            .or_else(|scope| into_own_cgroup(pid).map_err(|own| format!("{scope}; {own}")))
+    } else {
+        into_own_cgroup(pid)
+    };
+    match moved {
+        Ok(where_) => Ok(Some(where_)),
+        Err(e) => Err(format!("{why}, and it could not move: {e}")),
+    }
+}
+
+/// The `busctl` arguments that ask systemd for a transient scope holding `pid`, with swap
+/// forbidden, collected when it ends.
+fn scope_request(pid: u32) -> Vec<String> {
+    let unit = format!("uzram-{pid}.scope");
+    [
+        "--timeout=5",
+        "call",
+        "org.freedesktop.systemd1",
+        "/org/freedesktop/systemd1",
+        "org.freedesktop.systemd1.Manager",
+        "StartTransientUnit",
+        "ssa(sv)a(sa(sv))",
+        &unit,
+        "fail",
+        "4",
+        "PIDs",
+        "au",
+        "1",
+        &pid.to_string(),
+        "MemorySwapMax",
+        "t",
+        "0",
+        "CollectMode",
+        "s",
+        "inactive-or-failed",
+        "Description",
+        "s",
+        "uzram device supervisor",
+        "0",
+    ]
+    .iter()
+    .map(|s| (*s).to_string())
+    .collect()
+}
+
+/// Asks systemd for a transient scope (see [`scope_request`]) and waits until this process is
+/// in it and swap is forbidden there.
+fn into_scope(pid: u32) -> Result<String, String> {
+    let out = std::process::Command::new("busctl")
+        .args(scope_request(pid))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("busctl: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "systemd refused a scope: {}",
+            err.lines().next().unwrap_or("busctl failed")
+        ));
+    }
+    let start = Instant::now();
+    loop {
+        if swap_forbidden().is_ok() {
+            return Ok(format!("systemd's scope uzram-{pid}.scope"));
+        }
+        if start.elapsed() >= SCOPE_WAIT {
+            return Err(format!(
+                "systemd did not move it into uzram-{pid}.scope within {} s",
+                SCOPE_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Moves `pid` into [`OWN_CGROUP`] under the root, made (with the memory controller enabled
+/// for the root's children) where it is missing, and forbids swap there.
+fn into_own_cgroup(pid: u32) -> Result<String, String> {
+    let root = Path::new(CGROUP_ROOT);
+    if !root.join("cgroup.controllers").is_file() {
+        return Err(format!("no cgroup v2 hierarchy at {CGROUP_ROOT}"));
+    }
+    let enabled = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+    if !enabled.split_whitespace().any(|c| c == "memory") {
+        write(&root.join("cgroup.subtree_control"), "+memory")?;
+    }
+    let dir = root.join(OWN_CGROUP);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
+    }
+    write(&dir.join("memory.swap.max"), "0")?;
+    write(&dir.join("cgroup.procs"), &pid.to_string())?;
+    swap_forbidden()?;
+    Ok(format!("the cgroup {}", dir.display()))
+}
+
+/// Writes `value` to the cgroup file `path`, naming it on failure.
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value)
+        .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unified_hierarchy_line_is_found_among_v1_lines() {
+        let cgroups = "12:memory:/user.slice\n0::/user.slice/user-1000.slice/session-2.scope\n";
+        assert_eq!(
+            cgroup_v2_path(cgroups).as_deref(),
+            Some("/user.slice/user-1000.slice/session-2.scope")
+        );
+        assert_eq!(cgroup_v2_path("12:memory:/user.slice\n"), None);
+    }
+
+    #[test]
+    fn the_scope_request_names_the_pid_once_and_counts_its_properties() {
+        let args = scope_request(4242);
+        let at = |s: &str| args.iter().position(|a| a == s).unwrap();
+        assert_eq!(args[at("StartTransientUnit") + 2], "uzram-4242.scope");
+        // The properties' count matches the name/signature/value triples that follow it, and
+        // the auxiliary units' count (0) ends the call.
+        let count: usize = args[at("fail") + 1].parse().unwrap();
+        let props = &args[at("fail") + 2..args.len() - 1];
+        // PIDs' value is an array: its length comes before its one element.
+        assert_eq!((props.len() - 1) / 3, count);
+        assert_eq!((props.len() - 1) % 3, 0);
+        assert_eq!(args[at("PIDs") + 3], "4242");
+        assert_eq!(args[at("MemorySwapMax") + 2], "0");
+        assert_eq!(args.last().map(String::as_str), Some("0"));
+    }
+}
