@@ -67,6 +67,24 @@ pub struct DaemonInfo {
     /// The kernel the device is served on, (major, minor): attributes whose form changed
     /// between zram's versions follow its zram (None: Linux 6.12's forms).
     pub kernel: Option<(u32, u32)>,
+    /// What the queue threads paid for the requests they served.
+    pub round_trips: RoundTrips,
+}
+
+/// The queue threads' cost beyond the engine's work, summed over the queues: divided by
+/// `requests`, the system calls and context switches a ublk round trip costs this daemon.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundTrips {
+    /// Requests completed.
+    pub requests: u64,
+    /// `io_uring_enter` calls (a wait for requests, with the commits queued since the last).
+    pub ring_enters: u64,
+    /// Copies of a request's data through the ublk char device (a `pread` or `pwrite` each).
+    pub copies: u64,
+    /// The queue threads' voluntary context switches (each sleep for requests).
+    pub switches_voluntary: u64,
+    /// The queue threads' involuntary context switches (preempted).
+    pub switches_involuntary: u64,
 }
 
 /// Reads an attribute: its exact bytes.
@@ -334,6 +352,12 @@ fn uzram_stat(device: &Device, info: &DaemonInfo) -> String {
     line("slot_free_freed", s.notice_freed_pages);
     line("restarts", info.restarts);
     line("writes_put_off", info.writes_put_off);
+    let r = &info.round_trips;
+    line("queue_requests", r.requests);
+    line("queue_ring_enters", r.ring_enters);
+    line("queue_copies", r.copies);
+    line("queue_switches_voluntary", r.switches_voluntary);
+    line("queue_switches_involuntary", r.switches_involuntary);
     line("huge_threshold", device.huge_threshold() as u64);
     if let Some(b) = device.backing() {
         let (failed_writes, failed_reads) = b.failures();
@@ -520,138 +544,4 @@ fn store_reset(_: &Device, _: &str) -> Result<(), AttrError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::DeviceSetup;
-
-    fn device() -> Device {
-        DeviceSetup::new().init(16 << 20).unwrap()
-    }
-
-    #[test]
-    fn reads_are_zrams_bytes() {
-        let d = device();
-        let info = DaemonInfo {
-            streams: 2,
-            ..Default::default()
-        };
-        assert_eq!(read(&d, &info, "disksize").unwrap(), "16777216\n");
-        assert_eq!(read(&d, &info, "initstate").unwrap(), "1\n");
-        assert_eq!(read(&d, &info, "comp_algorithm").unwrap(), "[lz4] zstd \n");
-        assert_eq!(read(&d, &info, "max_comp_streams").unwrap(), "2\n");
-        assert_eq!(
-            read(&d, &info, "mm_stat").unwrap(),
-            "       0        0        0        0        0        0        0        0        0\n"
-        );
-        assert_eq!(
-            read(&d, &info, "io_stat").unwrap(),
-            "       0        0 0        0\n"
-        );
-        assert_eq!(
-            read(&d, &info, "debug_stat").unwrap(),
-            "version: 1\n       0        0\n"
-        );
-        // Linux 6.14 dropped writestall: a bare 0 in its place.
-        for kernel in [(6, 14), (6, 18), (7, 3)] {
-            let newer = DaemonInfo {
-                kernel: Some(kernel),
-                ..Default::default()
-            };
-            assert_eq!(
-                read(&d, &newer, "debug_stat").unwrap(),
-                "version: 1\n0        0\n"
-            );
-        }
-    }
-
-    #[test]
-    fn the_table_is_sorted_and_each_mode_matches_what_the_attribute_does() {
-        let d = device();
-        let names: Vec<&str> = ATTRIBUTES.iter().map(|a| a.name).collect();
-        let mut sorted = names.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(names, sorted, "sorted, each once");
-        for a in ATTRIBUTES {
-            let readable = a.access != Access::Write;
-            let writable = a.access != Access::Read;
-            assert_eq!(a.show.is_some(), readable, "{}", a.name);
-            assert_eq!(!matches!(a.store, Store::No), writable, "{}", a.name);
-            let r = read(&d, &DaemonInfo::default(), a.name);
-            assert_eq!(r.is_ok(), readable, "{}: {r:?}", a.name);
-            if !writable {
-                assert_eq!(write(&d, a.name, "1").unwrap_err().errno, libc::EACCES);
-            }
-        }
-        assert_eq!(access("nope").unwrap_err().errno, libc::ENOENT);
-    }
-
-    #[test]
-    fn modes_and_values_fail_as_zram_does() {
-        let d = device();
-        let info = DaemonInfo::default();
-        assert_eq!(
-            read(&d, &info, "mem_limit").unwrap_err().errno,
-            libc::EACCES
-        );
-        assert_eq!(read(&d, &info, "nope").unwrap_err().errno, libc::ENOENT);
-        assert_eq!(write(&d, "mm_stat", "1").unwrap_err().errno, libc::EACCES);
-        assert_eq!(
-            write(&d, "mem_used_max", "1").unwrap_err().errno,
-            libc::EINVAL
-        );
-        assert_eq!(
-            write(&d, "mem_limit", "lots").unwrap_err().errno,
-            libc::EINVAL
-        );
-        assert_eq!(write(&d, "disksize", "1G").unwrap_err().errno, libc::EBUSY);
-        assert_eq!(
-            write(&d, "comp_algorithm", "zstd").unwrap_err().errno,
-            libc::EBUSY
-        );
-        // mem_limit takes effect: mm_stat's fourth column.
-        write(&d, "mem_limit", "2M").unwrap();
-        let mm = read(&d, &info, "mm_stat").unwrap();
-        assert_eq!(mm.split_whitespace().nth(3), Some("2097152"), "{mm}");
-        write(&d, "mem_used_max", "0").unwrap();
-        write(&d, "compact", "1").unwrap();
-        write(&d, "max_comp_streams", "4").unwrap();
-        assert_eq!(write(&d, "idle", "soon").unwrap_err().errno, libc::EINVAL);
-        write(&d, "idle", "all").unwrap();
-        // No secondary algorithm: recompress refuses, as zram does.
-        assert_eq!(
-            write(&d, "recompress", "type=idle").unwrap_err().errno,
-            libc::EINVAL
-        );
-        assert_eq!(read(&d, &info, "recomp_algorithm").unwrap(), "");
-    }
-
-    #[test]
-    fn recompression_through_the_attributes() {
-        let mut setup = DeviceSetup::new();
-        setup.set_recomp_algorithm("algo=zstd priority=1").unwrap();
-        let d = setup.init(1 << 20).unwrap();
-        let info = DaemonInfo::default();
-        assert_eq!(
-            read(&d, &info, "recomp_algorithm").unwrap(),
-            "#1: lz4 [zstd] \n"
-        );
-        assert_eq!(
-            write(&d, "recomp_algorithm", "algo=lz4").unwrap_err().errno,
-            libc::EBUSY
-        );
-        let mut ctx = d.context().unwrap();
-        let page: Vec<u8> = (0..4096).map(|i| (i * 7 % 251 / 3) as u8).collect();
-        d.write(&mut ctx, 0, &page).unwrap();
-        write(&d, "idle", "all").unwrap();
-        assert_eq!(
-            write(&d, "recompress", "type=cold").unwrap_err().errno,
-            libc::EINVAL
-        );
-        write(&d, "recompress", "type=idle").unwrap();
-        assert_eq!(d.slot_state(crate::PageIndex(0)).unwrap().prio, 1);
-        let mut back = vec![0u8; 4096];
-        d.read(&mut ctx, 0, &mut back).unwrap();
-        assert_eq!(back, page);
-    }
-}
+mod tests;

@@ -51,6 +51,7 @@ pub(super) fn control_thread(
                     last_restart: restart.1.clone(),
                     writes_put_off: super::defer::DEFERRED.load(std::sync::atomic::Ordering::Relaxed),
                     kernel,
+                    round_trips: super::roundtrip::totals(),
                 }
             };
             control::serve(&listener, |request| {

@@ -28,6 +28,7 @@ pub mod io;
 mod log;
 mod mailbox;
 pub mod pin;
+mod roundtrip;
 pub mod slotfree;
 #[cfg(feature = "ublk")]
 mod supervisor;

@@ -12,6 +12,7 @@ use uzram_engine::Device;
 
 use super::defer::Deferral;
 use super::io::{self, Attempt, Op, Request, Served};
+use super::roundtrip::{self, QueueCounts};
 use super::{log, ServeArgs, ServeError, MAX_IO_BYTES};
 use crate::common::{block_path, socket_path};
 
@@ -84,13 +85,16 @@ fn queue_start(qid: u16, device: &Device) -> Option<uzram_engine::IoContext> {
 struct UserCopy<'a> {
     cdev: &'a std::fs::File,
     pos: u64,
+    counts: &'a QueueCounts,
 }
 
 impl io::Transfer for UserCopy<'_> {
     fn fetch(&self, data: &mut [u8]) -> std::io::Result<()> {
+        self.counts.copy();
         self.cdev.read_exact_at(data, self.pos)
     }
     fn deliver(&self, data: &[u8]) -> std::io::Result<()> {
+        self.counts.copy();
         self.cdev.write_all_at(data, self.pos)
     }
 }
@@ -102,6 +106,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
     let Some(mut ctx) = queue_start(qid, device) else {
         return;
     };
+    let counts = roundtrip::for_queue_thread(qid);
     let cdev = match crate::sys::dup_fd(dev.tgt.fds[0]) {
         Ok(f) => f,
         Err(e) => return log(&format!("queue {qid}: the char device: {e}")),
@@ -118,6 +123,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
         let transfer = UserCopy {
             cdev: &cdev,
             pos: UblkIOCtx::ublk_user_copy_pos(qid, tag, 0),
+            counts,
         };
         let served = io::handle(
             device,
@@ -130,6 +136,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
         );
         if let Served::Result(res) = served {
             heap_low(device);
+            counts.request();
             if let Err(e) =
                 q.complete_io_cmd_unified(tag, BufDesc::Slice(&[]), Ok(UblkIORes::Result(res)))
             {
@@ -138,7 +145,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
         }
         served
     };
-    serve_queue(qid, &queue, handler);
+    serve_queue(qid, &queue, counts, handler);
 }
 
 /// Serves queue `qid` on a kernel without `UBLK_F_USER_COPY` (before Linux 6.5): a locked
@@ -147,6 +154,7 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
     let Some(mut ctx) = queue_start(qid, device) else {
         return;
     };
+    let counts = roundtrip::for_queue_thread(qid);
     let mut bufs = dev.alloc_queue_io_bufs();
     let queue = match UblkQueue::new(qid, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
@@ -170,6 +178,7 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
         );
         if let Served::Result(res) = served {
             heap_low(device);
+            counts.request();
             if let Err(e) = q.complete_io_cmd_unified(
                 tag,
                 BufDesc::Slice(io_buf.as_slice()),
@@ -180,7 +189,7 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
         }
         served
     };
-    serve_queue(qid, &queue, handler);
+    serve_queue(qid, &queue, counts, handler);
 }
 
 /// Serves `queue` until it is down: each request the kernel hands over goes to `handler`
@@ -192,6 +201,7 @@ fn per_tag_queue(qid: u16, dev: &UblkDev, device: &Device) {
 fn serve_queue(
     qid: u16,
     queue: &UblkQueue,
+    counts: &QueueCounts,
     mut handler: impl FnMut(&UblkQueue, u16, Attempt, &mut Deferral) -> Served,
 ) {
     // Writes put off, as (tag, bytes stored): one per tag at most, so never more than the
@@ -200,6 +210,7 @@ fn serve_queue(
     let mut deferral = Deferral::default();
     loop {
         let to_wait = usize::from(put_off.is_empty());
+        counts.enter();
         let handled = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
                 if user_data & libublk::UblkUringData::Target as u64 == 0
@@ -336,6 +347,7 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
             .map_err(|e| ServeError::Ublk(format!("/dev/ublkc{id}: {e}")))?,
         None => super::queues(args),
     };
+    roundtrip::start(queues.into());
     let user_copy = kernel_has_user_copy();
     if !user_copy {
         log(&format!(

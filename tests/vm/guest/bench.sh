@@ -35,14 +35,22 @@ fill() {
     sync
 }
 
-# fio_one DEV LABEL RW QD JOBS: one fio run on the filled region, its JSON on one line
+# round_trips DEV: uzram's queue threads' counts (uzram_stat's queue_*), as JSON fields
+round_trips() {
+    "$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 ~ /^queue_/ { printf "%s\"%s\":%s", s, substr($1, 7), $2; s = "," }'
+}
+
+# fio_one DEV LABEL RW QD JOBS: one fio run on the filled region, its JSON on one line (for
+# uzram, with its queue threads' counts before and after)
 fio_one() {
-    local dev=$1 label=$2 rw=$3 qd=$4 jobs=$5 out=$UZ_TMP/bench-fio.json
+    local dev=$1 label=$2 rw=$3 qd=$4 jobs=$5 out=$UZ_TMP/bench-fio.json rt=
+    case $dev in /dev/ublkb*) rt="{$(round_trips "$dev")}" ;; esac
     fio --name=b --filename="$dev" --direct=1 --ioengine=libaio --rw="$rw" --bs=4k --iodepth="$qd" \
         --numjobs="$jobs" --group_reporting=1 --size=${FILL_MB}m --time_based --runtime="$RUNTIME" \
         --randrepeat=0 --norandommap=1 --buffer_compress_percentage=58 --refill_buffers=1 \
         --output-format=json --output="$out" >/dev/null 2>&1 || { note "fio $label $rw failed"; return; }
-    emit "{\"kind\":\"fio\",\"label\":\"$label\",\"rw\":\"$rw\",\"iodepth\":$qd,\"jobs\":$jobs,\"fio\":$(tr -d '\n' <"$out")}"
+    [ -n "$rt" ] && rt=",\"round_trips\":{\"before\":$rt,\"after\":{$(round_trips "$dev")}}"
+    emit "{\"kind\":\"fio\",\"label\":\"$label\",\"rw\":\"$rw\",\"iodepth\":$qd,\"jobs\":$jobs$rt,\"fio\":$(tr -d '\n' <"$out")}"
 }
 
 # device_bench DEV LABEL: fill, memory for the data, then the fio matrix
@@ -90,11 +98,12 @@ swap_workload() {
     SWAP_DEV=
 }
 
-# UZRAM_BENCH_DEVICES_FIO=0 skips the fio jobs; UZRAM_BENCH_SWAP_ALGOS picks the swap
-# workload's algorithms (default "lz4 zstd"): for a quick side-by-side of two builds.
+# UZRAM_BENCH_DEVICES_FIO=0 skips the fio jobs, UZRAM_BENCH_DEVICES_ALGOS picks their
+# algorithms (default "lz4 zstd"); UZRAM_BENCH_SWAP_ALGOS picks the swap workload's (default
+# "lz4 zstd"; "none" skips it, disk swap's included): for a quick side-by-side of two builds.
 devices_suite() {
     local avail
-    for algo in lz4 zstd; do
+    for algo in ${UZRAM_BENCH_DEVICES_ALGOS:-lz4 zstd}; do
         [ "${UZRAM_BENCH_DEVICES_FIO:-1}" = 0 ] && break
         if zram_has_algo $algo; then
             zram_setup $algo 512M && device_bench /dev/zram0 "zram-$algo"
@@ -103,6 +112,7 @@ devices_suite() {
         uzram_setup $algo 512M && device_bench "$UZRAM_DEV" "uzram-$algo"
         uzram_reset
     done
+    [ "${UZRAM_BENCH_SWAP_ALGOS-}" = none ] && return
     sync
     echo 3 >/proc/sys/vm/drop_caches
     avail=$(($(meminfo_kb MemAvailable) / 1024))
