@@ -8,7 +8,8 @@
 //! docs/design/safe-to-hold-swap.md).
 //!
 //! Parts: [`io`] (one request: the op, the engine call, the errno map), `mailbox` (failed
-//! requests, counted on the I/O path and logged elsewhere), `threads` (memory and policy),
+//! requests, counted on the I/O path and logged elsewhere), `roundtrip` (the queue threads'
+//! system calls and context switches), `threads` (memory and policy),
 //! `swapwatch`, `control` (the socket's answers), `watchdog` (the progress log), `pin` (locked
 //! memory, fault-free stacks), [`heap`] (the I/O path's fault-free heap), [`slotfree`] (the
 //! eBPF probe that tells the device which swap slots the kernel freed, the only module that
@@ -616,10 +617,9 @@ fn queues(args: &ServeArgs) -> u16 {
 /// `wbt_wait` from `swap_writepage`), and a swap device must take reclaim's writes as fast as it
 /// can.
 fn disable_writeback_throttling(id: u32) {
-    let path = format!("/sys/block/ublkb{id}/queue/wbt_lat_usec");
-    if let Err(e) = std::fs::write(&path, "0") {
+    if let Err(e) = set_queue_attr(id, "wbt_lat_usec", "0") {
         log(&format!(
-            "warning: cannot turn off writeback throttling ({path}): {e}"
+            "warning: cannot turn off writeback throttling ({e})"
         ));
     }
 }
@@ -630,16 +630,27 @@ fn disable_writeback_throttling(id: u32) {
 /// had taken (a swap storm): until it fires, the quiesce the successor waits for cannot finish.
 /// The timer is rounded up to a whole second, so half a second gives the kernel's side of a
 /// takeover at most 1.5 s.
-const REQUEST_TIMEOUT_MS: u32 = 500;
+const REQUEST_TIMEOUT_MS: &str = "500";
 
 /// Sets the device's request timeout to [`REQUEST_TIMEOUT_MS`] (see there).
 fn shorten_request_timeout(id: u32) {
-    let path = format!("/sys/block/ublkb{id}/queue/io_timeout");
-    if let Err(e) = std::fs::write(&path, REQUEST_TIMEOUT_MS.to_string()) {
+    if let Err(e) = set_queue_attr(id, "io_timeout", REQUEST_TIMEOUT_MS) {
         log(&format!(
-            "warning: cannot set the request timeout ({path}): {e}; a worker's death in a swap storm may hold the device's I/O for 30 s"
+            "warning: cannot set the request timeout ({e}); a worker's death in a swap storm may hold the device's I/O for 30 s"
         ));
     }
+}
+
+/// Writes `value` to the device's `queue/NAME`, unless it holds that already. Linux freezes
+/// the queue around such a write (it waits for every request in flight and holds new ones): a
+/// successor, which finds the values its predecessor set, must not do that in the middle of a
+/// storm, so only a device's first worker writes.
+fn set_queue_attr(id: u32, name: &str, value: &str) -> Result<(), String> {
+    let path = format!("/sys/block/ublkb{id}/queue/{name}");
+    if std::fs::read_to_string(&path).is_ok_and(|now| now.trim() == value) {
+        return Ok(());
+    }
+    std::fs::write(&path, value).map_err(|e| format!("writing {value} to {path}: {e}"))
 }
 
 /// Points stdout at /dev/null: `uzram --find` has its answer and waits for its pipe to close.

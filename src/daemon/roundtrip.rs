@@ -1,7 +1,9 @@
 //! What the queue threads pay per request beyond the engine's work: the requests they complete,
 //! the `io_uring_enter` calls they make (each wait for requests, with the commits queued since
 //! the last, is one), the copies through the ublk char device (`UBLK_F_USER_COPY`: one `pread`
-//! or `pwrite` each), and their context switches (the kernel's counts for each queue thread).
+//! or `pwrite` each; a write put off copies again each time it is tried, so a storm can count
+//! more copies than requests), and their context switches (the kernel's counts for each queue
+//! thread).
 //! Counted with relaxed atomics, one set per queue, made once when the device starts (no
 //! allocation on the I/O path); `uzram_stat` reads the sums (`queue_*`).
 

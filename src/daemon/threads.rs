@@ -111,6 +111,19 @@ pub(super) fn memory_phase() -> (Phase, u64) {
     )
 }
 
+/// Waits until the worker serves the device. A successor takes over a device whose I/O the
+/// kernel holds; memory it faulted in before then (an arena of the pool's reserve, a
+/// recompression buffer) would come from reclaim, and in a swap storm reclaim waits for swap
+/// writes to this very device: the memory thread spun in reclaim holding the address space's
+/// lock, and the thread taking the device over waited for that lock, for good. Served, the
+/// device takes reclaim's writes (a write that finds the reserve dry is put off until the
+/// memory thread maps an arena).
+fn wait_until_serving() {
+    while !super::watchdog::SERVING.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// The thread that keeps the pool's reserve filled: it maps memory the I/O threads then use
 /// without asking the kernel. An I/O flusher too: its page faults may wait for reclaim, but never
 /// write to swap themselves: as a plain thread, a refill's fault could start swap writes to this
@@ -127,6 +140,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             // It takes the I/O heap's lock and the pool's: a fault on its stack while holding
             // either would stall the I/O threads behind reclaim.
             pin::prefault_stack::<{ pin::UPKEEP_STACK_PREFAULT }>();
+            wait_until_serving();
             let mut last_report: Option<Instant> = None;
             let mut last_pressure: Option<Instant> = None;
             let mut calm_since: Option<Instant> = Some(Instant::now());
@@ -245,6 +259,7 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
             }
             heap::serve_from_io_heap();
             pin::prefault_stack::<{ pin::UPKEEP_STACK_PREFAULT }>();
+            wait_until_serving();
             let mut ctx = match device.context() {
                 Ok(ctx) => ctx,
                 Err(e) => return log(&format!("policy: {e}")),

@@ -17,6 +17,9 @@ const OWN_CGROUP: &str = "uzram";
 /// How long systemd may take to move the supervisor into its new scope (the job is
 /// asynchronous).
 const SCOPE_WAIT: Duration = Duration::from_secs(3);
+/// How long `busctl` may take to answer (its own timeout bounds the call, not the connection
+/// to a bus that accepts and never answers).
+const BUSCTL_WAIT: Duration = Duration::from_secs(6);
 
 /// Whether this process's memory cgroup, or one above it, forbids swap (`memory.swap.max` 0):
 /// then the region's pages are never swapped out, also while no worker maps them (locked).
@@ -42,7 +45,12 @@ fn swap_forbidden() -> Result<(), String> {
 fn own_cgroup() -> Result<String, String> {
     let cgroups = crate::common::read_text(Path::new("/proc/self/cgroup"), 1 << 16)
         .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
-    cgroup_v2_path(&cgroups).ok_or_else(|| "it is in no cgroup v2 hierarchy".to_string())
+    cgroup_v2_path(&cgroups).ok_or_else(|| {
+        format!(
+            "it is in no cgroup v2 hierarchy (/proc/self/cgroup: {:?})",
+            cgroups.trim()
+        )
+    })
 }
 
 /// The unified hierarchy's line of `/proc/PID/cgroup` (`0::PATH`).
@@ -54,23 +62,34 @@ fn cgroup_v2_path(cgroups: &str) -> Option<String> {
 }
 
 /// Makes sure the device's memory cannot be swapped: nothing to do where the cgroup forbids it
-/// already; a supervisor that systemd started as a unit is left where the unit put it (moving
-/// it would take it out of its service); any other moves itself into a cgroup that forbids it,
-/// a transient scope where systemd manages the tree, else a cgroup of its own. Returns what it
+/// already; a supervisor in a system service's cgroup is left where the unit put it (moving it
+/// would take it out of its service, which systemd would then see as ended); any other (a
+/// shell's, a login session's, a user manager's) moves itself into a cgroup that forbids it: a
+/// transient scope where systemd manages the tree, else a cgroup of its own. Returns what it
 /// did (`None`: nothing), or why the memory stays swappable.
 pub fn protect_from_swap() -> Result<Option<String>, String> {
     let Err(why) = swap_forbidden() else {
         return Ok(None);
     };
-    if std::env::var_os("INVOCATION_ID").is_some() {
+    let own = own_cgroup()?;
+    if in_system_service(&own) {
         return Err(format!(
-            "{why}, and systemd started it (its unit should have MemorySwapMax=0, as contrib/systemd/uzram-setup.service has)"
+            "{why}, and it runs in the system service {own} (the unit should have MemorySwapMax=0, as contrib/systemd/uzram@.service has)"
+        ));
+    }
+    // Where the kernel counts no swap per cgroup (`cgroup.memory=noswap`), no cgroup helps.
+    let dir = Path::new(CGROUP_ROOT).join(own.trim_start_matches('/'));
+    if own != "/" && !dir.join("memory.swap.max").exists() {
+        return Err(format!(
+            "{why}, and {} has no memory.swap.max (swap is not accounted per cgroup here)",
+            dir.display()
         ));
     }
     let pid = std::process::id();
+    // Where systemd manages the tree, no cgroup it does not know of is made: its scope, or
+    // nothing.
     let moved = if Path::new("/run/systemd/system").is_dir() {
         into_scope(pid)
-            .or_else(|scope| into_own_cgroup(pid).map_err(|own| format!("{scope}; {own}")))
     } else {
         into_own_cgroup(pid)
     };
@@ -78,6 +97,13 @@ pub fn protect_from_swap() -> Result<Option<String>, String> {
         Ok(where_) => Ok(Some(where_)),
         Err(e) => Err(format!("{why}, and it could not move: {e}")),
     }
+}
+
+/// Whether the cgroup `path` is (within) a system service's: under `/system.slice`, a part
+/// named `*.service`. A user manager's services (`user.slice/.../user@UID.service/...`) are
+/// where terminals run shells, and a login session is a scope: neither counts.
+fn in_system_service(path: &str) -> bool {
+    path.starts_with("/system.slice/") && path.split('/').any(|p| p.ends_with(".service"))
 }
 
 /// The `busctl` arguments that ask systemd for a transient scope holding `pid`, with swap
@@ -118,15 +144,41 @@ fn scope_request(pid: u32) -> Vec<String> {
 /// Asks systemd for a transient scope (see [`scope_request`]) and waits until this process is
 /// in it and swap is forbidden there.
 fn into_scope(pid: u32) -> Result<String, String> {
-    let out = std::process::Command::new("busctl")
+    use std::process::{Command, Stdio};
+    let unit = format!("uzram-{pid}.scope");
+    let mut child = Command::new("busctl")
         .args(scope_request(pid))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("busctl: {e}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run busctl to ask systemd for {unit}: {e}"))?;
+    let asked = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if asked.elapsed() < BUSCTL_WAIT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "busctl did not answer within {} s when asked for {unit}",
+                    BUSCTL_WAIT.as_secs()
+                ));
+            }
+            Err(e) => return Err(format!("waiting for busctl ({unit}): {e}")),
+        }
+    };
+    if !status.success() {
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            use std::io::Read;
+            let _ = e.by_ref().take(4096).read_to_string(&mut err);
+        }
         return Err(format!(
-            "systemd refused a scope: {}",
+            "systemd refused the scope {unit}: {}",
             err.lines().next().unwrap_or("busctl failed")
         ));
     }
@@ -189,7 +241,22 @@ mod tests {
     }
 
     #[test]
-    fn the_scope_request_names_the_pid_once_and_counts_its_properties() {
+    fn only_a_system_service_is_left_where_it_is() {
+        assert!(in_system_service("/system.slice/uzram@0.service"));
+        assert!(in_system_service("/system.slice/foo.service/payload"));
+        for shell in [
+            "/",
+            "/user.slice/user-0.slice/session-3.scope",
+            "/user.slice/user-1000.slice/user@1000.service/app.slice/gnome-terminal-server.service",
+            "/system.slice/uzram-1234.scope",
+            "/uzram",
+        ] {
+            assert!(!in_system_service(shell), "{shell}");
+        }
+    }
+
+    #[test]
+    fn the_scope_request_names_its_unit_and_the_pid_once_and_counts_its_properties() {
         let args = scope_request(4242);
         let at = |s: &str| args.iter().position(|a| a == s).unwrap();
         assert_eq!(args[at("StartTransientUnit") + 2], "uzram-4242.scope");
@@ -201,6 +268,7 @@ mod tests {
         assert_eq!((props.len() - 1) / 3, count);
         assert_eq!((props.len() - 1) % 3, 0);
         assert_eq!(args[at("PIDs") + 3], "4242");
+        assert_eq!(args.iter().filter(|a| a.as_str() == "4242").count(), 1);
         assert_eq!(args[at("MemorySwapMax") + 2], "0");
         assert_eq!(args.last().map(String::as_str), Some("0"));
     }
