@@ -82,9 +82,9 @@ check_kill() {
 # supervisor hands the device to a successor that adopts its pages and takes it over (its I/O
 # held meanwhile): the program must finish with every page verified, no process may be killed,
 # no task may hang (the hung-task watchdog at 30 s, panic on), each takeover must end within
-# 5 s (each time is printed: under TCG they take 0.2-0.7 s, and a takeover the kernel held for
-# its request timeout takes 30 s), the device must count KILLS restarts, and the worker's
-# memory cgroup must forbid swap.
+# 10 s (each time is printed: under TCG they take 0.2-0.7 s; one the kernel held for its
+# default request timeout took 20-30 s, and a successor whose start waited for reclaim 16 s),
+# the device must count KILLS restarts, and the worker's memory cgroup must forbid swap.
 # MODE: `storm` kills in the middle of the program's swapping, the daemon in a cgroup that is
 # never swapped (as the systemd unit puts it); `shell` the same, the daemon started from a shell
 # as the README does (it must move itself into such a cgroup); `gentle` stops the program
@@ -187,8 +187,8 @@ check_recover() {
         fail_log "$name" "$log" "a process was killed while the worker restarted"
         return
     fi
-    if [ "${worst:-0}" -gt 5000 ]; then
-        fail_log "$name" "$log" "a takeover took $worst ms (times: $times ms): the kernel held the dead worker's requests"
+    if [ "${worst:-0}" -gt 10000 ]; then
+        fail_log "$name" "$log" "a takeover took $worst ms (times: $times ms)"
         return
     fi
     if [ $k -lt "$kills" ]; then
