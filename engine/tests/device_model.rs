@@ -69,6 +69,52 @@ proptest! {
     }
 }
 
+/// A write into a page whose slot took over a record kept on the backing store, with the pool
+/// at its limit: it needs memory, fails, and the slot keeps the record (a failed write leaves
+/// its slot as it was, so the slot's record says nothing of that write).
+#[test]
+fn a_failed_write_over_a_taken_over_record_leaves_the_record() {
+    let ops = vec![
+        DeviceOp::Write {
+            sector: 360,
+            sectors: 56,
+            kind: PageKind::Mixed,
+            seed: 91,
+        },
+        DeviceOp::Writeback {
+            page: 108,
+            pages: 20,
+            fail: false,
+        },
+        DeviceOp::SetMemLimit { pages: Some(2) },
+        DeviceOp::Discard {
+            sector: 344,
+            sectors: 56,
+        },
+        // Pages 60-63 again, as pages 45-51 were: they take over the records kept for them.
+        DeviceOp::Write {
+            sector: 480,
+            sectors: 32,
+            kind: PageKind::Mixed,
+            seed: 91,
+        },
+        DeviceOp::Write {
+            sector: 299,
+            sectors: 2,
+            kind: PageKind::Mixed,
+            seed: 119,
+        },
+        // Part of page 61: new bytes, which the full pool cannot take.
+        DeviceOp::Write {
+            sector: 492,
+            sectors: 7,
+            kind: PageKind::Text,
+            seed: 158,
+        },
+    ];
+    run_ops(&ops, Algorithm::Zstd);
+}
+
 fn corpus_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/device_ops")
 }

@@ -598,8 +598,15 @@ impl Harness {
                         "step {step}: {what} {r:?}: page {index} before the failed {failed} was not written"
                     );
                 }
-                if first_must_fail && !self.adopted(plan[0].0) {
+                // A failed write leaves the slot as it was, so whether it holds a record it
+                // took over says nothing of this write: only a first page that was stored
+                // tells (past the limit, it must have taken one over).
+                if applied == 0 {
                     let (index, _) = plan[0];
+                    assert!(
+                        first_must_fail,
+                        "step {step}: {what} {r:?}: MemLimit on page {index} with room for it"
+                    );
                     let old = self.pages.get(&index).cloned();
                     assert!(
                         self.holds(index, old.as_ref()),
@@ -607,8 +614,8 @@ impl Harness {
                     );
                 } else {
                     assert!(
-                        applied > 0,
-                        "step {step}: {what} {r:?}: MemLimit on page {} with room for it",
+                        !first_must_fail || self.adopted(plan[0].0),
+                        "step {step}: {what} {r:?}: page {} stored past the limit",
                         plan[0].0
                     );
                 }
