@@ -644,7 +644,7 @@ fn shorten_request_timeout(id: u32) {
 /// Writes `value` to the device's `queue/NAME`, unless it holds that already. Linux freezes
 /// the queue around such a write (it waits for every request in flight and holds new ones): a
 /// successor, which finds the values its predecessor set, must not do that in the middle of a
-/// storm, so only a device's first worker writes.
+/// storm for nothing.
 fn set_queue_attr(id: u32, name: &str, value: &str) -> Result<(), String> {
     let path = format!("/sys/block/ublkb{id}/queue/{name}");
     if std::fs::read_to_string(&path).is_ok_and(|now| now.trim() == value) {

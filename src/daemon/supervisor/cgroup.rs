@@ -62,24 +62,31 @@ fn cgroup_v2_path(cgroups: &str) -> Option<String> {
 }
 
 /// Makes sure the device's memory cannot be swapped: nothing to do where the cgroup forbids it
-/// already; a supervisor in a system service's cgroup is left where the unit put it (moving it
-/// would take it out of its service, which systemd would then see as ended); any other (a
-/// shell's, a login session's, a user manager's) moves itself into a cgroup that forbids it: a
-/// transient scope where systemd manages the tree, else a cgroup of its own. Returns what it
-/// did (`None`: nothing), or why the memory stays swappable.
+/// already; a supervisor that runs as a systemd unit (systemd set `INVOCATION_ID`, or its
+/// cgroup is a system service's) is left where the unit put it (moving it would take it out of
+/// its service, which systemd would then see as ended); any other (a shell's, a login
+/// session's) moves itself into a cgroup that forbids it: a transient scope where systemd
+/// manages the tree, else a cgroup of its own. Returns what it did (`None`: nothing), or why
+/// the memory stays swappable. (A shell that inherited `INVOCATION_ID` from a terminal a user
+/// manager started stays too, and is told why; `sudo` clears it.)
 pub fn protect_from_swap() -> Result<Option<String>, String> {
     let Err(why) = swap_forbidden() else {
         return Ok(None);
     };
     let own = own_cgroup()?;
-    if in_system_service(&own) {
+    if std::env::var_os("INVOCATION_ID").is_some() || in_system_service(&own) {
         return Err(format!(
-            "{why}, and it runs in the system service {own} (the unit should have MemorySwapMax=0, as contrib/systemd/uzram@.service has)"
+            "{why}, and it runs in {own}, as a systemd unit (the unit should have MemorySwapMax=0, as contrib/systemd/uzram@.service has)"
         ));
     }
-    // Where the kernel counts no swap per cgroup (`cgroup.memory=noswap`), no cgroup helps.
+    // Where the kernel counts no swap per cgroup (`cgroup.memory=noswap`), no cgroup helps: the
+    // memory controller is on here, and no swap file.
     let dir = Path::new(CGROUP_ROOT).join(own.trim_start_matches('/'));
-    if own != "/" && !dir.join("memory.swap.max").exists() {
+    let controllers = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+    if own != "/"
+        && controllers.split_whitespace().any(|c| c == "memory")
+        && !dir.join("memory.swap.max").exists()
+    {
         return Err(format!(
             "{why}, and {} has no memory.swap.max (swap is not accounted per cgroup here)",
             dir.display()
@@ -99,11 +106,11 @@ pub fn protect_from_swap() -> Result<Option<String>, String> {
     }
 }
 
-/// Whether the cgroup `path` is (within) a system service's: under `/system.slice`, a part
-/// named `*.service`. A user manager's services (`user.slice/.../user@UID.service/...`) are
-/// where terminals run shells, and a login session is a scope: neither counts.
+/// Whether the cgroup `path` is (within) a system service's: a part named `*.service`, outside
+/// `/user.slice` (where a user manager's services run terminals and their shells; a login
+/// session is a scope).
 fn in_system_service(path: &str) -> bool {
-    path.starts_with("/system.slice/") && path.split('/').any(|p| p.ends_with(".service"))
+    !path.starts_with("/user.slice/") && path.split('/').any(|p| p.ends_with(".service"))
 }
 
 /// The `busctl` arguments that ask systemd for a transient scope holding `pid`, with swap
@@ -168,15 +175,20 @@ fn into_scope(pid: u32) -> Result<String, String> {
                     BUSCTL_WAIT.as_secs()
                 ));
             }
-            Err(e) => return Err(format!("waiting for busctl ({unit}): {e}")),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("waiting for busctl ({unit}): {e}"));
+            }
         }
     };
     if !status.success() {
-        let mut err = String::new();
+        let mut err = Vec::new();
         if let Some(mut e) = child.stderr.take() {
             use std::io::Read;
-            let _ = e.by_ref().take(4096).read_to_string(&mut err);
+            let _ = e.by_ref().take(4096).read_to_end(&mut err);
         }
+        let err = String::from_utf8_lossy(&err);
         return Err(format!(
             "systemd refused the scope {unit}: {}",
             err.lines().next().unwrap_or("busctl failed")
@@ -244,6 +256,8 @@ mod tests {
     fn only_a_system_service_is_left_where_it_is() {
         assert!(in_system_service("/system.slice/uzram@0.service"));
         assert!(in_system_service("/system.slice/foo.service/payload"));
+        assert!(in_system_service("/swap.slice/uzram@0.service"));
+        assert!(in_system_service("/machine.slice/m.service"));
         for shell in [
             "/",
             "/user.slice/user-0.slice/session-3.scope",

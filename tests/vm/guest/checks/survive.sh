@@ -82,20 +82,32 @@ check_kill() {
 # supervisor hands the device to a successor that adopts its pages and takes it over (its I/O
 # held meanwhile): the program must finish with every page verified, no process may be killed,
 # no task may hang (the hung-task watchdog at 30 s, panic on), each takeover must end within
-# 10 s (each time is printed: under TCG they take 0.2-0.7 s; one the kernel held for its
-# default request timeout took 20-30 s, and a successor whose start waited for reclaim 16 s),
-# the device must count KILLS restarts, and the worker's memory cgroup must forbid swap.
+# 10 s (each time is printed: under TCG they take 0.2-0.7 s; a kernel holding the dead
+# worker's requests for its default request timeout, or a successor waiting for reclaim before
+# it serves, takes tens of seconds), the device must count KILLS restarts, and the worker's
+# memory cgroup (or one above it) must forbid swap.
 # MODE: `storm` kills in the middle of the program's swapping, the daemon in a cgroup that is
 # never swapped (as the systemd unit puts it); `shell` the same, the daemon started from a shell
 # as the README does (it must move itself into such a cgroup); `gentle` stops the program
 # (SIGSTOP) for each kill and continues it once a successor serves.
+# swap_forbidden_in CGROUP: whether CGROUP (a path in /sys/fs/cgroup) or one above it has
+# memory.swap.max 0, as the daemon judges it
+swap_forbidden_in() {
+    local d=${1%/}
+    while [ -n "$d" ]; do
+        [ "$(cat "/sys/fs/cgroup$d/memory.swap.max" 2>/dev/null)" = 0 ] && return 0
+        d=${d%/*}
+    done
+    return 1
+}
+
 check_recover() {
     local name=$1 kills=$2 mode=$3 log=$UZ_TMP/$1.log dev swapsize avail fill tpid o0 i k pid
     local rc oom0 oom1 times worst wfail cg probe freed hung0 moved= l0 wcg
     note "$name: SIGKILL to the worker $kills time(s) while swap holds 2x RAM ($mode)"
     swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
     if [ "$mode" = shell ]; then
-        l0=$(wc -l <"$UZRAM_LOG" 2>/dev/null || echo 0)
+        l0=$(wc -l 2>/dev/null <"$UZRAM_LOG" || echo 0)
         uzram_setup lz4 $swapsize || return
         moved=$(tail -n +$((l0 + 1)) "$UZRAM_LOG" | grep -o 'moved into .*' | tail -n 1)
         if [ -z "$moved" ]; then
@@ -119,9 +131,14 @@ check_recover() {
     fi
     dev=$UZRAM_DEV
     pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>/dev/null)
-    wcg=$(awk -F: '$1 == "0" { print $3 }' "/proc/$pid/cgroup" 2>/dev/null)
-    if [ "$(cat "/sys/fs/cgroup${wcg%/}/memory.swap.max" 2>/dev/null)" != 0 ]; then
-        fail "$name" "worker $pid runs in the cgroup '$wcg', whose memory.swap.max is not 0"
+    if [ -z "$pid" ]; then
+        fail "$name" "the listing names no worker for $dev"
+        uzram_reset
+        return
+    fi
+    wcg=$(awk '/^0::/ { sub(/^0::/, ""); print }' "/proc/$pid/cgroup" 2>/dev/null)
+    if ! swap_forbidden_in "$wcg"; then
+        fail "$name" "worker $pid runs in the cgroup '$wcg': neither it nor one above it has memory.swap.max 0"
         uzram_reset
         return
     fi
