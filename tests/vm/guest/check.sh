@@ -174,6 +174,8 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want upgrade && check_upgrade
     want corrupt && check_corrupt
     want systemd && check_systemd
+    want recoversd && check_recoversd recoversd 3 gentle
+    want recoversdstorm && check_recoversd recoversdstorm 10 storm
     if want sleep; then
         # UZRAM_VM_SLEEP_RUNS=N: the check N times (a flake hunt)
         for _ in $(seq "${UZRAM_VM_SLEEP_RUNS:-1}"); do
