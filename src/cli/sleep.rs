@@ -329,11 +329,8 @@ fn before_hibernation() -> Result<Vec<String>, CtlError> {
 /// A process's cgroup v2 path (relative to the hierarchy's root, "" for the root), if it has
 /// one.
 fn cgroup_of(pid: &str) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim_start_matches('/').to_string())
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    crate::common::cgroup_v2_path(&cgroups).map(|p| p.trim_start_matches('/').to_string())
 }
 
 /// Whether cgroup `a` is `b` or above it.

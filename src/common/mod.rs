@@ -40,6 +40,11 @@ pub fn remove_socket(path: &Path) {
 /// Most bytes a configuration file may hold.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
+/// The unified (cgroup v2) hierarchy's path in a `/proc/PID/cgroup` text: its `0::PATH` line.
+pub fn cgroup_v2_path(cgroups: &str) -> Option<&str> {
+    cgroups.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
 /// Reads a text file of at most `cap` bytes. It must be a regular file, or /dev/null (which
 /// reads as empty: systemd masks a file with a symlink to it); a FIFO (which would wait for a
 /// writer), another device (which may never end) or a directory is refused before it is opened.
@@ -174,7 +179,7 @@ pub fn running_release() -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{release_line, swaps_name, unescape_octal};
+    use super::{cgroup_v2_path, release_line, swaps_name, unescape_octal};
 
     const SWAPS: &str = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
                          /dev/ublkb0                             partition\t1048572\t\t0\t\t32767\n\
@@ -213,5 +218,15 @@ mod tests {
         assert_eq!(release_line("7.3"), Some((7, 3)));
         assert_eq!(release_line("weird"), None);
         assert_eq!(release_line(""), None);
+    }
+
+    #[test]
+    fn the_unified_hierarchy_line_is_found_among_v1_lines() {
+        let cgroups = "12:memory:/user.slice\n0::/user.slice/user-1000.slice/session-2.scope\n";
+        assert_eq!(
+            cgroup_v2_path(cgroups),
+            Some("/user.slice/user-1000.slice/session-2.scope")
+        );
+        assert_eq!(cgroup_v2_path("12:memory:/user.slice\n"), None);
     }
 }

@@ -200,7 +200,7 @@ fn own_unit() -> Option<String> {
 
 /// [`own_unit`] from `/proc/self/cgroup`'s text (the unified hierarchy's line, `0::/...`).
 fn unit_of_cgroup(cgroups: &str) -> Option<String> {
-    let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let path = crate::common::cgroup_v2_path(cgroups)?;
     let last = path.trim_end().rsplit('/').next()?;
     last.ends_with(".service").then(|| last.to_string())
 }

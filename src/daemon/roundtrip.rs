@@ -91,16 +91,10 @@ pub fn totals() -> RoundTrips {
 
 /// A status file's voluntary and involuntary context switches (0 where a line is missing).
 fn switches(status: &str) -> (u64, u64) {
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
+    let field = |name: &[u8]| super::watchdog::status_field(status.as_bytes(), name);
     (
-        field("voluntary_ctxt_switches:"),
-        field("nonvoluntary_ctxt_switches:"),
+        field(b"voluntary_ctxt_switches:"),
+        field(b"nonvoluntary_ctxt_switches:"),
     )
 }
 

@@ -159,7 +159,7 @@ impl std::fmt::Display for MemoryThread {
 }
 
 /// The number after `name` in /proc/self/status's text (0 if absent).
-fn status_field(status: &[u8], name: &[u8]) -> u64 {
+pub(super) fn status_field(status: &[u8], name: &[u8]) -> u64 {
     status
         .split(|&b| b == b'\n')
         .find_map(|l| l.strip_prefix(name))

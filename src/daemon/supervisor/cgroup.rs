@@ -45,20 +45,14 @@ fn swap_forbidden() -> Result<(), String> {
 fn own_cgroup() -> Result<String, String> {
     let cgroups = crate::common::read_text(Path::new("/proc/self/cgroup"), 1 << 16)
         .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
-    cgroup_v2_path(&cgroups).ok_or_else(|| {
-        format!(
-            "it is in no cgroup v2 hierarchy (/proc/self/cgroup: {:?})",
-            cgroups.trim()
-        )
-    })
-}
-
-/// The unified hierarchy's line of `/proc/PID/cgroup` (`0::PATH`).
-fn cgroup_v2_path(cgroups: &str) -> Option<String> {
-    cgroups
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
+    crate::common::cgroup_v2_path(&cgroups)
         .map(str::to_string)
+        .ok_or_else(|| {
+            format!(
+                "it is in no cgroup v2 hierarchy (/proc/self/cgroup: {:?})",
+                cgroups.trim()
+            )
+        })
 }
 
 /// Makes sure the device's memory cannot be swapped: nothing to do where the cgroup forbids it
@@ -241,16 +235,6 @@ fn write(path: &Path, value: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_unified_hierarchy_line_is_found_among_v1_lines() {
-        let cgroups = "12:memory:/user.slice\n0::/user.slice/user-1000.slice/session-2.scope\n";
-        assert_eq!(
-            cgroup_v2_path(cgroups).as_deref(),
-            Some("/user.slice/user-1000.slice/session-2.scope")
-        );
-        assert_eq!(cgroup_v2_path("12:memory:/user.slice\n"), None);
-    }
 
     #[test]
     fn only_a_system_service_is_left_where_it_is() {
