@@ -30,6 +30,9 @@ fn report(e: &dyn std::error::Error) -> String {
 static ALLOCATOR: uzram::daemon::heap::DaemonAlloc = uzram::daemon::heap::DaemonAlloc;
 
 fn main() -> ExitCode {
+    if uzram::sys::stdout_was_closed() {
+        uzram::common::output::note_stdout_closed();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => {
@@ -49,6 +52,14 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             let usage = e.use_stderr();
+            if !usage && uzram::common::output::stdout_closed() {
+                // --help or --version, with nowhere to print it
+                warn(format_args!(
+                    "uzram: {}",
+                    uzram::common::output::closed_stdout_error()
+                ));
+                return ExitCode::FAILURE;
+            }
             if let Err(w) = e.print() {
                 // The help's reader went away: nothing to say. A full disk: say so, on stderr.
                 let o = OutputError(w);

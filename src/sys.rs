@@ -432,6 +432,27 @@ pub fn peer(stream: &std::os::unix::net::UnixStream) -> io::Result<Peer> {
     })
 }
 
+/// Whether the program was started with its stdout closed (`uzram >&-`). Rust's runtime points
+/// a closed standard descriptor at /dev/null, opened read-write, before `main` (so no file
+/// opened later takes its number), and takes a write to it for a success. A shell's
+/// `>/dev/null`, and `Stdio::null()`, open it write-only: /dev/null read-write on fd 1 is
+/// taken for the runtime's.
+pub fn stdout_was_closed() -> bool {
+    // SAFETY: fstat and fcntl(F_GETFL) on descriptor 1 only read kernel state into a local,
+    // zero-initialised stat buffer; their results are checked.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(1, &mut st) != 0 {
+            return true;
+        }
+        let flags = libc::fcntl(1, libc::F_GETFL);
+        st.st_mode & libc::S_IFMT == libc::S_IFCHR
+            && st.st_rdev == libc::makedev(1, 3)
+            && flags >= 0
+            && flags & libc::O_ACCMODE == libc::O_RDWR
+    }
+}
+
 /// The real user id of the process.
 pub fn uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.

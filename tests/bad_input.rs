@@ -347,6 +347,52 @@ fn an_unwritable_stdout_is_exit_1_without_a_panic() {
     }
 }
 
+/// A stdout closed at start (`uzram --help >&-`) is a write error said on stderr, exit 1, where
+/// Rust's runtime would take the writes for a success; `>/dev/null` is not one.
+#[test]
+fn a_closed_stdout_is_said_and_exit_1() {
+    use std::os::unix::process::CommandExt;
+    for args in [&["--help"][..], &["--version"], &["--list-columns"]] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_uzram"));
+        cmd.args(args).stdin(Stdio::null()).stderr(Stdio::piped());
+        // SAFETY: close(2) is async-signal-safe; the child closes its own stdout before exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::close(1);
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?} >&-: {err}");
+        assert!(err.contains("standard output is closed"), "{args:?}: {err}");
+        let out = Command::new(env!("CARGO_BIN_EXE_uzram"))
+            .args(args)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?} >/dev/null");
+    }
+}
+
+/// A path holding a newline is quoted in messages: printed raw, its first line would name
+/// another file.
+#[test]
+fn a_path_with_a_newline_is_quoted() {
+    let s = Scratch::new("t5");
+    let bad = s.path("a\nb");
+    let out = Command::new(env!("CARGO_BIN_EXE_uzram"))
+        .args(["setup", "--dry-run", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("a\\nb"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
 #[test]
 fn a_setup_that_fails_on_its_second_device_creates_nothing() {
     // Checked whole before anything is created: the first device is fine, the second's backing

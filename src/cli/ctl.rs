@@ -82,7 +82,10 @@ pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
         // /dev/console; a directory or a FIFO (which would block) is refused.
         match std::fs::metadata(log) {
             Ok(m) if m.is_dir() => {
-                return Err(err(format!("--log {}: is a directory", log.display())))
+                return Err(err(format!(
+                    "--log {}: is a directory",
+                    crate::common::output::shown(log)
+                )))
             }
             Ok(m)
                 if !m.is_file()
@@ -90,7 +93,7 @@ pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
             {
                 return Err(err(format!(
                     "--log {}: neither a file nor a character device",
-                    log.display()
+                    crate::common::output::shown(log)
                 )))
             }
             _ => {}
@@ -120,13 +123,18 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
         Some(path) => {
             // The daemon runs with / as its directory.
             let path = &std::path::absolute(path)
-                .map_err(|e| err(format!("--log {}: {e}", path.display())))?;
+                .map_err(|e| err(format!("--log {}: {e}", crate::common::output::shown(path))))?;
             cmd.arg("--log").arg(path);
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)
-                .map_err(|e| err(format!("cannot open the log {}: {e}", path.display())))?;
+                .map_err(|e| {
+                    err(format!(
+                        "cannot open the log {}: {e}",
+                        crate::common::output::shown(path)
+                    ))
+                })?;
             Stdio::from(f)
         }
         None => Stdio::null(),
@@ -153,9 +161,10 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
         None => format!(
             "the daemon exited ({}) without creating a device{}",
             status.map_or("unknown status".into(), |s| s.to_string()),
-            args.log
-                .as_ref()
-                .map_or(String::new(), |l| format!(": see {}", l.display()))
+            args.log.as_ref().map_or(String::new(), |l| format!(
+                ": see {}",
+                crate::common::output::shown(l)
+            ))
         ),
     }))
 }

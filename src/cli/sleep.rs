@@ -149,7 +149,7 @@ impl State {
             t.push_str(&format!("swapoff {name} {p}\n"));
         }
         for c in &self.frozen {
-            t.push_str(&format!("frozen {}\n", c.display()));
+            t.push_str(&format!("frozen {}\n", crate::common::output::shown(c)));
         }
         t
     }
@@ -171,7 +171,12 @@ fn save(state: &State) -> Result<(), CtlError> {
     std::fs::create_dir_all(RUN_DIR)
         .and_then(|()| std::fs::write(&tmp, state.render()))
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| CtlError(format!("sleep: cannot write {}: {e}", path.display())))
+        .map_err(|e| {
+            CtlError(format!(
+                "sleep: cannot write {}: {e}",
+                crate::common::output::shown(&path)
+            ))
+        })
 }
 
 fn load() -> State {
@@ -216,10 +221,13 @@ fn undo() -> Result<Vec<String>, CtlError> {
     let mut failed = Vec::new();
     for c in &state.frozen {
         match std::fs::write(c.join("cgroup.freeze"), "0") {
-            Ok(()) => said.push(format!("thawed {}", c.display())),
+            Ok(()) => said.push(format!("thawed {}", crate::common::output::shown(c))),
             // A cgroup gone meanwhile has nothing left to thaw.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => failed.push(format!("cannot thaw {}: {e}", c.display())),
+            Err(e) => failed.push(format!(
+                "cannot thaw {}: {e}",
+                crate::common::output::shown(c)
+            )),
         }
     }
     let on = parse_swaps(&std::fs::read_to_string("/proc/swaps").unwrap_or_default());
@@ -433,7 +441,10 @@ fn before_suspend() -> Result<Vec<String>, CtlError> {
         save(&state)?;
         match std::fs::write(dir.join("cgroup.freeze"), "1") {
             Ok(()) => frozen_now.push(dir),
-            Err(e) => said.push(format!("warning: cannot freeze {}: {e}", dir.display())),
+            Err(e) => said.push(format!(
+                "warning: cannot freeze {}: {e}",
+                crate::common::output::shown(&dir)
+            )),
         }
     }
     let start = Instant::now();
@@ -451,13 +462,13 @@ fn before_suspend() -> Result<Vec<String>, CtlError> {
         said.push(if frozen {
             format!(
                 "froze {} (it holds swap) in {} ms",
-                dir.display(),
+                crate::common::output::shown(dir),
                 start.elapsed().as_millis()
             )
         } else {
             format!(
                 "warning: {} was not frozen after {} s (the kernel's freezer tries again)",
-                dir.display(),
+                crate::common::output::shown(dir),
                 FREEZE_WAIT.as_secs()
             )
         });

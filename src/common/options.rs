@@ -184,8 +184,12 @@ impl DeviceArgs {
             out.push("--force".into());
         }
         for b in &self.backing_dev {
-            let b = std::path::absolute(b)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", b.display())))?;
+            let b = std::path::absolute(b).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", crate::common::output::shown(b)),
+                )
+            })?;
             out.extend(["--backing-dev".into(), b.into_os_string()]);
         }
         Ok(out)

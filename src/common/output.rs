@@ -5,6 +5,27 @@
 
 use std::fmt;
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether the program started with its stdout closed (`uzram >&-`): Rust's standard library
+/// takes a write to a closed stdout for a success, so [`out`] says so itself.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Records that stdout was closed at start (`main`; Rust's runtime has pointed the descriptor at
+/// /dev/null, so that no file takes its number): every later [`out`] fails.
+pub fn note_stdout_closed() {
+    STDOUT_CLOSED.store(true, Ordering::Relaxed);
+}
+
+/// Whether stdout was closed at start.
+pub fn stdout_closed() -> bool {
+    STDOUT_CLOSED.load(Ordering::Relaxed)
+}
+
+/// The error of a write to a stdout that was closed at start.
+pub fn closed_stdout_error() -> OutputError {
+    OutputError(io::Error::other("standard output is closed"))
+}
 
 /// stdout could not be written.
 #[derive(Debug)]
@@ -25,8 +46,30 @@ impl OutputError {
     }
 }
 
+/// A path as messages show it: as it is when it is printable UTF-8 without control characters,
+/// else quoted with escapes (a name holding a newline would otherwise print as two lines, the
+/// first naming another file).
+pub struct Shown<'a>(pub &'a std::path::Path);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.to_str() {
+            Some(s) if !s.chars().any(char::is_control) => f.write_str(s),
+            _ => write!(f, "{:?}", self.0),
+        }
+    }
+}
+
+/// [`Shown`] of `path`.
+pub fn shown(path: &std::path::Path) -> Shown<'_> {
+    Shown(path)
+}
+
 /// Writes `text` to stdout and flushes it.
 pub fn out(text: &str) -> Result<(), OutputError> {
+    if stdout_closed() {
+        return Err(closed_stdout_error());
+    }
     let mut o = io::stdout().lock();
     o.write_all(text.as_bytes())
         .and_then(|()| o.flush())
@@ -75,7 +118,15 @@ impl Replacing {
                     ));
                 }
                 keep = Some((m.mode() & 0o777, m.uid(), m.gid()));
-                std::fs::canonicalize(path)?
+                let real = std::fs::canonicalize(path)?;
+                // procfs and sysfs files look regular but are no place for a file of uzram's
+                if real.starts_with("/proc") || real.starts_with("/sys") {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "it is a kernel interface under /proc or /sys, not a file uzram can replace",
+                    ));
+                }
+                real
             }
             Ok(_) => {
                 return Err(io::Error::new(
@@ -99,7 +150,7 @@ impl Replacing {
                     e.kind(),
                     format!(
                         "cannot make a file in {} to write it under a temporary name: {}",
-                        dir.display(),
+                        crate::common::output::shown(&dir),
                         io::Error::from(e.kind())
                     ),
                 )

@@ -30,13 +30,16 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CorpusError {
-    #[error("cannot read page file {}", path.display())]
+    #[error("cannot read page file {}", crate::common::output::shown(path))]
     Read {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("cannot decompress zstd page file {}", path.display())]
+    #[error(
+        "cannot decompress zstd page file {}",
+        crate::common::output::shown(path)
+    )]
     Decompress {
         path: PathBuf,
         #[source]
@@ -44,17 +47,17 @@ pub enum CorpusError {
     },
     #[error(
         "page file {} holds {len_bytes} bytes, not a whole number of {PAGE_SIZE}-byte pages",
-        path.display()
+        crate::common::output::shown(path)
     )]
     BadLength { path: PathBuf, len_bytes: u64 },
     #[error(
         "page file {} holds more than {} GiB of pages (decompressed): give a smaller one",
-        path.display(), MAX_CORPUS_BYTES >> 30
+        crate::common::output::shown(path), MAX_CORPUS_BYTES >> 30
     )]
     TooLarge { path: PathBuf },
     #[error(
         "page file {} holds no pages: make one with scripts/dump-workloads.sh",
-        path.display()
+        crate::common::output::shown(path)
     )]
     Empty { path: PathBuf },
 }

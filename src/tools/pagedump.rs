@@ -90,7 +90,7 @@ pub enum DumpError {
     NoMemory { pid: u32 },
     #[error(
         "permission denied opening {}: reading another process's memory needs ptrace access, {hint}",
-        path.display()
+        crate::common::output::shown(path)
     )]
     PermissionDenied {
         pid: u32,
@@ -98,13 +98,13 @@ pub enum DumpError {
         /// What to do about it: run as root, or (for root) what still refuses it.
         hint: &'static str,
     },
-    #[error("cannot read {}", path.display())]
+    #[error("cannot read {}", crate::common::output::shown(path))]
     ReadProc {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("cannot parse line {line} of {}", path.display())]
+    #[error("cannot parse line {line} of {}", crate::common::output::shown(path))]
     ParseMaps {
         path: PathBuf,
         line: usize,
@@ -116,7 +116,7 @@ pub enum DumpError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot write the page dump to {}", path.display())]
+    #[error("cannot write the page dump to {}", crate::common::output::shown(path))]
     WriteFile {
         path: PathBuf,
         #[source]
@@ -366,7 +366,7 @@ pub fn run(args: &DumpPagesArgs) -> Result<(), DumpError> {
         (stats.pages_written * PAGE_SIZE as u64) >> 20,
         stats.zero_pages,
         stats.mappings,
-        args.output.display(),
+        crate::common::output::shown(&args.output),
         stats.untouched_pages,
         stats.unreadable_pages,
         if stats.pagemap_used {

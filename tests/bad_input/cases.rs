@@ -197,7 +197,7 @@ pub fn subcommands() -> Vec<Case> {
         ("dump-pages --pid abc -o @x", "abc"),
         (
             "dump-pages --pid 1 -o /proc/version",
-            "cannot make a file in /proc",
+            "/proc/version: it is a kernel interface under /proc",
         ),
         ("dump-pages --pid 1 --max-mib abc -o @x", "abc"),
         ("dump-pages -o @x", "--pid"),

@@ -302,13 +302,16 @@ fn load_corpus(args: &BenchArgs) -> Result<(String, Corpus), BenchError> {
             dump_process(pid, &mut bytes, &DumpOptions::default())?;
             let origin = PathBuf::from(format!("/proc/{pid}/mem"));
             (
-                origin.display().to_string(),
+                crate::common::output::shown(&origin).to_string(),
                 Corpus::from_bytes(bytes, &origin)?,
             )
         }
         (None, path) => {
             let path = path.clone().unwrap_or_else(bench_corpus_path);
-            (path.display().to_string(), Corpus::open(&path)?)
+            (
+                crate::common::output::shown(&path).to_string(),
+                Corpus::open(&path)?,
+            )
         }
     })
 }
