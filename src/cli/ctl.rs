@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::listing::{self, Column, DeviceRow, Format};
 use crate::common::control::{self, CallError, Request};
 use crate::common::options::{self, DeviceArgs};
+use crate::common::output::shown;
 use crate::common::{
     block_path, is_swap, mount_point, socket_path, swap_state, MAX_DEVICES, RUN_DIR,
 };
@@ -82,10 +83,7 @@ pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
         // /dev/console; a directory or a FIFO (which would block) is refused.
         match std::fs::metadata(log) {
             Ok(m) if m.is_dir() => {
-                return Err(err(format!(
-                    "--log {}: is a directory",
-                    crate::common::output::shown(log)
-                )))
+                return Err(err(format!("--log {}: is a directory", shown(log))))
             }
             Ok(m)
                 if !m.is_file()
@@ -93,7 +91,7 @@ pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
             {
                 return Err(err(format!(
                     "--log {}: neither a file nor a character device",
-                    crate::common::output::shown(log)
+                    shown(log)
                 )))
             }
             _ => {}
@@ -123,18 +121,13 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
         Some(path) => {
             // The daemon runs with / as its directory.
             let path = &std::path::absolute(path)
-                .map_err(|e| err(format!("--log {}: {e}", crate::common::output::shown(path))))?;
+                .map_err(|e| err(format!("--log {}: {e}", shown(path))))?;
             cmd.arg("--log").arg(path);
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)
-                .map_err(|e| {
-                    err(format!(
-                        "cannot open the log {}: {e}",
-                        crate::common::output::shown(path)
-                    ))
-                })?;
+                .map_err(|e| err(format!("cannot open the log {}: {e}", shown(path))))?;
             Stdio::from(f)
         }
         None => Stdio::null(),
@@ -161,10 +154,9 @@ pub fn create(args: &CreateArgs) -> Result<String, CtlError> {
         None => format!(
             "the daemon exited ({}) without creating a device{}",
             status.map_or("unknown status".into(), |s| s.to_string()),
-            args.log.as_ref().map_or(String::new(), |l| format!(
-                ": see {}",
-                crate::common::output::shown(l)
-            ))
+            args.log
+                .as_ref()
+                .map_or(String::new(), |l| format!(": see {}", shown(l)))
         ),
     }))
 }

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::ctl::{parse_device, CtlError};
+use crate::common::output::shown;
 use crate::common::RUN_DIR;
 
 /// Where `pre` says what `post` must undo.
@@ -149,7 +150,7 @@ impl State {
             t.push_str(&format!("swapoff {name} {p}\n"));
         }
         for c in &self.frozen {
-            t.push_str(&format!("frozen {}\n", crate::common::output::shown(c)));
+            t.push_str(&format!("frozen {}\n", shown(c)));
         }
         t
     }
@@ -171,12 +172,7 @@ fn save(state: &State) -> Result<(), CtlError> {
     std::fs::create_dir_all(RUN_DIR)
         .and_then(|()| std::fs::write(&tmp, state.render()))
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| {
-            CtlError(format!(
-                "sleep: cannot write {}: {e}",
-                crate::common::output::shown(&path)
-            ))
-        })
+        .map_err(|e| CtlError(format!("sleep: cannot write {}: {e}", shown(&path))))
 }
 
 fn load() -> State {
@@ -221,13 +217,10 @@ fn undo() -> Result<Vec<String>, CtlError> {
     let mut failed = Vec::new();
     for c in &state.frozen {
         match std::fs::write(c.join("cgroup.freeze"), "0") {
-            Ok(()) => said.push(format!("thawed {}", crate::common::output::shown(c))),
+            Ok(()) => said.push(format!("thawed {}", shown(c))),
             // A cgroup gone meanwhile has nothing left to thaw.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => failed.push(format!(
-                "cannot thaw {}: {e}",
-                crate::common::output::shown(c)
-            )),
+            Err(e) => failed.push(format!("cannot thaw {}: {e}", shown(c))),
         }
     }
     let on = parse_swaps(&std::fs::read_to_string("/proc/swaps").unwrap_or_default());
@@ -441,10 +434,7 @@ fn before_suspend() -> Result<Vec<String>, CtlError> {
         save(&state)?;
         match std::fs::write(dir.join("cgroup.freeze"), "1") {
             Ok(()) => frozen_now.push(dir),
-            Err(e) => said.push(format!(
-                "warning: cannot freeze {}: {e}",
-                crate::common::output::shown(&dir)
-            )),
+            Err(e) => said.push(format!("warning: cannot freeze {}: {e}", shown(&dir))),
         }
     }
     let start = Instant::now();
@@ -462,13 +452,13 @@ fn before_suspend() -> Result<Vec<String>, CtlError> {
         said.push(if frozen {
             format!(
                 "froze {} (it holds swap) in {} ms",
-                crate::common::output::shown(dir),
+                shown(dir),
                 start.elapsed().as_millis()
             )
         } else {
             format!(
                 "warning: {} was not frozen after {} s (the kernel's freezer tries again)",
-                crate::common::output::shown(dir),
+                shown(dir),
                 FREEZE_WAIT.as_secs()
             )
         });

@@ -6,6 +6,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use crate::common::output::shown;
 use uzram_engine::device::writeback::MAX_FILES;
 use uzram_engine::{parse_size, DeviceSetup, Error};
 
@@ -184,12 +185,8 @@ impl DeviceArgs {
             out.push("--force".into());
         }
         for b in &self.backing_dev {
-            let b = std::path::absolute(b).map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("{}: {e}", crate::common::output::shown(b)),
-                )
-            })?;
+            let b = std::path::absolute(b)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", shown(b))))?;
             out.extend(["--backing-dev".into(), b.into_os_string()]);
         }
         Ok(out)

@@ -150,7 +150,7 @@ impl Replacing {
                     e.kind(),
                     format!(
                         "cannot make a file in {} to write it under a temporary name: {}",
-                        crate::common::output::shown(&dir),
+                        shown(&dir),
                         io::Error::from(e.kind())
                     ),
                 )

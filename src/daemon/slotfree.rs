@@ -217,6 +217,26 @@ fn kallsyms(symbols: impl std::io::BufRead, probed_fn: &str) -> Result<(u64, boo
 /// The helper's name, beside the running binary.
 pub const HELPER: &str = "uzram-probe";
 
+/// Where the helper is: beside the binary (a build tree, `/usr/local/bin`), else in the
+/// prefix's `libexec/uzram/` (the package: `/usr/bin/uzram`, `/usr/libexec/uzram/uzram-probe`).
+fn helper_path(exe: &std::path::Path) -> std::path::PathBuf {
+    let beside = exe.with_file_name(HELPER);
+    if beside.exists() {
+        return beside;
+    }
+    match exe.parent().and_then(std::path::Path::parent) {
+        Some(prefix) => {
+            let libexec = prefix.join("libexec/uzram").join(HELPER);
+            if libexec.exists() {
+                libexec
+            } else {
+                beside
+            }
+        }
+        None => beside,
+    }
+}
+
 /// What the daemon and its helper must agree on (the map's layout, the answer's form): the
 /// daemon passes it, the helper answers with its own, and a mismatch (a helper left from
 /// another version of uzram) is refused rather than trusted with the daemon's pages.
@@ -359,7 +379,7 @@ pub fn load_fds(pages: u64) -> Result<Descriptors, String> {
         ));
     }
     let exe = std::env::current_exe().map_err(|e| format!("finding the {HELPER} helper: {e}"))?;
-    let helper = exe.with_file_name(HELPER);
+    let helper = helper_path(&exe);
     // Run as root, it must be as safe from others as the daemon itself, and so must the
     // directory that holds it.
     let mine = |m: &std::fs::Metadata| {
@@ -465,6 +485,23 @@ pub mod helper;
 #[cfg(test)]
 mod tests {
     use super::kallsyms;
+
+    /// The helper beside the binary wins; without one there, the prefix's libexec/uzram/ (as
+    /// the package installs it); with neither, the path beside (which the error then names).
+    #[test]
+    fn the_helper_is_found_beside_the_binary_else_in_libexec() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        let libexec = dir.path().join("libexec/uzram");
+        std::fs::create_dir_all(&bin).unwrap();
+        let exe = bin.join("uzram");
+        assert_eq!(super::helper_path(&exe), bin.join(super::HELPER));
+        std::fs::create_dir_all(&libexec).unwrap();
+        std::fs::write(libexec.join(super::HELPER), b"").unwrap();
+        assert_eq!(super::helper_path(&exe), libexec.join(super::HELPER));
+        std::fs::write(bin.join(super::HELPER), b"").unwrap();
+        assert_eq!(super::helper_path(&exe), bin.join(super::HELPER));
+    }
 
     #[test]
     fn kallsyms_gives_swap_info_and_the_probed_function() {

@@ -14,6 +14,7 @@
 //! # Ok::<(), uzram::tools::corpus::CorpusError>(())
 //! ```
 
+use crate::common::output::shown;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
@@ -30,16 +31,13 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CorpusError {
-    #[error("cannot read page file {}", crate::common::output::shown(path))]
+    #[error("cannot read page file {}", shown(path))]
     Read {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error(
-        "cannot decompress zstd page file {}",
-        crate::common::output::shown(path)
-    )]
+    #[error("cannot decompress zstd page file {}", shown(path))]
     Decompress {
         path: PathBuf,
         #[source]
@@ -47,17 +45,17 @@ pub enum CorpusError {
     },
     #[error(
         "page file {} holds {len_bytes} bytes, not a whole number of {PAGE_SIZE}-byte pages",
-        crate::common::output::shown(path)
+        shown(path)
     )]
     BadLength { path: PathBuf, len_bytes: u64 },
     #[error(
         "page file {} holds more than {} GiB of pages (decompressed): give a smaller one",
-        crate::common::output::shown(path), MAX_CORPUS_BYTES >> 30
+        shown(path), MAX_CORPUS_BYTES >> 30
     )]
     TooLarge { path: PathBuf },
     #[error(
         "page file {} holds no pages: make one with scripts/dump-workloads.sh",
-        crate::common::output::shown(path)
+        shown(path)
     )]
     Empty { path: PathBuf },
 }

@@ -20,6 +20,7 @@
 //! Reading another process's memory needs ptrace access to it: root, or the same user with
 //! `kernel.yama.ptrace_scope = 0`. The dump assumes 4 KiB base pages (x86_64, most arm64).
 
+use crate::common::output::shown;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -90,7 +91,7 @@ pub enum DumpError {
     NoMemory { pid: u32 },
     #[error(
         "permission denied opening {}: reading another process's memory needs ptrace access, {hint}",
-        crate::common::output::shown(path)
+        shown(path)
     )]
     PermissionDenied {
         pid: u32,
@@ -98,13 +99,13 @@ pub enum DumpError {
         /// What to do about it: run as root, or (for root) what still refuses it.
         hint: &'static str,
     },
-    #[error("cannot read {}", crate::common::output::shown(path))]
+    #[error("cannot read {}", shown(path))]
     ReadProc {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("cannot parse line {line} of {}", crate::common::output::shown(path))]
+    #[error("cannot parse line {line} of {}", shown(path))]
     ParseMaps {
         path: PathBuf,
         line: usize,
@@ -116,7 +117,7 @@ pub enum DumpError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot write the page dump to {}", crate::common::output::shown(path))]
+    #[error("cannot write the page dump to {}", shown(path))]
     WriteFile {
         path: PathBuf,
         #[source]
@@ -366,7 +367,7 @@ pub fn run(args: &DumpPagesArgs) -> Result<(), DumpError> {
         (stats.pages_written * PAGE_SIZE as u64) >> 20,
         stats.zero_pages,
         stats.mappings,
-        crate::common::output::shown(&args.output),
+        shown(&args.output),
         stats.untouched_pages,
         stats.unreadable_pages,
         if stats.pagemap_used {

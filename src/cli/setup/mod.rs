@@ -10,6 +10,7 @@
 mod generator;
 mod zramswap;
 
+use crate::common::output::shown;
 use std::path::{Path, PathBuf};
 
 /// Why a configuration cannot be planned.
@@ -245,17 +246,12 @@ impl Host {
             None => {
                 let path = root.join("proc/meminfo");
                 let text = crate::common::read_text(&path, crate::common::MAX_CONFIG_BYTES)
-                    .map_err(|e| {
-                        err(
-                            &crate::common::output::shown(&path).to_string(),
-                            e.to_string(),
-                        )
-                    })?;
+                    .map_err(|e| err(&shown(&path).to_string(), e.to_string()))?;
                 mem_total_kb(&text)
                     .filter(|&kb| (1024..=1u64 << 50).contains(&kb))
                     .ok_or_else(|| {
                         err(
-                            &crate::common::output::shown(&path).to_string(),
+                            &shown(&path).to_string(),
                             "no MemTotal line of 1 MiB to 2^40 MiB: give --ram-mib",
                         )
                     })?
@@ -334,11 +330,11 @@ pub struct Loaded {
 pub fn load_plan(config: Option<&Path>, host: &Host) -> Result<Loaded, SetupError> {
     let read = |p: &Path| {
         crate::common::read_text(p, crate::common::MAX_CONFIG_BYTES)
-            .map_err(|e| err(&crate::common::output::shown(p).to_string(), e.to_string()))
+            .map_err(|e| err(&shown(p).to_string(), e.to_string()))
     };
     if let Some(path) = config {
         let text = read(path)?;
-        let name = crate::common::output::shown(path).to_string();
+        let name = shown(path).to_string();
         let (plan, notes) = if is_zramswap(path, &text) {
             (zramswap::plan(&name, &text, host.mem_total_kb)?, Vec::new())
         } else {
@@ -364,7 +360,7 @@ pub fn load_plan(config: Option<&Path>, host: &Host) -> Result<Loaded, SetupErro
     if !files.is_empty() || host.kernel == Some(true) {
         let texts = files
             .iter()
-            .map(|p| Ok((crate::common::output::shown(p).to_string(), read(p)?)))
+            .map(|p| Ok((shown(p).to_string(), read(p)?)))
             .collect::<Result<Vec<_>, SetupError>>()?;
         let (plan, mut notes) = generator::plan(&texts, host.ram_mib(), host.kernel)?;
         if host.root == Path::new("/") && zram_generator_installed() {
@@ -383,7 +379,7 @@ pub fn load_plan(config: Option<&Path>, host: &Host) -> Result<Loaded, SetupErro
     }
     let zramswap = host.root.join("etc/default/zramswap");
     if zramswap.exists() {
-        let name = crate::common::output::shown(&zramswap).to_string();
+        let name = shown(&zramswap).to_string();
         return Ok(Loaded {
             plan: zramswap::plan(&name, &read(&zramswap)?, host.mem_total_kb)?,
             notes: Vec::new(),

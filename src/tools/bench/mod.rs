@@ -21,6 +21,7 @@ use uzram_codecs::{Algorithm, Codec, MAX_COMPRESSED_LEN};
 
 mod report;
 
+use crate::common::output::shown;
 use crate::tools::corpus::{bench_corpus_path, Corpus};
 use crate::tools::pagedump::{dump_process, DumpOptions};
 use uzram_engine::device::{DeviceStats, PAGE_SIZE};
@@ -302,16 +303,13 @@ fn load_corpus(args: &BenchArgs) -> Result<(String, Corpus), BenchError> {
             dump_process(pid, &mut bytes, &DumpOptions::default())?;
             let origin = PathBuf::from(format!("/proc/{pid}/mem"));
             (
-                crate::common::output::shown(&origin).to_string(),
+                shown(&origin).to_string(),
                 Corpus::from_bytes(bytes, &origin)?,
             )
         }
         (None, path) => {
             let path = path.clone().unwrap_or_else(bench_corpus_path);
-            (
-                crate::common::output::shown(&path).to_string(),
-                Corpus::open(&path)?,
-            )
+            (shown(&path).to_string(), Corpus::open(&path)?)
         }
     })
 }
