@@ -42,6 +42,7 @@ impl Scratch {
         ext[1081] = 0xef;
         s.write("ext4.img", &ext);
         std::os::unix::fs::symlink(s.path("data"), s.path("link-to-data")).unwrap();
+        std::os::unix::fs::symlink(s.path("tiny"), s.path("link-to-tiny")).unwrap();
         std::os::unix::fs::symlink(s.path("nowhere"), s.path("dangling")).unwrap();
         let ok = Command::new("mkfifo")
             .arg(s.path("fifo"))

@@ -321,6 +321,7 @@ fn remove_dead(id: u32) -> Result<(), CtlError> {
 /// returns exactly the attribute's bytes.
 pub fn attr(id: u32, name: &str, value: Option<&str>) -> Result<String, CtlError> {
     let dev = block_path(id);
+    control::check_request(name, value).map_err(err)?;
     let request = match value {
         None => Request::Read(name.to_string()),
         Some(v) => Request::Write(name.to_string(), v.to_string()),

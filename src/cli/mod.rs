@@ -224,6 +224,11 @@ pub fn run(cli: Cli) -> Outcome {
 
 pub type Outcome = Result<(), Box<dyn std::error::Error>>;
 
+/// Whether none of a new device's options (what it is made of, its streams, its log) is given.
+fn alone_args(a: &CtlArgs) -> bool {
+    a.device == DeviceArgs::default() && a.streams.is_none() && a.log.is_none()
+}
+
 pub fn zramctl(a: CtlArgs) -> Outcome {
     if a.list_columns {
         let text: String = listing::COLUMNS
@@ -239,6 +244,12 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
         .map(|d| ctl::parse_device(d))
         .collect::<Result<Vec<u32>, CtlError>>()?;
     if a.reset {
+        if a.size.is_some() || a.find || !alone_args(&a) {
+            return Err(CtlError(
+                "--reset deletes devices: --size, --find and a new device's options do not go with it".into(),
+            )
+            .into());
+        }
         if ids.is_empty() {
             return Err(CtlError("--reset needs the device(s) to reset".into()).into());
         }
@@ -253,7 +264,7 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
         }
         return failed.map_or(Ok(()), |e| Err(e.into()));
     }
-    let alone = a.device == DeviceArgs::default() && a.streams.is_none() && a.log.is_none();
+    let alone = alone_args(&a);
     if a.find && a.size.is_none() && ids.is_empty() && alone {
         // zramctl's `-f` alone: the name the next device would get.
         return Ok(outln(block_path(ctl::first_free_id()?))?);
@@ -280,9 +291,9 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
         outln(path)?;
         return Ok(());
     }
-    if a.device != DeviceArgs::default() || a.streams.is_some() {
+    if !alone {
         return Err(CtlError(
-            "--algorithm, --algorithm-params, --recomp-algorithm, --backing-dev, --force, --policy, --streams and --mem-limit apply to a new device: add --size (and --find or a device name)"
+            "--algorithm, --algorithm-params, --recomp-algorithm, --backing-dev, --force, --policy, --streams, --mem-limit and --log apply to a new device: add --size (and --find or a device name)"
                 .into(),
         )
         .into());

@@ -186,7 +186,11 @@ fn load() -> State {
 /// too).
 pub fn run(phase: Phase, action: &str) -> Result<Vec<String>, CtlError> {
     match phase {
-        Phase::Post => undo(),
+        Phase::Post => {
+            // Checked as pre checks it, though post undoes whatever pre recorded.
+            hibernates(action)?;
+            undo()
+        }
         Phase::Pre => {
             let hibernate = hibernates(action)?;
             let mut said = Vec::new();

@@ -65,8 +65,7 @@ impl Request {
                 ),
             ));
         }
-        let name_ok =
-            |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+        let name_ok = is_attr_name;
         let (verb, rest) = line.split_once(' ').unwrap_or((line, ""));
         match verb {
             "read" if name_ok(rest) => Ok(Request::Read(rest.into())),
@@ -293,6 +292,27 @@ pub fn call_at(path: &Path, request: &Request) -> Result<String, CallError> {
         .and_then(|n| n.parse().ok())
         .unwrap_or(libc::EIO);
     Err(CallError::Refused(AttrError::new(errno, body)))
+}
+
+/// Whether `name` can be an attribute's name: zram's are lowercase letters and `_`.
+pub fn is_attr_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+}
+
+/// The client's check of a request, so that what is wrong is said in the user's terms, not the
+/// protocol's: a name that cannot be an attribute's, a value that is not one line of text.
+pub fn check_request(name: &str, value: Option<&str>) -> Result<(), String> {
+    if !is_attr_name(name) {
+        return Err(format!(
+            "{name:?}: not an attribute's name (zram's names: lowercase letters and _, e.g. mm_stat)"
+        ));
+    }
+    match value.filter(|v| v.chars().any(char::is_control)) {
+        Some(v) => Err(format!(
+            "{name}: the value {v:?} holds a control character (a newline?): a value is one line of text"
+        )),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,52 @@ pub enum OptionsError {
     /// More streams (queues) than ublk gives a device.
     #[error("--streams {0} is more than ublk's {MAX_QUEUES} queues a device")]
     TooManyStreams(u16),
+    /// Two `--recomp-algorithm`s of one priority (the second would replace the first).
+    #[error(
+        "--recomp-algorithm '{second}': priority {priority} is '{first}' already (give each its own priority=1..3)"
+    )]
+    RecompTwice {
+        /// The priority both name (1 when not given).
+        priority: String,
+        /// The first.
+        first: String,
+        /// The second.
+        second: String,
+    },
+    /// `uzram serve --reserve-min` above `--reserve` (the least above the most).
+    #[error(
+        "--reserve-min {min} is more than --reserve {reserve} (the reserve's least above its most)"
+    )]
+    ReserveMinAboveReserve {
+        /// --reserve-min as given.
+        min: String,
+        /// --reserve as given.
+        reserve: String,
+    },
+    /// One backing file or device named twice.
+    #[error("--backing-dev {0}: named twice (a device stripes over distinct files)")]
+    BackingTwice(String),
+}
+
+/// The priority a `--recomp-algorithm` spec names (`priority=N`; 1 when it names none).
+fn recomp_priority(spec: &str) -> &str {
+    spec.split_whitespace()
+        .find_map(|w| w.strip_prefix("priority="))
+        .unwrap_or("1")
+}
+
+/// What tells two backing paths apart: the file's device and inode where it exists, else its
+/// absolute path (a file to be made).
+fn backing_identity(path: &std::path::Path) -> (u64, u64, PathBuf) {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) => (m.dev(), m.ino(), PathBuf::new()),
+        Err(_) => (
+            0,
+            0,
+            std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+        ),
+    }
 }
 
 /// ublk's most queues per device (`UBLK_MAX_NR_QUEUES`).
@@ -134,8 +180,28 @@ impl DeviceArgs {
         if let Some(a) = &self.algorithm {
             setup.set_comp_algorithm(a)?;
         }
-        for r in &self.recomp_algorithm {
+        for (i, r) in self.recomp_algorithm.iter().enumerate() {
+            let priority = recomp_priority(r);
+            if let Some(first) = self.recomp_algorithm[..i]
+                .iter()
+                .find(|f| recomp_priority(f) == priority)
+            {
+                return Err(OptionsError::RecompTwice {
+                    priority: priority.to_string(),
+                    first: first.clone(),
+                    second: r.clone(),
+                });
+            }
             setup.set_recomp_algorithm(r)?;
+        }
+        for (i, b) in self.backing_dev.iter().enumerate() {
+            let id = backing_identity(b);
+            if self.backing_dev[..i]
+                .iter()
+                .any(|a| backing_identity(a) == id)
+            {
+                return Err(OptionsError::BackingTwice(shown(b).to_string()));
+            }
         }
         if let Some(p) = &self.algorithm_params {
             setup.set_algorithm_params(p)?;

@@ -294,6 +294,15 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
         Some(r) => uzram_engine::parse_size(r)?,
         None => DEFAULT_RESERVE_MIN,
     };
+    if let (Some(min), Some(most)) = (&args.reserve_min, &args.reserve) {
+        if reserve_min > reserve {
+            return Err(options::OptionsError::ReserveMinAboveReserve {
+                min: min.clone(),
+                reserve: most.clone(),
+            }
+            .into());
+        }
+    }
     setup.set_pool_reserve_min(reserve_min.min(reserve));
     setup.set_pool_growth(Growth::Reserve { wait: RESERVE_WAIT });
     Ok((setup, disksize))

@@ -85,6 +85,9 @@ pub struct DumpStats {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DumpError {
+    /// An option's value that asks for nothing sensible.
+    #[error("{0}")]
+    Usage(String),
     #[error("no process with pid {pid}")]
     NoSuchProcess { pid: u32 },
     #[error("process {pid} has no memory of its own to dump (a kernel thread?)")]
@@ -344,6 +347,11 @@ pub struct DumpPagesArgs {
 /// Runs `uzram dump-pages` and prints a one-line summary to stderr. The output appears only
 /// once complete; on failure what was there before is left as it was.
 pub fn run(args: &DumpPagesArgs) -> Result<(), DumpError> {
+    if args.max_mib == Some(0) {
+        return Err(DumpError::Usage(
+            "--max-mib 0: a dump of nothing (give at least 1, or leave it out for no limit)".into(),
+        ));
+    }
     let opts = DumpOptions {
         max_bytes: args.max_mib.map(|mib| mib.saturating_mul(1 << 20)),
         resident_only: !args.all_pages,

@@ -201,8 +201,47 @@ pub fn subcommands() -> Vec<Case> {
         ),
         ("dump-pages --pid 1 --max-mib abc -o @x", "abc"),
         ("dump-pages -o @x", "--pid"),
+        ("dump-pages --pid 1 --max-mib 0 -o @data", "--max-mib 0"),
+        ("--reset --size 4G /dev/ublkb0", "--reset"),
+        ("--reset --algorithm zstd /dev/ublkb0", "--reset"),
+        ("--log @x", "--log"),
+        (
+            "--find --size 64M --backing-dev @new-bd --backing-dev @new-bd",
+            "named twice",
+        ),
+        (
+            "--find --size 64M --backing-dev @tiny --backing-dev @link-to-tiny",
+            "named twice",
+        ),
+        (
+            "--find --size 64M --recomp-algorithm zstd --recomp-algorithm zstd",
+            "priority 1",
+        ),
+        (
+            "--find --size 64M --recomp-algorithm 'algo=zstd priority=2' --recomp-algorithm 'algo=lz4 priority=2'",
+            "priority 2",
+        ),
+        ("attr /dev/ublkb0 ''", "not an attribute's name"),
+        ("attr /dev/ublkb0 'mm stat'", "\"mm stat\": not an attribute"),
+        ("attr /dev/ublkb0 ../../etc/passwd", "../../etc/passwd"),
+        ("sleep post bogus", "bogus"),
+        ("sleep post ''", "''"),
     ] {
         v.push(case(args, names));
+    }
+    // The daemon's options are named before the driver is looked for.
+    if cfg!(feature = "ublk") {
+        for (args, names) in [
+            ("serve --size 0", "size 0"),
+            ("serve --size 99E", "99E"),
+            ("serve --size 4G --queues 0", "at least 1"),
+            (
+                "serve --size 4G --reserve 1M --reserve-min 16M",
+                "--reserve-min 16M",
+            ),
+        ] {
+            v.push(case(args, names));
+        }
     }
     // The daemon's subcommand on a build without it says so.
     if !cfg!(feature = "ublk") {

@@ -220,12 +220,22 @@ fn set_var(
     }
     notes.push(format!("{file}: ran {k}: /bin/sh -c {v:?}"));
     let (status, stdout) = run_set(v, SET_TIMEOUT).map_err(bad)?;
-    if !status.success() {
-        notes.push(format!("{file}: {k}: {v} exited {status}"));
+    let ended = match (
+        status.code(),
+        std::os::unix::process::ExitStatusExt::signal(&status),
+    ) {
+        (Some(0), _) => String::new(),
+        (Some(code), _) => format!(" (it exited with status {code})"),
+        (None, Some(sig)) => format!(" (it was killed by signal {sig})"),
+        (None, None) => format!(" ({status})"),
+    };
+    if !ended.is_empty() {
+        notes.push(format!("{file}: {k} = {v}: failed{ended}; its output is used all the same, as zram-generator uses it"));
     }
-    let text = String::from_utf8(stdout).map_err(|_| bad("its output is not UTF-8".into()))?;
+    let text =
+        String::from_utf8(stdout).map_err(|_| bad(format!("its output is not UTF-8{ended}")))?;
     let value = eval(text.trim(), ram, vars)
-        .map_err(|m| bad(format!("its output {:?}: {m}", text.trim())))?;
+        .map_err(|m| bad(format!("its output {:?}: {m}{ended}", text.trim())))?;
     vars.insert(var.to_string(), value);
     Ok(())
 }
@@ -253,11 +263,11 @@ pub(super) fn run_set(
         .env(SET_ENV, "1")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::piped())
         .process_group(0)
         .spawn()
         .map_err(|e| format!("cannot run /bin/sh: {e}"))?;
-    let Some(mut stdout) = child.stdout.take() else {
+    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
         crate::sys::kill_group(child.id(), libc::SIGKILL);
         let _ = child.wait();
         return Err("no pipe for its output".into());
@@ -276,9 +286,26 @@ pub(super) fn run_set(
             out
         }
     });
+    // Its messages are passed on, as zram-generator's are, up to the same bound: at boot they
+    // go to the journal.
+    std::thread::spawn({
+        let full = std::sync::Arc::clone(&full);
+        move || {
+            let mut said = Vec::new();
+            let _ = (&mut stderr)
+                .take(SET_OUTPUT_MAX as u64 + 1)
+                .read_to_end(&mut said);
+            let over = said.len() > SET_OUTPUT_MAX;
+            said.truncate(SET_OUTPUT_MAX);
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), &said);
+            if over {
+                full.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
     let too_much = || {
         format!(
-            "it printed more than {SET_OUTPUT_MAX} bytes (a size expression needs a few): stopped"
+            "it printed more than {SET_OUTPUT_MAX} bytes on its output or its errors (a size expression needs a few): stopped"
         )
     };
     let deadline = Instant::now() + timeout;

@@ -104,13 +104,14 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         log(&format!("{why}: not taking any device over"));
         None
     });
+    // The options first: a bad one is named on any machine, the driver's absence only then.
+    let (setup, disksize) = super::configure(args)?;
     if !crate::common::have_ublk_driver() {
         return Err(ServeError::NoDriver);
     }
     if args.detached && args.log.is_none() {
         super::log::open_syslog();
     }
-    let (setup, disksize) = super::configure(args)?;
     match cgroup::protect_from_swap() {
         Ok(None) => {}
         Ok(Some(there)) => log(&format!(
