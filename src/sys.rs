@@ -432,25 +432,33 @@ pub fn peer(stream: &std::os::unix::net::UnixStream) -> io::Result<Peer> {
     })
 }
 
-/// Whether the program was started with its stdout closed (`uzram >&-`). Rust's runtime points
-/// a closed standard descriptor at /dev/null, opened read-write, before `main` (so no file
-/// opened later takes its number), and takes a write to it for a success. A shell's
-/// `>/dev/null`, and `Stdio::null()`, open it write-only: /dev/null read-write on fd 1 is
-/// taken for the runtime's.
-pub fn stdout_was_closed() -> bool {
-    // SAFETY: fstat and fcntl(F_GETFL) on descriptor 1 only read kernel state into a local,
-    // zero-initialised stat buffer; their results are checked.
-    unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        if libc::fstat(1, &mut st) != 0 {
-            return true;
-        }
-        let flags = libc::fcntl(1, libc::F_GETFL);
-        st.st_mode & libc::S_IFMT == libc::S_IFCHR
-            && st.st_rdev == libc::makedev(1, 3)
-            && flags >= 0
-            && flags & libc::O_ACCMODE == libc::O_RDWR
+/// Whether descriptor 1 was closed when the process started (see [`stdout_was_closed`]).
+static STDOUT_CLOSED_AT_START: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Records whether descriptor 1 is closed, before Rust's runtime points a closed standard
+/// descriptor at /dev/null (which it does before `main`): run by the C runtime from
+/// `.init_array`, ahead of the Rust runtime's own start.
+extern "C" fn record_stdout_at_start() {
+    // SAFETY: F_GETFD on descriptor 1 only reads the process's descriptor table.
+    if unsafe { libc::fcntl(1, libc::F_GETFD) } < 0 {
+        STDOUT_CLOSED_AT_START.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// The C runtime calls each function in `.init_array` before `main`; this one takes no
+/// arguments and touches only an atomic.
+#[used]
+#[link_section = ".init_array"]
+static RECORD_STDOUT_AT_START: extern "C" fn() = record_stdout_at_start;
+
+/// Whether the program was started with its stdout closed (`uzram >&-`): Rust's runtime then
+/// points descriptor 1 at /dev/null and takes a write to it for a success, so what was there at
+/// start is recorded before that (a /dev/null a parent opened for it is not a closed stdout).
+pub fn stdout_was_closed() -> bool {
+    // Named, so that the linker keeps the record with this function.
+    std::hint::black_box(&RECORD_STDOUT_AT_START);
+    STDOUT_CLOSED_AT_START.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The real user id of the process.

@@ -373,6 +373,19 @@ fn a_closed_stdout_is_said_and_exit_1() {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{args:?} >/dev/null");
+        // /dev/null opened read-write by a parent (Python's DEVNULL, daemon(3)) is no closed
+        // stdout either
+        let rw = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_uzram"))
+            .args(args)
+            .stdout(Stdio::from(rw))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?} 1<>/dev/null");
     }
 }
 

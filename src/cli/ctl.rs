@@ -72,6 +72,7 @@ pub struct CreateArgs {
 /// at once, clearly, and leaves nothing behind: the options through [`options::check`], as the
 /// daemon checks them, then whether the device exists and the kernel has the driver.
 pub fn validate(args: &CreateArgs) -> Result<(), CtlError> {
+    args.device.check_new().map_err(|e| err(e.to_string()))?;
     options::check(&args.size, &args.device, args.streams).map_err(|e| err(e.to_string()))?;
     if let Some(id) = args.id {
         if socket_path(id).exists() || Path::new(&block_path(id)).exists() {
@@ -534,7 +535,8 @@ pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
             // Set up already (its daemon holds its backing device): setup leaves it as it is.
             args.backing_dev.clear();
         }
-        options::check(&d.size_bytes.to_string(), &args, None)
+        args.check_new()
+            .and_then(|()| options::check(&d.size_bytes.to_string(), &args, None).map(drop))
             .map_err(|e| err(format!("[{}]: {e}", d.section)))?;
         // zram-generator mounts a device with a mount point whatever its fs-type says.
         if d.fs != "swap" || d.mount.is_some() {

@@ -150,7 +150,8 @@ impl State {
             t.push_str(&format!("swapoff {name} {p}\n"));
         }
         for c in &self.frozen {
-            t.push_str(&format!("frozen {}\n", shown(c)));
+            // The path as it is (a message would quote it): `parse` reads it back.
+            t.push_str(&format!("frozen {}\n", c.display()));
         }
         t
     }
@@ -187,9 +188,11 @@ fn load() -> State {
 pub fn run(phase: Phase, action: &str) -> Result<Vec<String>, CtlError> {
     match phase {
         Phase::Post => {
-            // Checked as pre checks it, though post undoes whatever pre recorded.
+            // Whatever pre recorded is undone first, whatever the action; an action pre would
+            // not take is said after.
+            let undone = undo();
             hibernates(action)?;
-            undo()
+            undone
         }
         Phase::Pre => {
             let hibernate = hibernates(action)?;
@@ -562,7 +565,11 @@ mod tests {
     fn the_state_reads_back_what_was_written_and_skips_what_it_does_not_know() {
         let s = State {
             swapped_off: vec![("/dev/ublkb0".into(), 100), ("/dev/ublkb2".into(), -2)],
-            frozen: vec!["/sys/fs/cgroup/user.slice/a b.scope".into()],
+            frozen: vec![
+                "/sys/fs/cgroup/user.slice/a b.scope".into(),
+                // a cgroup's name may hold any character but / and a newline
+                "/sys/fs/cgroup/user.slice/a\tb\x1b.scope".into(),
+            ],
         };
         assert_eq!(State::parse(&s.render()), s);
         let odd = format!("{}garbage\nswapoff /dev/ublkb1 notanumber\n", s.render());

@@ -70,18 +70,23 @@ pub enum OptionsError {
     BackingTwice(String),
 }
 
-/// The priority a `--recomp-algorithm` spec names (`priority=N`; 1 when it names none).
-fn recomp_priority(spec: &str) -> &str {
-    spec.split_whitespace()
-        .find_map(|w| w.strip_prefix("priority="))
-        .unwrap_or("1")
+/// The priority a `--recomp-algorithm` spec names, as the engine parses it (`priority=N`; 1
+/// when it names none or is a bare name). A spec that does not parse has none here: the
+/// engine names what is wrong with it.
+fn recomp_priority(spec: &str) -> Option<u8> {
+    if !spec.contains('=') {
+        return Some(1);
+    }
+    let p: uzram_codecs::AlgorithmParams = spec.parse().ok()?;
+    Some(p.priority.unwrap_or(1))
 }
 
-/// What tells two backing paths apart: the file's device and inode where it exists, else its
-/// absolute path (a file to be made).
+/// What tells two backing paths apart: a block device's number (two nodes of one disk are
+/// one), a file's device and inode, else its absolute path (a file to be made).
 fn backing_identity(path: &std::path::Path) -> (u64, u64, PathBuf) {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_block_device() => (u64::MAX, m.rdev(), PathBuf::new()),
         Ok(m) => (m.dev(), m.ino(), PathBuf::new()),
         Err(_) => (
             0,
@@ -171,20 +176,19 @@ pub enum SlotFree {
 }
 
 impl DeviceArgs {
-    /// The engine's setup for these options, as writing zram's attributes in this order would:
-    /// the algorithm, the secondary algorithms (`algorithm_params` may name one by priority),
-    /// the parameters, the backing devices, the policy, `mem_limit`. Every check the engine
-    /// makes before `disksize` is made here.
-    pub fn setup(&self) -> Result<DeviceSetup, OptionsError> {
-        let mut setup = DeviceSetup::new();
-        if let Some(a) = &self.algorithm {
-            setup.set_comp_algorithm(a)?;
-        }
+    /// What a new device's options may not hold, beyond what [`DeviceArgs::setup`] takes: two
+    /// `--recomp-algorithm`s of one priority (the second would replace the first) and one
+    /// backing file named twice. Only where a device is made: a successor or standby runs with
+    /// the options its device was made with, perhaps by an older binary that took them, and
+    /// must not refuse them now.
+    pub fn check_new(&self) -> Result<(), OptionsError> {
         for (i, r) in self.recomp_algorithm.iter().enumerate() {
-            let priority = recomp_priority(r);
+            let Some(priority) = recomp_priority(r) else {
+                continue;
+            };
             if let Some(first) = self.recomp_algorithm[..i]
                 .iter()
-                .find(|f| recomp_priority(f) == priority)
+                .find(|f| recomp_priority(f) == Some(priority))
             {
                 return Err(OptionsError::RecompTwice {
                     priority: priority.to_string(),
@@ -192,7 +196,6 @@ impl DeviceArgs {
                     second: r.clone(),
                 });
             }
-            setup.set_recomp_algorithm(r)?;
         }
         for (i, b) in self.backing_dev.iter().enumerate() {
             let id = backing_identity(b);
@@ -202,6 +205,21 @@ impl DeviceArgs {
             {
                 return Err(OptionsError::BackingTwice(shown(b).to_string()));
             }
+        }
+        Ok(())
+    }
+
+    /// The engine's setup for these options, as writing zram's attributes in this order would:
+    /// the algorithm, the secondary algorithms (`algorithm_params` may name one by priority),
+    /// the parameters, the backing devices, the policy, `mem_limit`. Every check the engine
+    /// makes before `disksize` is made here.
+    pub fn setup(&self) -> Result<DeviceSetup, OptionsError> {
+        let mut setup = DeviceSetup::new();
+        if let Some(a) = &self.algorithm {
+            setup.set_comp_algorithm(a)?;
+        }
+        for r in &self.recomp_algorithm {
+            setup.set_recomp_algorithm(r)?;
         }
         if let Some(p) = &self.algorithm_params {
             setup.set_algorithm_params(p)?;

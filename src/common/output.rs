@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// takes a write to a closed stdout for a success, so [`out`] says so itself.
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 
-/// Records that stdout was closed at start (`main`; Rust's runtime has pointed the descriptor at
-/// /dev/null, so that no file takes its number): every later [`out`] fails.
+/// Records that stdout was closed at start (`main`, from `sys::stdout_was_closed`; Rust's runtime
+/// has pointed the descriptor at /dev/null, so that no file takes its number): every later
+/// [`out`] fails.
 pub fn note_stdout_closed() {
     STDOUT_CLOSED.store(true, Ordering::Relaxed);
 }

@@ -276,6 +276,23 @@ fn disown_probe(probe: &slotfree::Descriptors, why: &str) -> Result<(), ServeErr
 /// The engine's setup and disksize for `args`: what `uzram --find` checks too (through the same
 /// [`options::check`]), plus the daemon's pool settings (a reserve, kept filled by the memory
 /// thread).
+/// What a new device's options may not hold beyond what [`configure`] takes (see
+/// [`DeviceArgs::check_new`]), and `--reserve-min` above `--reserve` (which [`configure`]
+/// clamps). Only where a device is made, never in a successor or standby.
+pub fn check_new(args: &ServeArgs) -> Result<(), ServeError> {
+    args.device.check_new()?;
+    if let (Some(min), Some(most)) = (&args.reserve_min, &args.reserve) {
+        if uzram_engine::parse_size(min)? > uzram_engine::parse_size(most)? {
+            return Err(options::OptionsError::ReserveMinAboveReserve {
+                min: min.clone(),
+                reserve: most.clone(),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
     let (mut setup, disksize) = options::check(&args.size, &args.device, args.queues)?;
     let reserve = match &args.reserve {
@@ -294,15 +311,6 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
         Some(r) => uzram_engine::parse_size(r)?,
         None => DEFAULT_RESERVE_MIN,
     };
-    if let (Some(min), Some(most)) = (&args.reserve_min, &args.reserve) {
-        if reserve_min > reserve {
-            return Err(options::OptionsError::ReserveMinAboveReserve {
-                min: min.clone(),
-                reserve: most.clone(),
-            }
-            .into());
-        }
-    }
     setup.set_pool_reserve_min(reserve_min.min(reserve));
     setup.set_pool_growth(Growth::Reserve { wait: RESERVE_WAIT });
     Ok((setup, disksize))

@@ -256,7 +256,7 @@ pub(super) fn run_set(
     command: &str,
     timeout: Duration,
 ) -> Result<(std::process::ExitStatus, Vec<u8>), String> {
-    use std::io::Read;
+    use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
     let mut child = std::process::Command::new("/bin/sh")
         .args(["-c", "--", command])
@@ -286,26 +286,31 @@ pub(super) fn run_set(
             out
         }
     });
-    // Its messages are passed on, as zram-generator's are, up to the same bound: at boot they
-    // go to the journal.
-    std::thread::spawn({
-        let full = std::sync::Arc::clone(&full);
-        move || {
-            let mut said = Vec::new();
-            let _ = (&mut stderr)
-                .take(SET_OUTPUT_MAX as u64 + 1)
-                .read_to_end(&mut said);
-            let over = said.len() > SET_OUTPUT_MAX;
-            said.truncate(SET_OUTPUT_MAX);
-            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), &said);
-            if over {
-                full.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Its messages are passed on as they come (zram-generator lets them through), the first
+    // SET_OUTPUT_MAX bytes of them: at boot they go to the journal, and a command that prints
+    // without end must not fill it. The rest is read and dropped, so that it never blocks.
+    let err_reader = std::thread::spawn(move || {
+        let mut left = SET_OUTPUT_MAX;
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match stderr.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut e = std::io::stderr().lock();
+            if left > 0 {
+                let pass = n.min(left);
+                let _ = std::io::Write::write_all(&mut e, &buf[..pass]);
+                left -= pass;
+                if left == 0 {
+                    let _ = writeln!(e, "\n(its further messages are dropped)");
+                }
             }
         }
     });
     let too_much = || {
         format!(
-            "it printed more than {SET_OUTPUT_MAX} bytes on its output or its errors (a size expression needs a few): stopped"
+            "it printed more than {SET_OUTPUT_MAX} bytes (a size expression needs a few): stopped"
         )
     };
     let deadline = Instant::now() + timeout;
@@ -322,7 +327,7 @@ pub(super) fn run_set(
         }
         // Done once the shell has exited and its output is closed (a command it left running
         // in the background may hold it open: that is waited for too, to the deadline).
-        if reader.is_finished() && status.is_some() {
+        if reader.is_finished() && err_reader.is_finished() && status.is_some() {
             break None;
         }
         if Instant::now() >= deadline {
@@ -342,6 +347,7 @@ pub(super) fn run_set(
         // new session of its own) may hold the pipe open after the kill, and a boot-time
         // setup must not wait for it.
         drop(reader);
+        drop(err_reader);
         return Err(why);
     }
     let status = match status {
@@ -350,6 +356,7 @@ pub(super) fn run_set(
     };
     // Finished (checked above): joins at once.
     let out = reader.join().unwrap_or_default();
+    let _ = err_reader.join();
     // The reader may have filled up after the loop last looked.
     if out.len() > SET_OUTPUT_MAX {
         return Err(too_much());

@@ -104,13 +104,17 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         log(&format!("{why}: not taking any device over"));
         None
     });
-    // The options first: a bad one is named on any machine, the driver's absence only then.
+    if args.detached && args.log.is_none() {
+        super::log::open_syslog();
+    }
+    // The options first: a bad one is named on any machine, the driver's absence only then. A
+    // device taken over from the descriptor store keeps the options it was made with.
+    if stored.is_none() {
+        super::check_new(args)?;
+    }
     let (setup, disksize) = super::configure(args)?;
     if !crate::common::have_ublk_driver() {
         return Err(ServeError::NoDriver);
-    }
-    if args.detached && args.log.is_none() {
-        super::log::open_syslog();
     }
     match cgroup::protect_from_swap() {
         Ok(None) => {}

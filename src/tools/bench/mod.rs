@@ -241,6 +241,7 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         }
     }
     let (source, corpus) = load_corpus(args)?;
+    args.device.check_new()?;
     let setup = args.device.setup()?;
     let config = setup.config().clone();
     let pages: Vec<&[u8; PAGE_SIZE]> = corpus.pages().collect();

@@ -198,7 +198,7 @@ check_systemd() {
 # (docs/design/surviving-the-daemon.md, "A restart by the service manager").
 check_recoversd() {
     local name=$1 kills=$2 mode=$3 log=$UZ_TMP/$1.log dev sup sup1 w wcg tpid o0 rc k
-    local t0 ms times= worst=0 hung0 oom0 oom1 swapsize fill blocks rpid p t
+    local t0 ms times= worst=0 hung0 oom0 oom1 swapsize fill blocks rpid p t avail
     if [ "$UZRAM_VM_MODE" != guest ]; then
         skip "$name" "needs the guest (it runs the host's systemd as a user manager in a chroot of the host's root)"
         return
