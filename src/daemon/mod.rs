@@ -273,9 +273,6 @@ fn disown_probe(probe: &slotfree::Descriptors, why: &str) -> Result<(), ServeErr
     })
 }
 
-/// The engine's setup and disksize for `args`: what `uzram --find` checks too (through the same
-/// [`options::check`]), plus the daemon's pool settings (a reserve, kept filled by the memory
-/// thread).
 /// What a new device's options may not hold beyond what [`configure`] takes (see
 /// [`DeviceArgs::check_new`]), and `--reserve-min` above `--reserve` (which [`configure`]
 /// clamps). Only where a device is made, never in a successor or standby.
@@ -293,6 +290,9 @@ pub fn check_new(args: &ServeArgs) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// The engine's setup and disksize for `args`: what `uzram --find` checks too (through the same
+/// [`options::check`]), plus the daemon's pool settings (a reserve, kept filled by the memory
+/// thread).
 pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
     let (mut setup, disksize) = options::check(&args.size, &args.device, args.queues)?;
     let reserve = match &args.reserve {
