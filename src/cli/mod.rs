@@ -72,7 +72,7 @@ pub struct CtlArgs {
     #[command(flatten)]
     device: DeviceArgs,
     /// Number of compression streams (the daemon's I/O queues; default 2, 1 on a one-CPU machine)
-    #[arg(short = 't', long, value_name = "NUMBER")]
+    #[arg(short = 't', long, value_name = "NUMBER", value_parser = clap::value_parser!(u16).range(1..))]
     streams: Option<u16>,
     /// The new device's daemon appends its messages here (default: syslog)
     #[arg(long, value_name = "FILE")]

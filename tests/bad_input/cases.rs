@@ -125,7 +125,7 @@ pub fn subcommands() -> Vec<Case> {
         ("--size 1G /dev/zram0", "/dev/zram0"),
         ("--size 1G /dev/ublkb1 /dev/ublkb2", "one device"),
         ("--find --size 1G /dev/ublkb1", "either --find"),
-        ("--find --streams 0", "--size"),
+        ("--find --streams 0", "--streams"),
         ("--find --log @x", "--size"),
         ("--algorithm zstd", "--algorithm"),
         ("--force", "--force"),
@@ -308,6 +308,27 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "zram-size",
         ),
         ("zram-generator.conf", &gen("zram-size = banana"), "banana"),
+        // an expression's errors in words, not the evaluator's names for them
+        (
+            "zram-generator.conf",
+            &gen("zram-size = ram /"),
+            "ends too early",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = foo"),
+            "\"foo\" is not known",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = ram/2 ; x"),
+            "unexpected \"; x\"",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("swap-priority = 1.5"),
+            "whole number",
+        ),
         (
             "zram-generator.conf",
             &gen("zram-size = 1e300"),
@@ -393,7 +414,7 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "colour=blue",
         ),
         ("zram-generator.conf", "[zram1]\n[zram01]\n", "zram01"),
-        ("zram-generator.conf", "[zram0\nzram-size = 1\n", "case27"),
+        ("zram-generator.conf", "[zram0\nzram-size = 1\n", "3:1"),
         (
             "zram-generator.conf",
             "[zram99999999999]\n",

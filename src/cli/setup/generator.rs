@@ -378,7 +378,7 @@ fn eval(expr: &str, ram: u64, vars: &BTreeMap<String, f64>) -> Result<f64, Strin
             vars.get(name).copied()
         }
     };
-    fasteval::ez_eval(expr, &mut ns).map_err(|e| format!("{e:?}"))
+    fasteval::ez_eval(expr, &mut ns).map_err(|e| expr_error(&e))
 }
 
 /// Checks an expression's syntax (zram-generator parses when it reads, evaluates later).
@@ -387,7 +387,25 @@ fn parse_expr(expr: &str) -> Result<(), String> {
     fasteval::Parser::new()
         .parse(expr, &mut slab.ps)
         .map(drop)
-        .map_err(|e| format!("{e:?}"))
+        .map_err(|e| expr_error(&e))
+}
+
+/// An expression's error in words (the evaluator's own Display is its Debug).
+fn expr_error(e: &fasteval::Error) -> String {
+    use fasteval::Error as E;
+    match e {
+        E::EOF | E::EofWhileParsing(_) => "the expression ends too early".into(),
+        E::Undefined(name) => format!(
+            "{name:?} is not known (an expression may use numbers, ram and the set! variables)"
+        ),
+        E::UnparsedTokensRemaining(rest) => format!("unexpected {rest:?} after the expression"),
+        E::InvalidValue | E::ParseF64(_) => "not a number where one was expected".into(),
+        E::Expected(what) => format!("expected {what}"),
+        E::WrongArgs(f) => format!("wrong arguments to {f}"),
+        E::TooLong => "the expression is too long".into(),
+        E::TooDeep => "the expression nests too deeply".into(),
+        other => format!("not a valid expression ({other:?})"),
+    }
 }
 
 /// zram-generator's paths (`mount-point`, `writeback-device`): absolute, no `..`, normalised
@@ -458,7 +476,9 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
             "uzram-policy"
         }
         "swap-priority" => {
-            let p: i32 = v.parse().map_err(|_| bad("a number".into()))?;
+            let p: i32 = v
+                .parse()
+                .map_err(|_| bad("a swap priority is a whole number, -1..32767".into()))?;
             if !(-1..=32767).contains(&p) {
                 return Err(bad("a swap priority is -1..32767".into()));
             }
