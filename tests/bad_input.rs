@@ -27,8 +27,14 @@ struct Scratch {
 
 impl Scratch {
     fn new(tag: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("uzram-bad-input-{tag}-{}", std::process::id()));
+        // The process id in letters: messages name the scratch files, and a row that expects
+        // a number ("-5") must not find it in the path.
+        let id: String = std::process::id()
+            .to_string()
+            .bytes()
+            .map(|d| char::from(b'a' + (d - b'0')))
+            .collect();
+        let dir = std::env::temp_dir().join(format!("uzram-bad-input-{tag}-{id}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("a-dir")).unwrap();
         let s = Scratch { dir };

@@ -249,6 +249,32 @@ pub const SET_TIMEOUT: Duration = Duration::from_secs(10);
 /// `set!` that ran `uzram setup` on its own file would run itself again without end.
 pub const SET_ENV: &str = "UZRAM_SETUP_SET_COMMAND";
 
+/// Passes a `set!` command's messages on as they come (zram-generator lets them through), the
+/// first [`SET_OUTPUT_MAX`] bytes of them: at boot they go to the journal, and a command that
+/// prints without end must not fill it. The rest is read and dropped, so that it never blocks.
+fn pass_on_errors(mut stderr: std::process::ChildStderr) -> std::thread::JoinHandle<()> {
+    use std::io::{Read, Write};
+    std::thread::spawn(move || {
+        let mut left = SET_OUTPUT_MAX;
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match stderr.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut e = std::io::stderr().lock();
+            if left > 0 {
+                let pass = n.min(left);
+                let _ = e.write_all(&buf[..pass]);
+                left -= pass;
+                if left == 0 {
+                    let _ = writeln!(e, "\n(its further messages are dropped)");
+                }
+            }
+        }
+    })
+}
+
 /// Runs a `set!` command under /bin/sh in a process group of its own, with [`SET_ENV`] set:
 /// its exit status and output, or why it was stopped (it ran past `timeout`, or printed
 /// more than [`SET_OUTPUT_MAX`] bytes: then its whole group is killed).
@@ -256,7 +282,7 @@ pub(super) fn run_set(
     command: &str,
     timeout: Duration,
 ) -> Result<(std::process::ExitStatus, Vec<u8>), String> {
-    use std::io::{Read, Write};
+    use std::io::Read;
     use std::os::unix::process::CommandExt;
     let mut child = std::process::Command::new("/bin/sh")
         .args(["-c", "--", command])
@@ -267,7 +293,7 @@ pub(super) fn run_set(
         .process_group(0)
         .spawn()
         .map_err(|e| format!("cannot run /bin/sh: {e}"))?;
-    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+    let (Some(mut stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         crate::sys::kill_group(child.id(), libc::SIGKILL);
         let _ = child.wait();
         return Err("no pipe for its output".into());
@@ -286,28 +312,7 @@ pub(super) fn run_set(
             out
         }
     });
-    // Its messages are passed on as they come (zram-generator lets them through), the first
-    // SET_OUTPUT_MAX bytes of them: at boot they go to the journal, and a command that prints
-    // without end must not fill it. The rest is read and dropped, so that it never blocks.
-    let err_reader = std::thread::spawn(move || {
-        let mut left = SET_OUTPUT_MAX;
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = match stderr.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let mut e = std::io::stderr().lock();
-            if left > 0 {
-                let pass = n.min(left);
-                let _ = std::io::Write::write_all(&mut e, &buf[..pass]);
-                left -= pass;
-                if left == 0 {
-                    let _ = writeln!(e, "\n(its further messages are dropped)");
-                }
-            }
-        }
-    });
+    let err_reader = pass_on_errors(stderr);
     let too_much = || {
         format!(
             "it printed more than {SET_OUTPUT_MAX} bytes (a size expression needs a few): stopped"
@@ -327,7 +332,9 @@ pub(super) fn run_set(
         }
         // Done once the shell has exited and its output is closed (a command it left running
         // in the background may hold it open: that is waited for too, to the deadline).
-        if reader.is_finished() && err_reader.is_finished() && status.is_some() {
+        // Its errors are not waited for (zram-generator waits for its output only): a child it
+        // left running may hold them open.
+        if reader.is_finished() && status.is_some() {
             break None;
         }
         if Instant::now() >= deadline {
@@ -356,7 +363,15 @@ pub(super) fn run_set(
     };
     // Finished (checked above): joins at once.
     let out = reader.join().unwrap_or_default();
-    let _ = err_reader.join();
+    // What it said before it ended is passed on before its output is used; a child left
+    // holding its errors open gets a moment, then is left to the reader.
+    let grace = Instant::now() + Duration::from_millis(100);
+    while !err_reader.is_finished() && Instant::now() < grace {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if err_reader.is_finished() {
+        let _ = err_reader.join();
+    }
     // The reader may have filled up after the loop last looked.
     if out.len() > SET_OUTPUT_MAX {
         return Err(too_much());

@@ -125,7 +125,12 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
             "warning: {why}: while no worker maps the device's memory, reclaim could swap it out to the device itself, and a successor would wait for it forever; run uzram with memory.swap.max=0 (systemd: MemorySwapMax=0)"
         )),
     }
+    let had_stored = stored.is_some();
     let stored = still_waiting(stored)?;
+    if had_stored && stored.is_none() {
+        // The stored device is gone: a new one is made, and checked as one.
+        super::check_new(args)?;
+    }
     let started = Instant::now();
     let size = Device::region_size(disksize)?;
     let (stored_id, stored_region, stored_key) = match stored {
