@@ -101,6 +101,21 @@ swap_forbidden_in() {
     return 1
 }
 
+# storm_begin: the recover checks' storm, once swap_begin has set avail: the hung-task watchdog
+# at 30 s (its old value in hung0), vmtool filling 2x MemAvailable (fill) and verifying it
+# three times in the background (tpid), the kernel's kill count before (oom0) and pswpout
+# (o0); returns once a quarter of the fill is out in swap. Sets the caller's variables.
+storm_begin() {
+    hung0=$(cat /proc/sys/kernel/hung_task_timeout_secs)
+    echo 30 >/proc/sys/kernel/hung_task_timeout_secs
+    fill=$((avail * 2))
+    oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
+    o0=$(vmstat_val pswpout)
+    "$TOOL" swapfill $fill "$SEED" 3 >>"$log" 2>&1 &
+    tpid=$!
+    quarter_out $tpid
+}
+
 check_recover() {
     local name=$1 kills=$2 mode=$3 log=$UZ_TMP/$1.log dev swapsize avail fill tpid o0 i k pid
     local rc oom0 oom1 times worst wfail cg probe freed hung0 moved= l0 wcg
@@ -144,14 +159,7 @@ check_recover() {
     fi
     : >"$log"
     swap_begin "$dev" --discard=pages || return
-    hung0=$(cat /proc/sys/kernel/hung_task_timeout_secs)
-    echo 30 >/proc/sys/kernel/hung_task_timeout_secs
-    fill=$((avail * 2))
-    oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
-    o0=$(vmstat_val pswpout)
-    "$TOOL" swapfill $fill "$SEED" 3 >>"$log" 2>&1 &
-    tpid=$!
-    quarter_out $tpid
+    storm_begin
     k=0
     while [ $k -lt "$kills" ] && kill -0 $tpid 2>/dev/null; do
         pid=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>>"$log")

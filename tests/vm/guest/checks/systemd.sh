@@ -237,14 +237,7 @@ check_recoversd() {
     fi
     blocks=$(($(blockdev --getsize64 "$dev") / 4096))
     swap_begin "$dev" --discard=pages || { sd_ctl stop uzram-vm.service; UZRAM_DEV=; sd_stop; return; }
-    hung0=$(cat /proc/sys/kernel/hung_task_timeout_secs)
-    echo 30 >/proc/sys/kernel/hung_task_timeout_secs
-    fill=$((avail * 2))
-    oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
-    o0=$(vmstat_val pswpout)
-    "$TOOL" swapfill $fill "$SEED" 3 >>"$log" 2>&1 &
-    tpid=$!
-    quarter_out $tpid
+    storm_begin
     k=0
     while [ $k -lt "$kills" ] && kill -0 $tpid 2>/dev/null; do
         sup=$(sd_ctl show -p MainPID --value uzram-vm.service)
