@@ -136,6 +136,25 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         root: Option<std::path::PathBuf>,
     },
+    /// Make swap (FS: swap) or a file system (mkfs.FS) on a uzram device only if nothing was ever
+    /// written to it (it reads as zeros: nothing is lost); a device written before, say one a new
+    /// supervisor took over with its pages, is left as it is. The generator's units run it after
+    /// the device's service starts
+    Prepare {
+        /// The device, /dev/ublkbN
+        device: String,
+        /// swap, or a file system type (ext4, xfs, btrfs, ...)
+        fs: String,
+    },
+    /// Internal: the systemd generator (installed as
+    /// /usr/lib/systemd/system-generators/uzram-generator): write the units of the devices
+    /// zram-generator.conf or /etc/default/zramswap describe into the first directory
+    #[command(hide = true)]
+    Generator {
+        /// The generator's directories, as systemd gives them (normal, early, late)
+        #[arg(required = true, num_args = 1..=3)]
+        dirs: Vec<std::path::PathBuf>,
+    },
     /// Hand a device over to the uzram binary now installed (after a package upgrade): the
     /// daemon's supervisor asks the new binary whether it can take the device over, and only then
     /// stops the running worker; the new one adopts every page, and requests in flight are
@@ -196,6 +215,11 @@ pub fn run(cli: Cli) -> Outcome {
             root,
         }) => setup(dry_run, config.as_deref(), ram_mib, root.as_deref()),
         Some(Command::Teardown { config }) => teardown(config.as_deref()),
+        Some(Command::Prepare { device, fs }) => {
+            outln(setup::units::prepare(&device, &fs)?)?;
+            Ok(())
+        }
+        Some(Command::Generator { dirs }) => generator(&dirs[0]),
         Some(Command::Sleep { phase, action }) => {
             let said = sleep::run(phase, &action)?;
             for line in said {
@@ -384,7 +408,7 @@ fn setup(
         out(&text)?;
         return failure.map_or(Ok(()), |e| Err(e.into()));
     }
-    if system_generator_files && setup::zram_generator_installed() {
+    if system_generator_files && setup::zram_generator_installed(std::path::Path::new("/")) {
         return Err(CtlError(
             "zram-generator is installed and acts on the same zram-generator.conf: mask it (ln -s /dev/null /etc/systemd/system-generators/zram-generator) or remove it first, or give --config FILE".into(),
         )
@@ -394,6 +418,21 @@ fn setup(
         outln(line)?;
     }
     failure.map_or(Ok(()), |e| Err(e.into()))
+}
+
+/// The generator: its lines go to stderr, which systemd logs; only a directory it cannot write
+/// fails it.
+fn generator(dir: &std::path::Path) -> Outcome {
+    let root = std::env::var_os("ZRAM_GENERATOR_ROOT")
+        .map_or_else(|| std::path::PathBuf::from("/"), std::path::PathBuf::from);
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.into_os_string().into_string().ok())
+        .unwrap_or_else(|| "/usr/bin/uzram".into());
+    for line in setup::units::generate(dir, &root, &exe)? {
+        warn(format_args!("uzram-generator: {line}"));
+    }
+    Ok(())
 }
 
 fn teardown(config: Option<&std::path::Path>) -> Outcome {

@@ -267,6 +267,12 @@ pub fn subcommands() -> Vec<Case> {
         ("teardown --config @nowhere", "nowhere"),
         ("teardown --config @fifo", "fifo"),
         ("setup --config @fifo", "fifo"),
+        // prepare: only a uzram device, only swap or a file system's name.
+        ("prepare /dev/sda swap", "/dev/sda"),
+        ("prepare /dev/ublkb0 'ext4;rm'", "ext4;rm"),
+        ("prepare /dev/ublkb0 ''", "\"\""),
+        ("prepare /dev/ublkb1048575 swap", "not served by uzram"),
+        ("generator", "<DIRS>"),
     ] {
         v.push(case(args, names));
     }

@@ -8,6 +8,7 @@
 //! a size expression means the same thing to both.
 
 mod generator;
+pub mod units;
 mod zramswap;
 
 use crate::common::output::shown;
@@ -279,23 +280,23 @@ fn mem_total_kb(meminfo: &str) -> Option<u64> {
     })
 }
 
-/// Whether zram-generator is installed and not masked (a link to /dev/null in
+/// Whether zram-generator is installed under `root` and not masked (a link to /dev/null in
 /// /etc/systemd/system-generators or /run/systemd/system-generators): then it acts on the same
 /// zram-generator.conf (as kernel zram), and uzram must not silently do so too.
-pub fn zram_generator_installed() -> bool {
+pub fn zram_generator_installed(root: &Path) -> bool {
     let masked = [
-        "/etc/systemd/system-generators/zram-generator",
-        "/run/systemd/system-generators/zram-generator",
+        "etc/systemd/system-generators/zram-generator",
+        "run/systemd/system-generators/zram-generator",
     ]
     .iter()
-    .any(|p| std::fs::read_link(p).is_ok_and(|t| t == Path::new("/dev/null")));
+    .any(|p| std::fs::read_link(root.join(p)).is_ok_and(|t| t == Path::new("/dev/null")));
     !masked
         && [
-            "/usr/lib/systemd/system-generators/zram-generator",
-            "/lib/systemd/system-generators/zram-generator",
+            "usr/lib/systemd/system-generators/zram-generator",
+            "lib/systemd/system-generators/zram-generator",
         ]
         .iter()
-        .any(|p| Path::new(p).exists())
+        .any(|p| root.join(p).exists())
 }
 
 /// Whether a `--config` file is zramswap's rather than zram-generator's: its name says so, or it
@@ -363,7 +364,7 @@ pub fn load_plan(config: Option<&Path>, host: &Host) -> Result<Loaded, SetupErro
             .map(|p| Ok((shown(p).to_string(), read(p)?)))
             .collect::<Result<Vec<_>, SetupError>>()?;
         let (plan, mut notes) = generator::plan(&texts, host.ram_mib(), host.kernel)?;
-        if host.root == Path::new("/") && zram_generator_installed() {
+        if zram_generator_installed(&host.root) {
             notes.push(
                 "zram-generator is installed and sets up these same sections as kernel zram devices: \
                  mask it (ln -s /dev/null /etc/systemd/system-generators/zram-generator) or remove \

@@ -7,7 +7,7 @@ D=$(dirname "$0")
 . "$D/lib.sh"
 . "$D/checks.sh"
 
-CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput swapoffmkfs sigterm kill recover1 recover10 recovergentle upgrade corrupt systemd sleep hibernate}
+CHECKS=${UZRAM_VM_CHECKS:-fio ext4 swap churn discard attrs recompress writeback tier setup badinput swapoffmkfs sigterm kill recover1 recover10 recovergentle upgrade corrupt systemd generator sleep hibernate}
 # In the guest, a check still running after CHECK_LIMIT seconds is taken for a hang (the
 # kernel's hung-task watchdog sees only tasks in D state, not a spinning one or an
 # interruptible wait): the guest's state goes to the console, the check FAILs and the guest
@@ -174,6 +174,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
     want upgrade && check_upgrade
     want corrupt && check_corrupt
     want systemd && check_systemd
+    want generator && check_generator
     want recoversd && check_recoversd recoversd 3 gentle
     want recoversdstorm && check_recoversd recoversdstorm 10 storm
     if want sleep; then

@@ -323,3 +323,97 @@ check_recoversd() {
         pass "$name" "$fill MiB (2x MemAvailable) through swap on uzram@'s service, systemctl kill -s KILL $k time(s) while it ran ($mode): every page verified, no process killed, time from the kill to the device serving again: $times ms (worst $worst)"
     fi
 }
+
+# check_generator: the generator's units under the user manager. `uzram generator` reads a
+# zram-generator.conf ([zram0], ram / 2, priority 77) into a directory; its uzram@zram0 drop-in
+# (with contrib's uzram@.service, as the package installs it) and its uzram-prepare@zram0.service
+# are started there: /dev/ublkb0 must serve with swap made on it. A user manager has no swap
+# units: swapon with the generated dev-ublkb0.swap's Priority= and Options= stands in for it
+# (`systemd-analyze verify` reads that unit in the host tests: in the chroot it cannot run, the
+# host's root being read-only). 32 MiB pushed out to that swap must verify after
+# `systemctl restart uzram@zram0` (the device and its pages handed over) and the prepare unit
+# started again (it must leave the swap alone).
+check_generator() {
+    local name=generator log=$UZ_TMP/generator.log gen=/run/user/0/gen groot=/run/user/0/groot
+    local units=$SD_ROOT/run/user/0/systemd/user dev=/dev/ublkb0 slog=$SD_ROOT/run/user/0/uzram-gen.log
+    local prio opts hpid rc sup sup1 lines size bad=
+    if [ "$UZRAM_VM_MODE" != guest ]; then
+        skip "$name" "needs the guest (it runs the host's systemd as a user manager in a chroot of the host's root)"
+        return
+    fi
+    note "$name: the generator's units from a zram-generator.conf, started by systemd"
+    : >"$log"
+    uzram_reset
+    if ! sd_start; then
+        fail_log "$name" "$log" "no systemd user manager in the guest"
+        sd_stop
+        return
+    fi
+    mkdir -p $SD_ROOT$groot/etc/systemd $SD_ROOT$groot/proc
+    cp /proc/meminfo $SD_ROOT$groot/proc/meminfo
+    printf '[zram0]\nzram-size = ram / 2\ncompression-algorithm = lz4\nswap-priority = 77\n' >$SD_ROOT$groot/etc/systemd/zram-generator.conf
+    chroot $SD_ROOT env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin ZRAM_GENERATOR_ROOT=$groot \
+        "${UZRAM_VM_DIR#/host}/cache/uzram" generator $gen /run/user/0/early /run/user/0/late >>"$log" 2>&1
+    (cd $SD_ROOT$gen && find . -type f -exec sh -c 'echo "== $1"; cat "$1"' _ {} \; && find . -type l) >>"$log" 2>&1
+    sed -e "s|/usr/local/bin/uzram|${UZRAM_VM_DIR#/host}/cache/uzram|" \
+        "$UZRAM_VM_DIR/../../contrib/systemd/uzram@.service" >$units/uzram@.service
+    cp -r $SD_ROOT$gen/uzram@zram0.service.d $SD_ROOT$gen/uzram-prepare@zram0.service $units/ 2>>"$log"
+    printf '[Service]\nStandardError=append:/run/user/0/uzram-gen.log\n' >$units/uzram@zram0.service.d/log.conf 2>>"$log"
+    mkdir -p $units/uzram-prepare@zram0.service.d
+    printf '[Service]\nStandardOutput=append:/run/user/0/uzram-prep.log\n' >$units/uzram-prepare@zram0.service.d/log.conf
+    sd_ctl daemon-reload >>"$log" 2>&1
+    if ! sd_ctl start uzram-prepare@zram0.service >>"$log" 2>&1 ||
+        [ "$(dd if=$dev bs=1 skip=4086 count=10 2>/dev/null)" != SWAPSPACE2 ]; then
+        sd_ctl status uzram@zram0.service uzram-prepare@zram0.service >>"$log" 2>&1
+        cat "$slog" >>"$log" 2>&1
+        sd_messages
+        fail_log "$name" "$log" "uzram-prepare@zram0 did not bring up $dev with swap on it${bad}"
+        sd_ctl stop uzram@zram0.service >/dev/null 2>&1
+        sd_stop
+        return
+    fi
+    UZRAM_DEV=$dev
+    prio=$(sed -n 's/^Priority=//p' $SD_ROOT$gen/dev-ublkb0.swap)
+    opts=$(sed -n 's/^Options=//p' $SD_ROOT$gen/dev-ublkb0.swap)
+    [ "$prio" = 77 ] || bad="$bad; the swap unit's priority is '$prio', not 77"
+    lines=$(grep -c . $SD_ROOT$gen/dev-ublkb0.swap)
+    # ram / 2: MemTotal in whole MiB, halved (a size within a MiB of it)
+    size=$(sd_uzram attr $dev disksize 2>>"$log")
+    awk -v d="$size" -v r=$(($(meminfo_kb MemTotal) / 1024)) \
+        'BEGIN { x = d - r / 2 * 1048576; exit !(d > 0 && x < 1048576 && x > -1048576) }' ||
+        bad="$bad; disksize '$size' is not ram / 2"
+    swapon -p "$prio" ${opts:+-o "$opts"} $dev >>"$log" 2>&1 || bad="$bad; swapon failed"
+    "$TOOL" swaphold 32 $((SEED + 11)) >"$log.hold" 2>&1 &
+    hpid=$!
+    held_or_gone "$log.hold" $hpid 120 || bad="$bad; vmtool swaphold did not hold"
+    cat "$log.hold" >>"$log"
+    sup=$(sd_ctl show -p MainPID --value uzram@zram0.service)
+    sd_ctl restart uzram@zram0.service >>"$log" 2>&1 || bad="$bad; systemctl restart failed"
+    sup1=$(sd_ctl show -p MainPID --value uzram@zram0.service)
+    [ "$sup1" != "$sup" ] || bad="$bad; the supervisor ($sup) was not replaced"
+    grep -q 'systemd restarts the service: handing the device over' "$slog" ||
+        bad="$bad; the restart did not hand the device over"
+    sd_ctl restart uzram-prepare@zram0.service >>"$log" 2>&1 || bad="$bad; the prepare unit failed when started again"
+    cat $SD_ROOT/run/user/0/uzram-prep.log >>"$log" 2>&1
+    grep -q "^$dev: written before .*left as it is" $SD_ROOT/run/user/0/uzram-prep.log ||
+        bad="$bad; the prepare unit started again did not say it left $dev as it is"
+    grep -q "^$dev: swap made" $SD_ROOT/run/user/0/uzram-prep.log || bad="$bad; the first prepare did not say it made swap"
+    grep -q "^$dev " /proc/swaps || bad="$bad; $dev is no longer swap"
+    kill -USR1 $hpid 2>/dev/null
+    wait $hpid
+    rc=$?
+    cat "$log.hold" >>"$log"
+    [ $rc = 0 ] || bad="$bad; vmtool swaphold exited $rc (1: a page read back wrong)"
+    swapoff $dev >>"$log" 2>&1 || bad="$bad; swapoff failed"
+    cat "$slog" >>"$log" 2>&1
+    sd_ctl stop uzram-prepare@zram0.service uzram@zram0.service >>"$log" 2>&1
+    for _i in $(seq 1 100); do [ -b $dev ] || break; sleep 0.1; done
+    [ -b $dev ] && bad="$bad; systemctl stop left $dev"
+    UZRAM_DEV=
+    sd_stop
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "${bad#; }"
+        return
+    fi
+    pass "$name" "zram-generator.conf [zram0] -> uzram@zram0 + uzram-prepare@zram0 (swap made; swap on as the ${lines}-line dev-ublkb0.swap says, priority 77); 32 MiB swapped out verified across systemctl restart uzram@zram0 (supervisor $sup -> $sup1), the prepare unit again left the swap alone"
+}

@@ -1,0 +1,390 @@
+//! The systemd generator (`uzram-generator`, as zram-generator is one): at boot, and at every
+//! `systemctl daemon-reload`, the devices `uzram setup` would make are written as units into the
+//! directory systemd names. For a `[zramN]` section, device `/dev/ublkbN`:
+//! - `uzram@zramN.service.d/generator.conf`: the packaged `uzram@.service` (a supervisor that
+//!   keeps the device's memory in systemd's descriptor store) started with the section's options;
+//! - `uzram-prepare@zramN.service`: once that serves, makes swap or the file system, but only on
+//!   a device never written (one its service took over after a crash keeps its pages);
+//! - `dev-ublkbN.swap` (wanted by `swap.target`), or the mount point's `.mount` unit (wanted by
+//!   `local-fs.target`), with the section's priority and options.
+//!
+//! The swap or mount unit requires the prepare unit, which only wants the service. So a restart
+//! of the service (which hands the device and its pages to the next supervisor) does not reach
+//! the swap unit, whose restart would be a swapoff pulling every page back into RAM; and a
+//! service that cannot start (no ublk_drv) fails the prepare unit and so the swap unit at once,
+//! instead of after the device's 90 s timeout, and the system boots without that swap.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::{DevicePlan, Host};
+use crate::cli::ctl;
+
+/// What a unit directory gets: a file's text, or a link (the enabling `*.wants/` links).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A unit file or drop-in.
+    File(String),
+    /// A symbolic link to this target.
+    Link(String),
+}
+
+/// The units of one planned device, as paths relative to the generator's directory. `exe` is
+/// the uzram binary the service runs; `source` names where the section was read, for the
+/// files' first line. Fails, naming the value, where a value cannot be written in a unit.
+pub fn device_units(
+    plan: &DevicePlan,
+    exe: &str,
+    source: &str,
+) -> Result<Vec<(PathBuf, Entry)>, String> {
+    let id = ctl::parse_device(&plan.device).map_err(|e| e.to_string())?;
+    let section = &plan.section;
+    if section.is_empty() || !section.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(format!("section name {section:?} cannot name a unit"));
+    }
+    let header = format!("# Written by uzram-generator from [{section}] of {source}\n");
+    let mut serve = vec![
+        exe.to_string(),
+        "serve".into(),
+        "--id".into(),
+        id.to_string(),
+        "--size".into(),
+        plan.size_bytes.to_string(),
+    ];
+    let args = plan
+        .device_args()
+        .to_args()
+        .map_err(|e| format!("writeback-device: {e}"))?;
+    for a in args {
+        serve.push(
+            a.into_string()
+                .map_err(|a| format!("{a:?} is not UTF-8, which a unit needs"))?,
+        );
+    }
+    let exec = serve
+        .iter()
+        .map(|a| exec_arg(a))
+        .collect::<Result<Vec<_>, _>>()?
+        .join(" ");
+    let service = format!("uzram@{section}.service");
+    let prepare = format!("uzram-prepare@{section}.service");
+    let mut out = vec![(
+        PathBuf::from(format!("{service}.d/generator.conf")),
+        Entry::File(format!(
+            "{header}[Service]\n# The options are these, not /etc/uzram/{section}.env's.\n\
+             EnvironmentFile=\nExecStart=\nExecStart={exec}\n"
+        )),
+    )];
+    let fs = plan.fs.as_str();
+    if fs.is_empty() || !fs.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(format!("fs-type {fs:?} is not a file system's name"));
+    }
+    let (wanted_by, unit_name, unit) = match (&plan.mount, fs) {
+        (None, "swap") => {
+            let name = format!("dev-ublkb{id}.swap");
+            let mut text = format!(
+                "{header}[Unit]\nDescription=uzram compressed swap on {dev}\n\
+                 Documentation=man:uzram(8)\nRequires={prepare}\nAfter={prepare}\n\n\
+                 [Swap]\nWhat={dev}\nPriority={prio}\n",
+                dev = plan.device,
+                prio = plan.priority
+            );
+            if !plan.options.is_empty() {
+                writeln!(text, "Options={}", unit_value("options", &plan.options)?)
+                    .map_err(|e| e.to_string())?;
+            }
+            ("swap.target", name, text)
+        }
+        (Some(mount), _) => {
+            let name = format!("{}.mount", escape_path(mount));
+            let mut text = format!(
+                "{header}[Unit]\nDescription=uzram compressed storage on {dev}\n\
+                 Documentation=man:uzram(8)\nRequires={prepare}\nAfter={prepare}\n\n\
+                 [Mount]\nWhat={dev}\nWhere={where_}\nType={fs}\n",
+                dev = plan.device,
+                where_ = unit_value("mount-point", mount)?,
+            );
+            if !plan.options.is_empty() {
+                writeln!(text, "Options={}", unit_value("options", &plan.options)?)
+                    .map_err(|e| e.to_string())?;
+            }
+            ("local-fs.target", name, text)
+        }
+        // A file system without a mount point: made, not mounted (as `uzram setup` does).
+        (None, _) => ("local-fs.target", prepare.clone(), String::new()),
+    };
+    out.push((
+        PathBuf::from(&prepare),
+        Entry::File(format!(
+            "{header}[Unit]\nDescription=Make {what} on {dev} if it is new\n\
+             Documentation=man:uzram(8)\nDefaultDependencies=no\n\
+             Wants={service}\nAfter={service}\nBefore={wanted_by}\n\n\
+             [Service]\nType=oneshot\nRemainAfterExit=yes\n\
+             ExecStart={exe} prepare {dev} {fs}\n",
+            what = if fs == "swap" {
+                "swap".to_string()
+            } else {
+                format!("a {fs} file system")
+            },
+            dev = plan.device,
+            exe = exec_arg(exe)?,
+        )),
+    ));
+    if !unit.is_empty() {
+        out.push((PathBuf::from(&unit_name), Entry::File(unit)));
+    }
+    out.push((
+        PathBuf::from(format!("{wanted_by}.wants/{unit_name}")),
+        Entry::Link(format!("../{unit_name}")),
+    ));
+    Ok(out)
+}
+
+/// One word of an `ExecStart=` line: as it is when it needs no quoting, else in double quotes
+/// with `\` and `"` escaped. `%` (a specifier) and `$` (a variable) are doubled either way.
+fn exec_arg(a: &str) -> Result<String, String> {
+    if a.chars().any(char::is_control) {
+        return Err(format!(
+            "{a:?} has a control character, which a unit cannot hold"
+        ));
+    }
+    let plain = !a.is_empty()
+        && a.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._=,:+-@%$".contains(&b));
+    let mut s = String::with_capacity(a.len() + 2);
+    if !plain {
+        s.push('"');
+    }
+    for c in a.chars() {
+        match c {
+            '%' => s.push_str("%%"),
+            '$' => s.push_str("$$"),
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            c => s.push(c),
+        }
+    }
+    if !plain {
+        s.push('"');
+    }
+    Ok(s)
+}
+
+/// A unit setting's value (the rest of its line): `%` doubled; a control character refused,
+/// naming the key.
+fn unit_value(key: &str, v: &str) -> Result<String, String> {
+    if v.chars().any(char::is_control) {
+        return Err(format!(
+            "{key} = {v:?}: a control character cannot be in a unit"
+        ));
+    }
+    Ok(v.replace('%', "%%"))
+}
+
+/// A path as systemd names its mount unit (`systemd-escape --path`): slashes at either end
+/// dropped, the others `-`; bytes other than letters, digits, `:`, `_` and a `.` that does not
+/// start the name as `\xNN`. `/` alone is `-`.
+pub fn escape_path(path: &str) -> String {
+    let trimmed = path.trim_matches('/');
+    if trimmed.is_empty() {
+        return "-".into();
+    }
+    let mut s = String::new();
+    let mut last_slash = false;
+    for (i, b) in trimmed.bytes().enumerate() {
+        match b {
+            b'/' if last_slash => continue,
+            b'/' => s.push('-'),
+            b'.' if i == 0 => s.push_str("\\x2e"),
+            b if b.is_ascii_alphanumeric() || b":_.".contains(&b) => s.push(char::from(b)),
+            b => {
+                let _ = write!(s, "\\x{b:02x}");
+            }
+        }
+        last_slash = b == b'/';
+    }
+    s
+}
+
+/// Why the generator writes nothing at all on this system, if it should not: uzram would set up
+/// the same sections as another tool does, or cannot run here. `from_generator_files`: the plan
+/// is zram-generator's files (else zramswap's).
+pub fn stand_down(root: &Path, from_generator_files: bool) -> Option<String> {
+    if root.join("run/systemd/container").exists() {
+        return Some("in a container (ublk devices are the host's): nothing written".into());
+    }
+    if from_generator_files && super::zram_generator_installed(root) {
+        return Some(
+            "zram-generator is installed and makes the same sections kernel zram devices: \
+             nothing written (mask it, `ln -s /dev/null /etc/systemd/system-generators/zram-generator`, \
+             or remove it, for uzram to take them over)"
+                .into(),
+        );
+    }
+    if enabled(root, "uzram-setup.service") {
+        return Some(
+            "uzram-setup.service is enabled and sets these devices up itself: nothing written \
+             (`systemctl disable uzram-setup.service` for this generator's units instead)"
+                .into(),
+        );
+    }
+    if !from_generator_files && enabled(root, "zramswap.service") {
+        return Some(
+            "zram-tools' zramswap.service is enabled and makes /etc/default/zramswap's device a \
+             kernel zram one: nothing written (`systemctl disable zramswap.service` for uzram to \
+             take it over)"
+                .into(),
+        );
+    }
+    None
+}
+
+/// Whether `unit` is enabled under `root`: a link to it in some `*.wants` or `*.requires`
+/// directory of /etc/systemd/system.
+fn enabled(root: &Path, unit: &str) -> bool {
+    let Ok(dirs) = std::fs::read_dir(root.join("etc/systemd/system")) else {
+        return false;
+    };
+    dirs.flatten().any(|d| {
+        let name = d.file_name();
+        let name = name.to_string_lossy();
+        (name.ends_with(".wants") || name.ends_with(".requires"))
+            && std::fs::symlink_metadata(d.path().join(unit)).is_ok()
+    })
+}
+
+/// Runs the generator: plans from the system's configuration under `root` (`/`, or
+/// `ZRAM_GENERATOR_ROOT` as zram-generator's tests set it) and writes each device's units into
+/// `dir`. Returns what the journal should be told, one line each. A device that cannot be
+/// planned or written is left out, with a line naming it; the others are written. Fails only
+/// when `dir` cannot be written: a generator must never fail the boot over a configuration.
+pub fn generate(dir: &Path, root: &Path, exe: &str) -> std::io::Result<Vec<String>> {
+    let mut said = Vec::new();
+    let host = match Host::read(root, None) {
+        Ok(h) => h,
+        Err(e) => return Ok(vec![format!("{e}: nothing written")]),
+    };
+    let loaded = match super::load_plan(None, &host) {
+        Ok(l) => l,
+        // No configuration at all: nothing to say.
+        Err(e) if e.file == "configuration" => return Ok(said),
+        Err(e) => return Ok(vec![format!("{e}: nothing written")]),
+    };
+    said.extend(
+        loaded
+            .notes
+            .iter()
+            .filter(|n| !n.starts_with("zram-generator is installed"))
+            .cloned(),
+    );
+    if loaded.plan.is_empty() {
+        return Ok(said);
+    }
+    if let Some(why) = stand_down(root, loaded.system_generator_files) {
+        said.push(why);
+        return Ok(said);
+    }
+    let source = if loaded.system_generator_files {
+        "zram-generator.conf"
+    } else {
+        "/etc/default/zramswap"
+    };
+    let mut accepted: Vec<DevicePlan> = Vec::new();
+    for d in loaded.plan {
+        for w in &d.warnings {
+            said.push(format!("{source} [{}] {w}", d.section));
+        }
+        if let Some(why) = &d.failed {
+            said.push(format!(
+                "{source} [{}] {why}: no units written for it",
+                d.section
+            ));
+            continue;
+        }
+        // The checks `uzram setup` makes, against the devices accepted so far.
+        let mut with = accepted.clone();
+        with.push(d.clone());
+        let units = ctl::check_plan(&with)
+            .map_err(|e| e.to_string())
+            .and_then(|()| device_units(&d, exe, source));
+        match units {
+            Ok(units) => {
+                for (path, entry) in units {
+                    write_entry(&dir.join(path), &entry)?;
+                }
+                said.push(format!(
+                    "[{}] {}: units written (uzram@{}.service)",
+                    d.section, d.device, d.section
+                ));
+                accepted.push(d);
+            }
+            Err(e) => said.push(format!(
+                "{source} [{}] {e}: no units written for it",
+                d.section
+            )),
+        }
+    }
+    Ok(said)
+}
+
+fn write_entry(path: &Path, entry: &Entry) -> std::io::Result<()> {
+    let named = |e: std::io::Error| {
+        std::io::Error::new(
+            e.kind(),
+            format!("{}: {e}", crate::common::output::shown(path)),
+        )
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(named)?;
+    }
+    match entry {
+        Entry::File(text) => std::fs::write(path, text).map_err(named),
+        Entry::Link(target) => std::os::unix::fs::symlink(target, path).map_err(named),
+    }
+}
+
+/// `uzram prepare DEVICE FS`: makes swap (`FS` = `swap`) or a file system on `DEVICE`, a uzram
+/// device, only if nothing was ever written to it (the kernel's count of writes since the
+/// device was added is 0: it reads as zeros, and nothing is lost). A device written before (one
+/// a new supervisor took over, with its pages) is left as it is. Returns what was done.
+pub fn prepare(device: &str, fs: &str) -> Result<String, ctl::CtlError> {
+    let id = ctl::parse_device(device)?;
+    let dev = format!("/dev/ublkb{id}");
+    if fs.is_empty() || !fs.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ctl::CtlError(format!(
+            "{fs:?} is neither swap nor a file system's name"
+        )));
+    }
+    // Only uzram's devices: another ublk server's device never written may still hold data.
+    ctl::attr(id, "initstate", None).map_err(|e| {
+        ctl::CtlError(format!(
+            "{dev} is not served by uzram ({e}): its service did not start it"
+        ))
+    })?;
+    let stat_path = format!("/sys/block/ublkb{id}/stat");
+    let stat = std::fs::read_to_string(&stat_path)
+        .map_err(|e| ctl::CtlError(format!("{stat_path}: {e}")))?;
+    let writes = writes_of(&stat)
+        .ok_or_else(|| ctl::CtlError(format!("{stat_path}: no write count in {stat:?}")))?;
+    if writes > 0 {
+        return Ok(format!(
+            "{dev}: written before ({writes} writes): left as it is"
+        ));
+    }
+    if fs == "swap" {
+        ctl::run_program("mkswap", &[&dev])?;
+        Ok(format!("{dev}: swap made"))
+    } else {
+        ctl::run_program(&format!("mkfs.{fs}"), &[&dev])?;
+        Ok(format!("{dev}: {fs} file system made"))
+    }
+}
+
+/// The count of write requests completed in a block device's `stat` (its fifth field).
+fn writes_of(stat: &str) -> Option<u64> {
+    stat.split_whitespace().nth(4)?.parse().ok()
+}
+
+#[cfg(test)]
+#[path = "units_tests.rs"]
+mod tests;

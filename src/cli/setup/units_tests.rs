@@ -1,0 +1,371 @@
+//! The generator's units against what systemd reads: the texts and links per device kind, the
+//! quoting of `ExecStart=` words and of mount unit names (`systemd-escape --path`), when it
+//! stands down, and a whole run over a root directory laid out as zram-generator's tests do.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+const EXE: &str = "/usr/bin/uzram";
+
+fn plan(section: &str, id: u32) -> DevicePlan {
+    let mut p = DevicePlan::new(section, id.into());
+    p.size_bytes = 1 << 30;
+    p
+}
+
+fn file<'a>(units: &'a [(PathBuf, Entry)], name: &str) -> &'a str {
+    match units.iter().find(|(p, _)| p == Path::new(name)) {
+        Some((_, Entry::File(t))) => t,
+        other => panic!("{name}: {other:?} in {units:?}"),
+    }
+}
+
+fn link<'a>(units: &'a [(PathBuf, Entry)], name: &str) -> &'a str {
+    match units.iter().find(|(p, _)| p == Path::new(name)) {
+        Some((_, Entry::Link(t))) => t,
+        other => panic!("{name}: {other:?} in {units:?}"),
+    }
+}
+
+#[test]
+fn a_swap_device_is_a_service_a_prepare_unit_and_a_swap_unit_wanted_by_swap_target() {
+    let mut p = plan("zram0", 0);
+    p.algorithm = Some("zstd".into());
+    p.recomp = vec!["algo=zstd priority=1 level=9".into()];
+    p.priority = 42;
+    let units = device_units(&p, EXE, "zram-generator.conf").unwrap();
+    assert_eq!(units.len(), 4, "{units:?}");
+    let dropin = file(&units, "uzram@zram0.service.d/generator.conf");
+    assert!(
+        dropin.contains("\nEnvironmentFile=\nExecStart=\n"),
+        "{dropin}"
+    );
+    assert!(
+        dropin.contains(
+            "ExecStart=/usr/bin/uzram serve --id 0 --size 1073741824 --algorithm zstd \
+             --recomp-algorithm \"algo=zstd priority=1 level=9\"\n"
+        ),
+        "{dropin}"
+    );
+    let prepare = file(&units, "uzram-prepare@zram0.service");
+    for line in [
+        "DefaultDependencies=no",
+        "Wants=uzram@zram0.service",
+        "After=uzram@zram0.service",
+        "Before=swap.target",
+        "Type=oneshot",
+        "RemainAfterExit=yes",
+        "ExecStart=/usr/bin/uzram prepare /dev/ublkb0 swap",
+    ] {
+        assert!(prepare.lines().any(|l| l == line), "{line} in {prepare}");
+    }
+    // The service is wanted, never required: its restart keeps swap on.
+    assert!(!prepare.contains("Requires="), "{prepare}");
+    let swap = file(&units, "dev-ublkb0.swap");
+    for line in [
+        "Requires=uzram-prepare@zram0.service",
+        "After=uzram-prepare@zram0.service",
+        "What=/dev/ublkb0",
+        "Priority=42",
+        "Options=discard",
+    ] {
+        assert!(swap.lines().any(|l| l == line), "{line} in {swap}");
+    }
+    assert!(!swap.contains("uzram@zram0"), "{swap}");
+    assert_eq!(
+        link(&units, "swap.target.wants/dev-ublkb0.swap"),
+        "../dev-ublkb0.swap"
+    );
+}
+
+#[test]
+fn a_mounted_device_is_a_mount_unit_wanted_by_local_fs_target() {
+    let mut p = plan("zram3", 3);
+    p.fs = "ext4".into();
+    p.mount = Some("/var/compressed tmp".into());
+    p.options = "noatime,x-100%".into();
+    let units = device_units(&p, EXE, "zram-generator.conf").unwrap();
+    let name = "var-compressed\\x20tmp.mount";
+    let mount = file(&units, name);
+    for line in [
+        "Requires=uzram-prepare@zram3.service",
+        "What=/dev/ublkb3",
+        "Where=/var/compressed tmp",
+        "Type=ext4",
+        "Options=noatime,x-100%%",
+    ] {
+        assert!(mount.lines().any(|l| l == line), "{line} in {mount}");
+    }
+    assert_eq!(
+        link(&units, &format!("local-fs.target.wants/{name}")),
+        format!("../{name}")
+    );
+    let prepare = file(&units, "uzram-prepare@zram3.service");
+    assert!(prepare.contains("ExecStart=/usr/bin/uzram prepare /dev/ublkb3 ext4\n"));
+    assert!(prepare.contains("Before=local-fs.target\n"));
+}
+
+#[test]
+fn a_file_system_without_a_mount_point_is_made_not_mounted() {
+    let mut p = plan("zram1", 1);
+    p.fs = "xfs".into();
+    let units = device_units(&p, EXE, "zram-generator.conf").unwrap();
+    assert_eq!(units.len(), 3, "{units:?}");
+    assert_eq!(
+        link(&units, "local-fs.target.wants/uzram-prepare@zram1.service"),
+        "../uzram-prepare@zram1.service"
+    );
+    assert!(!units
+        .iter()
+        .any(|(p, _)| p.to_string_lossy().ends_with(".mount")));
+}
+
+#[test]
+fn values_a_unit_cannot_hold_leave_the_device_out_naming_them() {
+    let mut p = plan("zram0", 0);
+    p.options = "discard\nExecStartPre=/bin/evil".into();
+    let e = device_units(&p, EXE, "f").unwrap_err();
+    assert!(
+        e.contains("options") && e.contains("control character"),
+        "{e}"
+    );
+    let mut p = plan("zram0", 0);
+    p.policy = Some("spill=1\n".into());
+    let e = device_units(&p, EXE, "f").unwrap_err();
+    assert!(e.contains("control character"), "{e}");
+    let mut p = plan("zram0", 0);
+    p.fs = "ext4;rm".into();
+    p.mount = Some("/mnt".into());
+    let e = device_units(&p, EXE, "f").unwrap_err();
+    assert!(e.contains("ext4;rm"), "{e}");
+}
+
+#[test]
+fn exec_words_are_quoted_and_specifiers_doubled() {
+    assert_eq!(exec_arg("--size").unwrap(), "--size");
+    assert_eq!(exec_arg("level=3 dict=/d").unwrap(), "\"level=3 dict=/d\"");
+    assert_eq!(exec_arg("50%").unwrap(), "50%%");
+    assert_eq!(exec_arg("$HOME").unwrap(), "$$HOME");
+    assert_eq!(exec_arg("a\"b\\c").unwrap(), "\"a\\\"b\\\\c\"");
+    assert_eq!(exec_arg("").unwrap(), "\"\"");
+    assert_eq!(exec_arg(";").unwrap(), "\";\"");
+    assert!(exec_arg("a\tb").is_err());
+}
+
+#[test]
+fn mount_unit_names_are_systemd_escape_paths() {
+    assert_eq!(escape_path("/"), "-");
+    assert_eq!(escape_path("/var/tmp/"), "var-tmp");
+    assert_eq!(escape_path("/a//b"), "a-b");
+    assert_eq!(escape_path("/mnt/a-b"), "mnt-a\\x2db");
+    assert_eq!(escape_path("/.hidden/x.y"), "\\x2ehidden-x.y");
+    assert_eq!(escape_path("/mnt/é"), "mnt-\\xc3\\xa9");
+}
+
+#[test]
+fn writes_are_the_fifth_field_of_a_block_devices_stat() {
+    let stat = "     120        0     9600       31        7        0       56        2        0       40       33        0        0        0        0        0        0\n";
+    assert_eq!(writes_of(stat), Some(7));
+    assert_eq!(writes_of("1 2 3"), None);
+}
+
+/// A root directory holding `files` (path, text) and a MemTotal of 4 GiB.
+fn root(tag: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("uzram-units-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("proc")).unwrap();
+    std::fs::write(dir.join("proc/meminfo"), "MemTotal: 4194304 kB\n").unwrap();
+    for (path, text) in files {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    dir
+}
+
+const CONF: (&str, &str) = (
+    "etc/systemd/zram-generator.conf",
+    "[zram0]\nzram-size = ram / 2\ncompression-algorithm = zstd\n\n\
+     [zram1]\nzram-size = 64\nfs-type = ext4\nmount-point = /mnt/z\n\n\
+     [zram2]\nzram-size = 64\noptions = a\tb\n",
+);
+
+#[test]
+fn the_generator_writes_each_device_it_can_and_names_the_one_it_cannot() {
+    let dir = root("gen", &[CONF]);
+    let out = dir.join("out");
+    let said = generate(&out, &dir, EXE).unwrap();
+    let dropin = std::fs::read_to_string(out.join("uzram@zram0.service.d/generator.conf")).unwrap();
+    assert!(
+        dropin.contains("serve --id 0 --size 2147483648 --algorithm zstd\n"),
+        "{dropin}"
+    );
+    assert_eq!(
+        std::fs::read_link(out.join("swap.target.wants/dev-ublkb0.swap")).unwrap(),
+        Path::new("../dev-ublkb0.swap")
+    );
+    assert!(out.join("dev-ublkb0.swap").is_file());
+    assert!(out.join("local-fs.target.wants/mnt-z.mount").exists());
+    assert!(!out.join("uzram@zram2.service.d").exists());
+    assert!(
+        said.iter()
+            .any(|l| l.starts_with("zram-generator.conf [zram2] options = ")
+                && l.contains("no units written")),
+        "{said:?}"
+    );
+    assert!(
+        said.iter()
+            .any(|l| l.starts_with("[zram0] /dev/ublkb0: units written")),
+        "{said:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file under a test root: its path and text.
+type Written = (&'static str, &'static str);
+
+#[test]
+fn the_generator_stands_down_for_the_tool_that_owns_the_configuration() {
+    let cases: [(&str, &[Written], &str); 4] = [
+        (
+            "zramgen",
+            &[
+                CONF,
+                ("usr/lib/systemd/system-generators/zram-generator", ""),
+            ],
+            "zram-generator is installed",
+        ),
+        (
+            "setup",
+            &[
+                CONF,
+                (
+                    "etc/systemd/system/swap.target.wants/uzram-setup.service",
+                    "",
+                ),
+            ],
+            "uzram-setup.service is enabled",
+        ),
+        (
+            "zramswap",
+            &[
+                ("etc/default/zramswap", "PERCENT=50\n"),
+                (
+                    "etc/systemd/system/multi-user.target.wants/zramswap.service",
+                    "",
+                ),
+            ],
+            "zramswap.service is enabled",
+        ),
+        (
+            "container",
+            &[CONF, ("run/systemd/container", "docker\n")],
+            "in a container",
+        ),
+    ];
+    for (tag, files, why) in cases {
+        let dir = root(tag, files);
+        let out = dir.join("out");
+        let said = generate(&out, &dir, EXE).unwrap();
+        assert!(said.iter().any(|l| l.contains(why)), "{tag}: {said:?}");
+        assert!(!out.exists(), "{tag}: wrote units");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // Masked, zram-generator leaves the configuration to uzram.
+    let dir = root(
+        "masked",
+        &[
+            CONF,
+            ("usr/lib/systemd/system-generators/zram-generator", ""),
+        ],
+    );
+    std::fs::create_dir_all(dir.join("etc/systemd/system-generators")).unwrap();
+    std::os::unix::fs::symlink(
+        "/dev/null",
+        dir.join("etc/systemd/system-generators/zram-generator"),
+    )
+    .unwrap();
+    generate(&dir.join("out"), &dir, EXE).unwrap();
+    assert!(dir.join("out/dev-ublkb0.swap").exists());
+    // zramswap's file, zram-tools not enabled: uzram takes it.
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir = root(
+        "zramswap-alone",
+        &[("etc/default/zramswap", "PERCENT=50\n")],
+    );
+    generate(&dir.join("out"), &dir, EXE).unwrap();
+    assert!(dir.join("out/dev-ublkb0.swap").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn no_configuration_writes_nothing_and_says_nothing() {
+    let dir = root("none", &[]);
+    let said = generate(&dir.join("out"), &dir, EXE).unwrap();
+    assert!(said.is_empty(), "{said:?}");
+    assert!(!dir.join("out").exists());
+    let dir2 = root(
+        "bad",
+        &[(
+            "etc/systemd/zram-generator.conf",
+            "[zram0]\nzram-size = ram /\n",
+        )],
+    );
+    let said = generate(&dir2.join("out"), &dir2, EXE).unwrap();
+    assert!(
+        said.len() == 1
+            && said[0].contains("zram-generator.conf")
+            && said[0].contains("nothing written"),
+        "{said:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&dir2);
+}
+
+/// systemd itself reads the units (where `systemd-analyze` is installed, as on CI's Debian):
+/// with contrib's `uzram@.service` beside them, nothing is refused or warned about.
+#[test]
+fn systemd_analyze_verify_accepts_the_units() {
+    let Ok(probe) = std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+    else {
+        eprintln!("no systemd-analyze here: not checked");
+        return;
+    };
+    assert!(probe.status.success());
+    let dir = root("verify", &[CONF]);
+    let out = dir.join("out");
+    // An executable that exists, for ExecStart= to name.
+    generate(&out, &dir, "/bin/sh").unwrap();
+    let template = include_str!("../../../contrib/systemd/uzram@.service")
+        .replace("/usr/local/bin/uzram", "/bin/sh");
+    std::fs::create_dir_all(dir.join("tpl")).unwrap();
+    std::fs::write(dir.join("tpl/uzram@.service"), template).unwrap();
+    let r = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args(
+            [
+                "dev-ublkb0.swap",
+                "uzram-prepare@zram0.service",
+                "mnt-z.mount",
+                "uzram-prepare@zram1.service",
+            ]
+            .map(|u| out.join(u)),
+        )
+        .env(
+            "SYSTEMD_UNIT_PATH",
+            format!("{}:{}:", out.display(), dir.join("tpl").display()),
+        )
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        r.status.success() && said.trim().is_empty(),
+        "{:?}: {said}",
+        r.status
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
