@@ -224,6 +224,16 @@ pub fn render(
     all: bool,
     format: Format,
 ) -> Result<String, CtlError> {
+    let columns = columns(output, all)?;
+    Ok(if format.json {
+        listing::render_json(rows, &columns, format.bytes)
+    } else {
+        listing::render(rows, &columns, format)
+    })
+}
+
+/// The columns `--output` (or `--output-all`) names.
+fn columns(output: &[String], all: bool) -> Result<Vec<Column>, CtlError> {
     let defaults = || {
         listing::DEFAULT_COLUMNS
             .iter()
@@ -247,7 +257,7 @@ pub fn render(
                 .ok_or_else(|| err(format!("unknown column: {n:?} (see --list-columns)")))?,
         );
     }
-    Ok(listing::render(rows, &columns, format))
+    Ok(columns)
 }
 
 /// Resets `/dev/ublkbN`: asks its daemon to stop and delete it (refused while the device is in

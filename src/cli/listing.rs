@@ -274,6 +274,8 @@ pub struct Format {
     pub raw: bool,
     /// No heading line.
     pub noheadings: bool,
+    /// JSON instead of a table ([`render_json`]).
+    pub json: bool,
 }
 
 /// The table of `rows` with `columns`, byte for byte as zramctl (libsmartcols) lays it out:
@@ -329,6 +331,50 @@ pub fn render(rows: &[DeviceRow], columns: &[Column], format: Format) -> String 
         out.push('\n');
     }
     out
+}
+
+/// The listing as one JSON object: `{"devices": [{"name": "/dev/ublkb0", "disksize": "1G",
+/// ...}]}`, a key per column (its name in lower case, as libsmartcols' JSON has it), each cell
+/// as the table shows it: a whole number as a number (so with `--bytes` the sizes), a figure a
+/// dead device has not (`-`) as null, anything else a string.
+pub fn render_json(rows: &[DeviceRow], columns: &[Column], bytes: bool) -> String {
+    let mut out = String::from("{\"devices\": [");
+    for (i, r) in rows.iter().enumerate() {
+        out.push_str(if i == 0 { "{" } else { ", {" });
+        for (j, c) in columns.iter().enumerate() {
+            if j > 0 {
+                out.push_str(", ");
+            }
+            let v = r.cell(c, bytes);
+            let value = if !r.live && v == "-" {
+                "null".to_string()
+            } else if !v.is_empty() && v.len() < 20 && v.bytes().all(|b| b.is_ascii_digit()) {
+                v
+            } else {
+                json_string(&v)
+            };
+            out.push_str(&format!("{}: {value}", json_string(&c.name.to_lowercase())));
+        }
+        out.push('}');
+    }
+    out.push_str("]}\n");
+    out
+}
+
+/// `s` as a JSON string: quoted, with `"`, `\` and control characters escaped.
+fn json_string(s: &str) -> String {
+    let mut q = String::with_capacity(s.len() + 2);
+    q.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => q.push_str("\\\""),
+            '\\' => q.push_str("\\\\"),
+            c if (c as u32) < 0x20 => q.push_str(&format!("\\u{:04x}", c as u32)),
+            c => q.push(c),
+        }
+    }
+    q.push('"');
+    q
 }
 
 /// What `/dev/...` is used for, as zramctl's MOUNTPOINT shows it: `[SWAP]`, a mount point, or "".
@@ -395,6 +441,7 @@ mod tests {
             bytes,
             raw,
             noheadings,
+            json: false,
         };
         let r = [kernel_zram_row()];
         for (columns, format, zramctl) in [
@@ -436,6 +483,7 @@ mod tests {
             bytes: true,
             raw: true,
             noheadings: true,
+            json: false,
         };
         let out = render(&[row(), DeviceRow::dead("/dev/ublkb3".into())], &cols, f);
         assert_eq!(
@@ -446,6 +494,27 @@ mod tests {
         assert!(column("nope").is_none());
         assert!(DeviceRow::parse("pid=1\n").is_err());
         assert!(DeviceRow::parse("name=x\nmm_stat=1 2\n").is_err());
+    }
+
+    #[test]
+    fn the_json_listing_has_a_key_per_column_and_numbers_with_bytes() {
+        let cols: Vec<Column> = ["NAME", "DISKSIZE", "STATE", "COMP-RATIO", "MOUNTPOINT"]
+            .iter()
+            .map(|n| column(n).unwrap())
+            .collect();
+        let mut r = row();
+        r.mountpoint = "/mnt/a \"b\"\n".into();
+        let out = render_json(&[r, DeviceRow::dead("/dev/ublkb3".into())], &cols, true);
+        assert_eq!(
+            out,
+            "{\"devices\": [{\"name\": \"/dev/ublkb0\", \"disksize\": 4294967296, \"state\": \"live\", \
+             \"comp-ratio\": \"3.7607\", \"mountpoint\": \"/mnt/a \\\"b\\\"\\u000a\"}, \
+             {\"name\": \"/dev/ublkb3\", \"disksize\": null, \"state\": \"dead\", \"comp-ratio\": null, \
+             \"mountpoint\": \"\"}]}\n"
+        );
+        assert_eq!(render_json(&[], &cols, false), "{\"devices\": []}\n");
+        let human = render_json(&[row()], &cols, false);
+        assert!(human.contains("\"disksize\": \"4G\""), "{human}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod ctl;
 pub mod listing;
+pub mod metrics;
 pub mod setup;
 mod size;
 pub mod sleep;
@@ -95,6 +96,10 @@ pub struct CtlArgs {
     /// Raw output: columns separated by one space
     #[arg(long)]
     raw: bool,
+    /// The listing as JSON (`{"devices": [{"name": ..., ...}]}`, a key per column, lower case;
+    /// with --bytes the sizes are numbers)
+    #[arg(short = 'J', long, conflicts_with = "raw")]
+    json: bool,
     /// Print the available columns and what they show
     #[arg(long)]
     list_columns: bool,
@@ -145,6 +150,18 @@ pub enum Command {
         device: String,
         /// swap, or a file system type (ext4, xfs, btrfs, ...)
         fs: String,
+    },
+    /// Every figure of each device's mm_stat, io_stat, bd_stat, policy_stat and uzram_stat, in
+    /// Prometheus' text format (for node_exporter's textfile collector; uzram-metrics.timer
+    /// writes it every 30 s once enabled) or as JSON
+    Metrics {
+        /// prometheus or json
+        #[arg(long, value_enum, default_value_t = metrics::Format::Prometheus)]
+        format: metrics::Format,
+        /// Replace FILE with them (written beside it and renamed, readable by all, as the
+        /// textfile collector wants) instead of printing them
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: Option<std::path::PathBuf>,
     },
     /// Internal: the systemd generator (installed as
     /// /usr/lib/systemd/system-generators/uzram-generator): write the units of the devices
@@ -220,6 +237,9 @@ pub fn run(cli: Cli) -> Outcome {
             Ok(())
         }
         Some(Command::Generator { dirs }) => generator(&dirs[0]),
+        Some(Command::Metrics { format, output }) => {
+            metrics::write(format, output.as_deref()).map_err(Into::into)
+        }
         Some(Command::Sleep { phase, action }) => {
             let said = sleep::run(phase, &action)?;
             for line in said {
@@ -344,10 +364,11 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
         bytes: a.bytes,
         raw: a.raw,
         noheadings: a.noheadings,
+        json: a.json,
     };
     // Rendered (and so the columns checked) even with no device to show.
     let table = ctl::render(&rows, &a.output, a.output_all, format)?;
-    if !rows.is_empty() || !ids.is_empty() {
+    if !rows.is_empty() || !ids.is_empty() || a.json {
         out(&table)?;
     }
     Ok(())

@@ -99,6 +99,10 @@ pub struct Replacing {
     file: io::BufWriter<tempfile::NamedTempFile>,
     /// The replaced file's mode, owner and group.
     keep: Option<(u32, u32, u32)>,
+    /// A new file's mode.
+    new_mode: u32,
+    /// Whether the file is flushed to disk before the rename.
+    sync: bool,
 }
 
 impl Replacing {
@@ -160,10 +164,26 @@ impl Replacing {
             target,
             file: io::BufWriter::new(tmp),
             keep,
+            new_mode: 0o600,
+            sync: true,
         })
     }
 
-    /// Flushes the file to disk, gives it the replaced file's mode and group, and renames it
+    /// A new file gets `mode` rather than 0600 (a replaced one keeps its own).
+    pub fn new_file_mode(mut self, mode: u32) -> Replacing {
+        self.new_mode = mode;
+        self
+    }
+
+    /// No flush to disk before the rename: for a file rewritten every few seconds, whose loss
+    /// in a crash costs nothing (and whose flushes would wear flash).
+    pub fn unsynced(mut self) -> Replacing {
+        self.sync = false;
+        self
+    }
+
+    /// Flushes the file to disk (unless [`Replacing::unsynced`]), gives it the replaced file's
+    /// mode and group (or the new file's mode), and renames it
     /// over the target.
     pub fn commit(self) -> io::Result<()> {
         let tmp = self
@@ -179,8 +199,13 @@ impl Replacing {
                 Err(_) => mode & 0o700,
             };
             f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        } else if self.new_mode != 0o600 {
+            tmp.as_file()
+                .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(self.new_mode))?;
         }
-        tmp.as_file().sync_all()?;
+        if self.sync {
+            tmp.as_file().sync_all()?;
+        }
         tmp.persist(&self.target).map_err(|e| e.error)?;
         Ok(())
     }

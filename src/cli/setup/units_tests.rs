@@ -324,7 +324,8 @@ fn no_configuration_writes_nothing_and_says_nothing() {
 }
 
 /// systemd itself reads the units (where `systemd-analyze` is installed, as on CI's Debian):
-/// with contrib's `uzram@.service` beside them, nothing is refused or warned about.
+/// the generator's, with contrib's `uzram@.service` beside them, and contrib's own; nothing is
+/// refused or warned about.
 #[test]
 fn systemd_analyze_verify_accepts_the_units() {
     let Ok(probe) = std::process::Command::new("systemd-analyze")
@@ -339,10 +340,23 @@ fn systemd_analyze_verify_accepts_the_units() {
     let out = dir.join("out");
     // An executable that exists, for ExecStart= to name.
     generate(&out, &dir, "/bin/sh").unwrap();
-    let template = include_str!("../../../contrib/systemd/uzram@.service")
-        .replace("/usr/local/bin/uzram", "/bin/sh");
+    // contrib's units, as the package installs them (the binary another that exists).
     std::fs::create_dir_all(dir.join("tpl")).unwrap();
-    std::fs::write(dir.join("tpl/uzram@.service"), template).unwrap();
+    let contrib = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/systemd");
+    let mut contrib_units = Vec::new();
+    for e in std::fs::read_dir(&contrib).unwrap().flatten() {
+        let name = e.file_name().into_string().unwrap();
+        if name.ends_with(".service") || name.ends_with(".timer") {
+            let text = std::fs::read_to_string(e.path())
+                .unwrap()
+                .replace("/usr/local/bin/uzram", "/bin/sh");
+            std::fs::write(dir.join("tpl").join(&name), text).unwrap();
+            if !name.contains('@') {
+                contrib_units.push(dir.join("tpl").join(&name));
+            }
+        }
+    }
+    assert!(contrib_units.len() >= 5, "{contrib_units:?}");
     let r = std::process::Command::new("systemd-analyze")
         .args(["verify", "--man=no"])
         .args(
@@ -354,6 +368,7 @@ fn systemd_analyze_verify_accepts_the_units() {
             ]
             .map(|u| out.join(u)),
         )
+        .args(&contrib_units)
         .env(
             "SYSTEMD_UNIT_PATH",
             format!("{}:{}:", out.display(), dir.join("tpl").display()),

@@ -215,6 +215,17 @@ check_setup() {
     "$UZRAM_BIN" attr /dev/ublkb3 comp_algorithm | grep -q '\[zstd\]' || bad="$bad; not zstd"
     "$UZRAM_BIN" attr /dev/ublkb3 recomp_algorithm | grep -q '#1: \[lz4\]' || bad="$bad; no lz4 recompression"
     [ "$("$UZRAM_BIN" attr /dev/ublkb3 disksize)" = $((96 * 1048576)) ] || bad="$bad; disksize"
+    # the same device for scripts and monitoring: the JSON listing and `uzram metrics`
+    local orig prom=$UZ_TMP/uzram.prom
+    orig=$("$UZRAM_BIN" attr /dev/ublkb3 mm_stat | awk '{ print $1 }')
+    "$UZRAM_BIN" --json --bytes -o NAME,DISKSIZE >"$log.json" 2>>"$log"
+    grep -qF '{"name": "/dev/ublkb3", "disksize": 100663296}' "$log.json" || bad="$bad; uzram --json: $(cat "$log.json")"
+    "$UZRAM_BIN" metrics --output "$prom" >>"$log" 2>&1 || bad="$bad; uzram metrics --output failed"
+    grep -qx "uzram_mm_stat_orig_data_size{device=\"ublkb3\"} $orig" "$prom" ||
+        bad="$bad; uzram metrics has no uzram_mm_stat_orig_data_size $orig for ublkb3"
+    grep -qx 'uzram_up{device="ublkb3"} 1' "$prom" || bad="$bad; uzram metrics has no uzram_up 1"
+    [ "$(stat -c %a "$prom")" = 644 ] || bad="$bad; the metrics file is mode $(stat -c %a "$prom"), not 644"
+    "$UZRAM_BIN" metrics --format json | grep -q '"device": "ublkb3", "live": true' || bad="$bad; uzram metrics --format json"
     again=$("$UZRAM_BIN" setup --config "$conf" 2>>"$log")
     echo "again: $again" >>"$log"
     echo "$again" | grep -q 'exists, swap already on' || bad="$bad; a second setup did something: '$again'"
@@ -226,5 +237,5 @@ check_setup() {
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "zram-generator.conf [zram3] -> /dev/ublkb3: swap at priority 42, zstd with lz4 recompression, 96 MiB; setup twice is idempotent; teardown removes it"
+    pass "$name" "zram-generator.conf [zram3] -> /dev/ublkb3: swap at priority 42, zstd with lz4 recompression, 96 MiB; its JSON listing and metrics (file mode 644) right; setup twice is idempotent; teardown removes it"
 }
