@@ -258,7 +258,7 @@ pub enum ParamsError {
         priority: i32,
     },
     /// The dictionary file could not be opened or read.
-    #[error("cannot read dictionary file {path:?}")]
+    #[error("cannot read dictionary file {path:?}: {source}")]
     ReadDictionary {
         /// The file.
         path: PathBuf,

@@ -109,7 +109,7 @@ pub enum Error {
     #[error(transparent)]
     Io(#[from] IoError),
     /// A size that is not a number with an optional K/M/G/T/P/E suffix, or is 0.
-    #[error("invalid size {text:?}: expected bytes with an optional K, M, G, T, P or E suffix")]
+    #[error("invalid size {text:?}: expected a whole number of bytes with an optional K, M, G, T, P or E suffix, as zram's mem_limit takes it (1536M, not 1.5G)")]
     InvalidSize {
         /// What was given.
         text: String,
@@ -140,7 +140,7 @@ pub enum Error {
     #[error(transparent)]
     CodecConfig(#[from] ConfigError),
     /// Parameters for a recompression priority that has no algorithm yet.
-    #[error("no recompression algorithm at priority {priority}: set recomp_algorithm first")]
+    #[error("no recompression algorithm at priority {priority}: set recomp_algorithm (--recomp-algorithm) first")]
     NoRecompAlgorithm {
         /// The priority.
         priority: u8,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::listing::{self, Column, DeviceRow, Format};
+use super::listing::{self, DeviceRow, Format};
 use crate::common::control::{self, CallError, Request};
 use crate::common::options::{self, DeviceArgs};
 use crate::common::output::shown;
@@ -224,40 +224,12 @@ pub fn render(
     all: bool,
     format: Format,
 ) -> Result<String, CtlError> {
-    let columns = columns(output, all)?;
+    let columns = listing::columns(output, all).map_err(err)?;
     Ok(if format.json {
         listing::render_json(rows, &columns, format.bytes)
     } else {
         listing::render(rows, &columns, format)
     })
-}
-
-/// The columns `--output` (or `--output-all`) names.
-fn columns(output: &[String], all: bool) -> Result<Vec<Column>, CtlError> {
-    let defaults = || {
-        listing::DEFAULT_COLUMNS
-            .iter()
-            .filter_map(|n| listing::column(n))
-    };
-    // zramctl's `-o +LIST`: the default columns, then LIST.
-    let (mut columns, named): (Vec<Column>, Vec<&str>) = match output.first() {
-        _ if all => (listing::COLUMNS.to_vec(), Vec::new()),
-        None => (defaults().collect(), Vec::new()),
-        Some(first) if first.starts_with('+') => (
-            defaults().collect(),
-            std::iter::once(&first[1..])
-                .chain(output[1..].iter().map(String::as_str))
-                .collect(),
-        ),
-        Some(_) => (Vec::new(), output.iter().map(String::as_str).collect()),
-    };
-    for n in named {
-        columns.push(
-            listing::column(n)
-                .ok_or_else(|| err(format!("unknown column: {n:?} (see --list-columns)")))?,
-        );
-    }
-    Ok(columns)
 }
 
 /// Resets `/dev/ublkbN`: asks its daemon to stop and delete it (refused while the device is in

@@ -333,6 +333,28 @@ pub fn render(rows: &[DeviceRow], columns: &[Column], format: Format) -> String 
     out
 }
 
+/// The columns `--output` (or `--output-all`) names.
+pub fn columns(output: &[String], all: bool) -> Result<Vec<Column>, String> {
+    let defaults = || DEFAULT_COLUMNS.iter().filter_map(|n| column(n));
+    // zramctl's `-o +LIST`: the default columns, then LIST.
+    let (mut columns, named): (Vec<Column>, Vec<&str>) = match output.first() {
+        _ if all => (COLUMNS.to_vec(), Vec::new()),
+        None => (defaults().collect(), Vec::new()),
+        Some(first) if first.starts_with('+') => (
+            defaults().collect(),
+            std::iter::once(&first[1..])
+                .chain(output[1..].iter().map(String::as_str))
+                .collect(),
+        ),
+        Some(_) => (Vec::new(), output.iter().map(String::as_str).collect()),
+    };
+    for n in named {
+        columns
+            .push(column(n).ok_or_else(|| format!("unknown column: {n:?} (see --list-columns)"))?);
+    }
+    Ok(columns)
+}
+
 /// The listing as one JSON object: `{"devices": [{"name": "/dev/ublkb0", "disksize": "1G",
 /// ...}]}`, a key per column (its name in lower case, as libsmartcols' JSON has it), each cell
 /// as the table shows it: a whole number as a number (so with `--bytes` the sizes), a figure a

@@ -67,7 +67,7 @@ pub struct CtlArgs {
     #[arg(short = 'f', long)]
     find: bool,
     /// Device size, as zramctl takes it: 4G or 4GiB (powers of 1024), 4GB (of 1000), 1.5G, bytes
-    #[arg(short = 's', long, value_name = "SIZE")]
+    #[arg(short = 's', long, value_name = "SIZE", allow_hyphen_values = true)]
     size: Option<String>,
     /// What a new device is made of
     #[command(flatten)]
@@ -135,7 +135,7 @@ pub enum Command {
         config: Option<std::path::PathBuf>,
         /// MemTotal to plan for, in MiB (default: this machine's)
         #[arg(long, value_name = "N")]
-        ram_mib: Option<f64>,
+        ram_mib: Option<u64>,
         /// Read the configuration files, proc/meminfo and proc/cmdline under DIR instead of /
         /// (as zram-generator's ZRAM_GENERATOR_ROOT); with --dry-run, to plan another system
         #[arg(long, value_name = "DIR")]
@@ -376,7 +376,7 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
 
 fn plan(
     config: Option<&std::path::Path>,
-    ram_mib: Option<f64>,
+    ram_mib: Option<u64>,
     root: Option<&std::path::Path>,
 ) -> Result<setup::Loaded, Box<dyn std::error::Error>> {
     let host = setup::Host::read(root.unwrap_or(std::path::Path::new("/")), ram_mib)?;
@@ -395,7 +395,7 @@ fn plan(
 fn setup(
     dry_run: bool,
     config: Option<&std::path::Path>,
-    ram_mib: Option<f64>,
+    ram_mib: Option<u64>,
     root: Option<&std::path::Path>,
 ) -> Outcome {
     if root.is_some() && !dry_run {

@@ -7,7 +7,7 @@ use super::{case, conf, Case, Scratch};
 pub fn device_options() -> Vec<Case> {
     let mut v = Vec::new();
     // zramctl's --size (util-linux's strtosize).
-    v.push(case("--find --size -1G", "'-1'"));
+    v.push(case("--find --size -1G", "\"-1G\": a size is not negative"));
     for size in [
         "lots",
         "-1",
@@ -41,6 +41,7 @@ pub fn device_options() -> Vec<Case> {
         ("--algorithm-params garbage", "garbage"),
         ("--algorithm-params algo=lzo", "lzo"),
         ("--algorithm-params dict=@nowhere", "nowhere"),
+        ("--algorithm-params dict=@nowhere", "No such file"),
         ("--algorithm-params dict=/dev/zero", "/dev/zero"),
         ("--algorithm-params dict=@fifo", "fifo"),
         ("--algorithm-params dict=@a-dir", "a-dir"),
@@ -49,6 +50,7 @@ pub fn device_options() -> Vec<Case> {
         ("--recomp-algorithm lzo", "lzo"),
         ("--recomp-algorithm priority=1", "priority=1"),
         ("--policy evict=maybe", "evict=maybe"),
+        ("--policy high_watermark=50", "defaults are 80 and 90"),
         ("--policy pool_share=101", "pool_share=101"),
         ("--policy psi=200", "psi=200"),
         ("--policy colour=blue", "colour=blue"),
@@ -260,7 +262,8 @@ pub fn subcommands() -> Vec<Case> {
         ("setup --dry-run --config @big.conf", "big.conf"),
         ("setup --dry-run --config @not-utf8.conf", "not-utf8.conf"),
         ("setup --dry-run --config @empty --ram-mib -1", "-1"),
-        ("setup --dry-run --config @empty --ram-mib nan", "NaN"),
+        ("setup --dry-run --config @empty --ram-mib nan", "nan"),
+        ("setup --dry-run --config @empty --ram-mib 1.5", "1.5"),
         ("setup --dry-run --config @empty --ram-mib inf", "inf"),
         ("setup --dry-run --config @empty --ram-mib 0", "0"),
         ("setup --dry-run --config @empty --ram-mib abc", "abc"),
@@ -296,6 +299,16 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
     );
     let table: &[(&str, &str, &str)] = &[
         // zram-generator.conf
+        (
+            "zram-generator.conf",
+            "[zram0\n",
+            "line 2, column 1: a section's name opened with [ is not closed",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("options = a\u{1}b"),
+            "control character",
+        ),
         (
             "zram-generator.conf",
             &gen("zram-size = ram / 0"),
@@ -420,7 +433,11 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "colour=blue",
         ),
         ("zram-generator.conf", "[zram1]\n[zram01]\n", "zram01"),
-        ("zram-generator.conf", "[zram0\nzram-size = 1\n", "3:1"),
+        (
+            "zram-generator.conf",
+            "[zram0\nzram-size = 1\n",
+            "line 3, column 1",
+        ),
         (
             "zram-generator.conf",
             "[zram99999999999]\n",

@@ -169,7 +169,7 @@ fn read_file(
     // A byte-order mark is no part of the first line: rust-ini's file loader, which
     // zram-generator reads with, skips it too.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let ini = ini::Ini::load_from_str(text).map_err(|e| err(file, e.to_string()))?;
+    let ini = ini::Ini::load_from_str(text).map_err(|e| err(file, ini_error(&e)))?;
     for (section, props) in ini.iter() {
         let Some(name) = section else {
             for (k, v) in props.iter() {
@@ -437,8 +437,26 @@ fn normalise(key: &str, value: &str) -> Result<String, String> {
     Ok(p.to_string_lossy().into_owned())
 }
 
+/// rust-ini's syntax error in words: the line and column, and what was expected where the
+/// parser's own text is a Rust debug form.
+fn ini_error(e: &ini::ParseError) -> String {
+    let what = if e.msg.contains("']'") {
+        "a section's name opened with [ is not closed with ]".to_string()
+    } else {
+        e.msg.to_string()
+    };
+    format!("line {}, column {}: {what}", e.line, e.col)
+}
+
 fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result<(), SetupError> {
     let bad = |m: String| err(file, format!("[{section}] {k}={v}: {m}"));
+    // Every value ends up in a command line or a unit.
+    if v.chars().any(char::is_control) {
+        return Err(err(
+            file,
+            format!("[{section}] {k}={v:?}: a control character cannot be in a value"),
+        ));
+    }
     let optional = |v: &str| -> Result<Option<u64>, SetupError> {
         if v == "none" {
             Ok(None)

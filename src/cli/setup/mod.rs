@@ -187,13 +187,33 @@ fn apply_algorithms(plan: &mut DevicePlan, value: &str) {
         let (name, params) = match t.find('(') {
             Some(i) => {
                 let inner = &t[i + 1..];
-                (
-                    &t[..i],
-                    Some(params_of(inner.strip_suffix(')').unwrap_or(inner))),
-                )
+                let inner = inner.strip_suffix(')').unwrap_or_else(|| {
+                    plan.warnings
+                        .push(format!("{t:?} has no closing ): read as {t})"));
+                    inner
+                });
+                (&t[..i], Some(params_of(inner)))
             }
             None => (t, None),
         };
+        // The place in the list is the priority: one given again would be said twice.
+        let params = params.map(|p| {
+            let (given, kept): (Vec<&str>, Vec<&str>) = p
+                .split_whitespace()
+                .partition(|w| w.starts_with("priority="));
+            let listed = prio > 0 && !name.is_empty();
+            if !given.is_empty() && listed {
+                plan.warnings.push(format!(
+                    "{t}: {} left out: an algorithm's place in the list is its priority ({prio})",
+                    given.join(" ")
+                ));
+            }
+            if listed {
+                kept.join(" ")
+            } else {
+                p
+            }
+        });
         if name.is_empty() {
             plan.recompress = params;
             continue;
@@ -233,21 +253,24 @@ pub struct Host {
 
 impl Host {
     /// Reads `root`'s `proc/meminfo` (unless `ram_mib` is given) and `proc/cmdline`.
-    pub fn read(root: &Path, ram_mib: Option<f64>) -> Result<Host, SetupError> {
+    pub fn read(root: &Path, ram_mib: Option<u64>) -> Result<Host, SetupError> {
         let mem_total_kb = match ram_mib {
-            Some(r) if r.is_finite() && (1.0..=(1u64 << 40) as f64).contains(&r) => {
-                (r * 1024.0) as u64
-            }
+            Some(r) if (1..=1u64 << 40).contains(&r) => r * 1024,
             Some(r) => {
                 return Err(err(
                     "--ram-mib",
-                    format!("{r}: MemTotal in MiB is a number from 1 to 2^40"),
+                    format!("{r}: MemTotal in MiB is a whole number from 1 to 2^40"),
                 ))
             }
             None => {
                 let path = root.join("proc/meminfo");
                 let text = crate::common::read_text(&path, crate::common::MAX_CONFIG_BYTES)
-                    .map_err(|e| err(&shown(&path).to_string(), e.to_string()))?;
+                    .map_err(|e| {
+                        err(
+                            &shown(&path).to_string(),
+                            format!("{e}: MemTotal cannot be read from it (give --ram-mib N)"),
+                        )
+                    })?;
                 mem_total_kb(&text)
                     .filter(|&kb| (1024..=1u64 << 50).contains(&kb))
                     .ok_or_else(|| {

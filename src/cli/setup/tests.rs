@@ -523,3 +523,24 @@ fn set_commands_are_bounded_in_time_and_output() {
     let (_, out) = generator::run_set("head -c 4096 /dev/zero", Duration::from_secs(5)).unwrap();
     assert_eq!(out.len(), generator::SET_OUTPUT_MAX);
 }
+
+#[test]
+fn a_priority_in_the_list_is_left_out_and_an_unclosed_parenthesis_said() {
+    let mut p = DevicePlan::new("zram0", 0);
+    apply_algorithms(&mut p, "zstd(level=3 lz4(priority=1,level=2) (priority=1)");
+    assert_eq!(p.params.as_deref(), Some("level=3"));
+    assert_eq!(p.recomp, vec!["algo=lz4 priority=1 level=2".to_string()]);
+    // Global recompression parameters keep theirs: there, priority= picks an algorithm.
+    assert_eq!(p.recompress.as_deref(), Some("priority=1"));
+    assert!(
+        p.warnings.iter().any(|w| w.contains("no closing )")),
+        "{:?}",
+        p.warnings
+    );
+    assert!(
+        p.warnings.iter().any(|w| w.contains("priority=1 left out")),
+        "{:?}",
+        p.warnings
+    );
+    assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);
+}

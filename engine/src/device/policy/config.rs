@@ -148,7 +148,14 @@ impl PolicyConfig {
             let (k, v) = word
                 .split_once('=')
                 .ok_or(bad("policy settings are key=value"))?;
-            let pct = |v: &str| v.parse::<u8>().ok().filter(|&p| p <= 100);
+            // `90` or `90%`
+            let pct = |v: &str| {
+                v.strip_suffix('%')
+                    .unwrap_or(v)
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|&p| p <= 100)
+            };
             match k {
                 "recompress_after" => {
                     next.recompress_after =
@@ -201,7 +208,8 @@ impl PolicyConfig {
         if next.low_watermark > next.high_watermark {
             return Err(Error::InvalidRequest {
                 text: text.to_string(),
-                why: "low_watermark is above high_watermark",
+                why:
+                    "low_watermark is above high_watermark (their defaults are 80 and 90: set both)",
             });
         }
         *self = next;
