@@ -461,6 +461,24 @@ pub fn stdout_was_closed() -> bool {
     STDOUT_CLOSED_AT_START.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Whether `path` is on procfs or sysfs, by its file system's type wherever it is mounted
+/// (`statfs`): files there look regular but are the kernel's interfaces.
+pub fn on_kernel_fs(path: &std::path::Path) -> io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    const SYSFS_MAGIC: i64 = 0x6265_6572;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; `st` is writable memory of
+    // the type statfs fills; the result is checked.
+    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statfs succeeded, so it filled `st` (zeroed before, so every byte is initialised).
+    let kind = i64::from(unsafe { st.assume_init() }.f_type);
+    Ok(matches!(kind, PROC_SUPER_MAGIC | SYSFS_MAGIC))
+}
+
 /// The real user id of the process.
 pub fn uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
@@ -563,6 +581,14 @@ pub fn page_size() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn procfs_and_sysfs_are_told_by_their_type() {
+        assert!(on_kernel_fs(std::path::Path::new("/proc/self/status")).unwrap());
+        assert!(on_kernel_fs(std::path::Path::new("/sys/kernel")).unwrap());
+        assert!(!on_kernel_fs(&std::env::temp_dir()).unwrap());
+        assert!(on_kernel_fs(std::path::Path::new("/nonexistent/x")).is_err());
+    }
 
     #[test]
     fn commit_and_touch_reports_its_pages_as_it_goes() {

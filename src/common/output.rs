@@ -125,7 +125,11 @@ impl Replacing {
                 keep = Some((m.mode() & 0o777, m.uid(), m.gid()));
                 let real = std::fs::canonicalize(path)?;
                 // procfs and sysfs files look regular but are no place for a file of uzram's
-                if real.starts_with("/proc") || real.starts_with("/sys") {
+                // (by path, and by file system type where they are mounted elsewhere)
+                if real.starts_with("/proc")
+                    || real.starts_with("/sys")
+                    || crate::sys::on_kernel_fs(&real).unwrap_or(false)
+                {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
                         "it is a kernel interface under /proc or /sys, not a file uzram can replace",
