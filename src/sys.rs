@@ -475,6 +475,8 @@ pub fn on_kernel_fs(path: &std::path::Path) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: statfs succeeded, so it filled `st` (zeroed before, so every byte is initialised).
+    // f_type is i64 on 64-bit targets and narrower on others.
+    #[allow(clippy::useless_conversion)]
     let kind = i64::from(unsafe { st.assume_init() }.f_type);
     Ok(matches!(kind, PROC_SUPER_MAGIC | SYSFS_MAGIC))
 }
