@@ -474,9 +474,9 @@ pub fn on_kernel_fs(path: &std::path::Path) -> io::Result<bool> {
     if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: statfs succeeded, so it filled `st` (zeroed before, so every byte is initialised).
     // f_type is i64 on 64-bit targets and narrower on others.
     #[allow(clippy::useless_conversion)]
+    // SAFETY: statfs succeeded, so it filled `st` (zeroed before, so every byte is initialised).
     let kind = i64::from(unsafe { st.assume_init() }.f_type);
     Ok(matches!(kind, PROC_SUPER_MAGIC | SYSFS_MAGIC))
 }
