@@ -357,8 +357,8 @@ pub fn columns(output: &[String], all: bool) -> Result<Vec<Column>, String> {
 
 /// The listing as one JSON object: `{"devices": [{"name": "/dev/ublkb0", "disksize": "1G",
 /// ...}]}`, a key per column (its name in lower case, as libsmartcols' JSON has it), each cell
-/// as the table shows it: a whole number as a number (so with `--bytes` the sizes), a figure a
-/// dead device has not (`-`) as null, anything else a string.
+/// as the table shows it: a whole number in a column of figures as a number (so with `--bytes`
+/// the sizes), a figure a dead device has not (`-`) as null, anything else a string.
 pub fn render_json(rows: &[DeviceRow], columns: &[Column], bytes: bool) -> String {
     let mut out = String::from("{\"devices\": [");
     for (i, r) in rows.iter().enumerate() {
@@ -370,7 +370,12 @@ pub fn render_json(rows: &[DeviceRow], columns: &[Column], bytes: bool) -> Strin
             let v = r.cell(c, bytes);
             let value = if !r.live && v == "-" {
                 "null".to_string()
-            } else if !v.is_empty() && v.len() < 20 && v.bytes().all(|b| b.is_ascii_digit()) {
+            } else if c.right
+                && (v == "0" || !v.starts_with('0'))
+                && !v.is_empty()
+                && v.len() < 20
+                && v.bytes().all(|b| b.is_ascii_digit())
+            {
                 v
             } else {
                 json_string(&v)

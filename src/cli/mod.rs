@@ -441,8 +441,7 @@ fn setup(
     failure.map_or(Ok(()), |e| Err(e.into()))
 }
 
-/// The generator: its lines go to stderr, which systemd logs; only a directory it cannot write
-/// fails it.
+/// The generator: only a directory it cannot write fails it.
 fn generator(dir: &std::path::Path) -> Outcome {
     let root = std::env::var_os("ZRAM_GENERATOR_ROOT")
         .map_or_else(|| std::path::PathBuf::from("/"), std::path::PathBuf::from);
@@ -450,8 +449,14 @@ fn generator(dir: &std::path::Path) -> Outcome {
         .ok()
         .and_then(|p| p.into_os_string().into_string().ok())
         .unwrap_or_else(|| "/usr/bin/uzram".into());
-    for line in setup::units::generate(dir, &root, &exe)? {
-        warn(format_args!("uzram-generator: {line}"));
+    let done = setup::units::generate(dir, &root, &exe);
+    setup::units::say(&done.said);
+    if done.write_failed {
+        return Err(CtlError(format!(
+            "some units could not be written into {}",
+            crate::common::output::shown(dir)
+        ))
+        .into());
     }
     Ok(())
 }

@@ -93,7 +93,8 @@ pub fn warn(line: impl fmt::Display) {
 /// (a symlink to one is followed): a device, FIFO or directory there is refused before anything
 /// is written. A file replaced keeps its mode (less any set-id bits) and group: the content was
 /// asked for, not those; one that belongs to another user is refused, since what uzram writes
-/// is often a process's memory, which would then be that user's. A new one is made 0600.
+/// is often a process's memory, which would then be that user's. A new one is made 0600
+/// (or [`Replacing::new_file_mode`]).
 pub struct Replacing {
     target: std::path::PathBuf,
     file: io::BufWriter<tempfile::NamedTempFile>,

@@ -42,7 +42,72 @@ pub fn device_units(
     if section.is_empty() || !section.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return Err(format!("section name {section:?} cannot name a unit"));
     }
+    let fs = plan.fs.as_str();
+    if fs.is_empty() || !fs.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(format!("fs-type {fs:?} is not a file system's name"));
+    }
     let header = format!("# Written by uzram-generator from [{section}] of {source}\n");
+    let service = format!("uzram@{section}.service");
+    let prepare = format!("uzram-prepare@{section}.service");
+    let mut out = vec![(
+        PathBuf::from(format!("{service}.d/generator.conf")),
+        Entry::File(format!("{header}{}", service_dropin(plan, id, exe)?)),
+    )];
+    // Ordered after the service too, not only the prepare unit: at shutdown systemd stops
+    // what is ordered after first, so swap is off (or the file system unmounted) before the
+    // service deletes the device. After= passes no restart on.
+    let needs = format!("Requires={prepare}\nAfter={prepare} {service}\n");
+    let dev = &plan.device;
+    let (wanted_by, unit_name, unit) = match &plan.mount {
+        None if fs == "swap" => (
+            "swap.target",
+            format!("dev-ublkb{id}.swap"),
+            format!(
+                "{header}[Unit]\nDescription=uzram compressed swap on {dev}\n\
+                 Documentation=man:uzram(8)\n{needs}\n[Swap]\nWhat={dev}\nPriority={}\n{}",
+                plan.priority,
+                options_line(&plan.options)?
+            ),
+        ),
+        Some(mount) => {
+            let name = format!("{}.mount", escape_path(mount));
+            if name.len() > 255 {
+                return Err(format!(
+                    "mount-point {mount:?}: its unit's name would be longer than 255 bytes"
+                ));
+            }
+            let text = format!(
+                "{header}[Unit]\nDescription=uzram compressed storage on {dev}\n\
+                 Documentation=man:uzram(8)\n{needs}\n[Mount]\nWhat={dev}\nWhere={}\n\
+                 Type={fs}\n{}",
+                unit_value("mount-point", mount)?,
+                options_line(&plan.options)?
+            );
+            ("local-fs.target", name, text)
+        }
+        // A file system without a mount point: made, not mounted (as `uzram setup` does).
+        None => ("local-fs.target", prepare.clone(), String::new()),
+    };
+    out.push((
+        PathBuf::from(&prepare),
+        Entry::File(format!(
+            "{header}{}",
+            prepare_unit(&service, wanted_by, dev, fs, exe)?
+        )),
+    ));
+    if !unit.is_empty() {
+        out.push((PathBuf::from(&unit_name), Entry::File(unit)));
+    }
+    out.push((
+        PathBuf::from(format!("{wanted_by}.wants/{unit_name}")),
+        Entry::Link(format!("../{unit_name}")),
+    ));
+    Ok(out)
+}
+
+/// The drop-in of `uzram@.service`: the section's options, and what its backing device needs
+/// at start (its device unit, or the mounts of its file's path).
+fn service_dropin(plan: &DevicePlan, id: u32, exe: &str) -> Result<String, String> {
     let mut serve = vec![
         exe.to_string(),
         "serve".into(),
@@ -66,83 +131,61 @@ pub fn device_units(
         .map(|a| exec_arg(a))
         .collect::<Result<Vec<_>, _>>()?
         .join(" ");
-    let service = format!("uzram@{section}.service");
-    let prepare = format!("uzram-prepare@{section}.service");
-    let mut out = vec![(
-        PathBuf::from(format!("{service}.d/generator.conf")),
-        Entry::File(format!(
-            "{header}[Service]\n# The options are these, not /etc/uzram/{section}.env's.\n\
-             EnvironmentFile=\nExecStart=\nExecStart={exec}\n"
-        )),
-    )];
-    let fs = plan.fs.as_str();
-    if fs.is_empty() || !fs.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Err(format!("fs-type {fs:?} is not a file system's name"));
-    }
-    let (wanted_by, unit_name, unit) = match (&plan.mount, fs) {
-        (None, "swap") => {
-            let name = format!("dev-ublkb{id}.swap");
-            let mut text = format!(
-                "{header}[Unit]\nDescription=uzram compressed swap on {dev}\n\
-                 Documentation=man:uzram(8)\nRequires={prepare}\nAfter={prepare}\n\n\
-                 [Swap]\nWhat={dev}\nPriority={prio}\n",
-                dev = plan.device,
-                prio = plan.priority
-            );
-            if !plan.options.is_empty() {
-                writeln!(text, "Options={}", unit_value("options", &plan.options)?)
-                    .map_err(|e| e.to_string())?;
-            }
-            ("swap.target", name, text)
+    let mut unit = String::new();
+    if let Some(wb) = &plan.writeback {
+        let value = unit_value("writeback-device", wb)?;
+        if let Some(rest) = wb.strip_prefix("/dev/") {
+            let device = format!("dev-{}.device", escape_path(rest));
+            unit = format!("[Unit]\nRequires={device}\nAfter={device}\n\n");
+        } else {
+            unit = format!("[Unit]\nRequiresMountsFor={value}\n\n");
         }
-        (Some(mount), _) => {
-            let name = format!("{}.mount", escape_path(mount));
-            let mut text = format!(
-                "{header}[Unit]\nDescription=uzram compressed storage on {dev}\n\
-                 Documentation=man:uzram(8)\nRequires={prepare}\nAfter={prepare}\n\n\
-                 [Mount]\nWhat={dev}\nWhere={where_}\nType={fs}\n",
-                dev = plan.device,
-                where_ = unit_value("mount-point", mount)?,
-            );
-            if !plan.options.is_empty() {
-                writeln!(text, "Options={}", unit_value("options", &plan.options)?)
-                    .map_err(|e| e.to_string())?;
-            }
-            ("local-fs.target", name, text)
-        }
-        // A file system without a mount point: made, not mounted (as `uzram setup` does).
-        (None, _) => ("local-fs.target", prepare.clone(), String::new()),
-    };
-    out.push((
-        PathBuf::from(&prepare),
-        Entry::File(format!(
-            "{header}[Unit]\nDescription=Make {what} on {dev} if it is new\n\
-             Documentation=man:uzram(8)\nDefaultDependencies=no\n\
-             Wants={service}\nAfter={service}\nBefore={wanted_by}\n\n\
-             [Service]\nType=oneshot\nRemainAfterExit=yes\n\
-             ExecStart={exe} prepare {dev} {fs}\n",
-            what = if fs == "swap" {
-                "swap".to_string()
-            } else {
-                format!("a {fs} file system")
-            },
-            dev = plan.device,
-            exe = exec_arg(exe)?,
-        )),
-    ));
-    if !unit.is_empty() {
-        out.push((PathBuf::from(&unit_name), Entry::File(unit)));
     }
-    out.push((
-        PathBuf::from(format!("{wanted_by}.wants/{unit_name}")),
-        Entry::Link(format!("../{unit_name}")),
-    ));
-    Ok(out)
+    Ok(format!(
+        "{unit}[Service]\n# The options are these, not /etc/uzram/{}.env's.\n\
+         EnvironmentFile=\nExecStart=\nExecStart={exec}\n",
+        plan.section
+    ))
+}
+
+/// The oneshot that makes swap or the file system on a device never written, once its
+/// service serves it. It wants the service and never requires it: a restart of the service
+/// reaches neither it nor the swap unit that requires it.
+fn prepare_unit(
+    service: &str,
+    wanted_by: &str,
+    dev: &str,
+    fs: &str,
+    exe: &str,
+) -> Result<String, String> {
+    Ok(format!(
+        "[Unit]\nDescription=Make {what} on {dev} if it is new\nDocumentation=man:uzram(8)\n\
+         DefaultDependencies=no\nWants={service}\nAfter={service}\nBefore={wanted_by}\n\n\
+         [Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart={exe} prepare {dev} {fs}\n",
+        what = if fs == "swap" {
+            "swap".to_string()
+        } else {
+            format!("a {fs} file system")
+        },
+        exe = exec_arg(exe)?,
+    ))
+}
+
+/// `Options=...` and its newline, or nothing for no options.
+fn options_line(options: &str) -> Result<String, String> {
+    if options.is_empty() {
+        return Ok(String::new());
+    }
+    Ok(format!("Options={}\n", unit_value("options", options)?))
 }
 
 /// One word of an `ExecStart=` line: as it is when it needs no quoting, else in double quotes
 /// with `\` and `"` escaped. `%` (a specifier) and `$` (a variable) are doubled either way.
 fn exec_arg(a: &str) -> Result<String, String> {
+    // A lone `;` separates commands; `\;` is the word itself.
+    if a == ";" {
+        return Ok("\\;".into());
+    }
     if a.chars().any(char::is_control) {
         return Err(format!(
             "{a:?} has a control character, which a unit cannot hold"
@@ -177,6 +220,10 @@ fn unit_value(key: &str, v: &str) -> Result<String, String> {
         return Err(format!(
             "{key} = {v:?}: a control character cannot be in a unit"
         ));
+    }
+    // A line ending in `\` goes on to the next.
+    if v.ends_with('\\') {
+        return Err(format!("{key} = {v:?}: a unit's line cannot end with \\"));
     }
     Ok(v.replace('%', "%%"))
 }
@@ -255,22 +302,27 @@ fn enabled(root: &Path, unit: &str) -> bool {
 
 /// Runs the generator: plans from the system's configuration under `root` (`/`, or
 /// `ZRAM_GENERATOR_ROOT` as zram-generator's tests set it) and writes each device's units into
-/// `dir`. Returns what the journal should be told, one line each. A device that cannot be
-/// planned or written is left out, with a line naming it; the others are written. Fails only
-/// when `dir` cannot be written: a generator must never fail the boot over a configuration.
-pub fn generate(dir: &Path, root: &Path, exe: &str) -> std::io::Result<Vec<String>> {
-    let mut said = Vec::new();
+/// `dir`. A device that cannot be planned or written is left out, with a line naming it; the
+/// others are written. A configuration never fails it; a directory it cannot write does.
+pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
+    let mut out = Generated::default();
     let host = match Host::read(root, None) {
         Ok(h) => h,
-        Err(e) => return Ok(vec![format!("{e}: nothing written")]),
+        Err(e) => {
+            out.said.push(format!("{e}: nothing written"));
+            return out;
+        }
     };
     let loaded = match super::load_plan(None, &host) {
         Ok(l) => l,
         // No configuration at all: nothing to say.
-        Err(e) if e.file == "configuration" => return Ok(said),
-        Err(e) => return Ok(vec![format!("{e}: nothing written")]),
+        Err(e) if e.file == "configuration" => return out,
+        Err(e) => {
+            out.said.push(format!("{e}: nothing written"));
+            return out;
+        }
     };
-    said.extend(
+    out.said.extend(
         loaded
             .notes
             .iter()
@@ -278,11 +330,11 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> std::io::Result<Vec<Strin
             .cloned(),
     );
     if loaded.plan.is_empty() {
-        return Ok(said);
+        return out;
     }
     if let Some(why) = stand_down(root, loaded.system_generator_files) {
-        said.push(why);
-        return Ok(said);
+        out.said.push(why);
+        return out;
     }
     let source = if loaded.system_generator_files {
         "zram-generator.conf"
@@ -290,41 +342,100 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> std::io::Result<Vec<Strin
         "/etc/default/zramswap"
     };
     let mut accepted: Vec<DevicePlan> = Vec::new();
+    let mut written: std::collections::BTreeSet<PathBuf> = Default::default();
     for d in loaded.plan {
         for w in &d.warnings {
-            said.push(format!("{source} [{}] {w}", d.section));
+            out.said.push(format!("{source} [{}] {w}", d.section));
         }
-        if let Some(why) = &d.failed {
-            said.push(format!(
-                "{source} [{}] {why}: no units written for it",
-                d.section
-            ));
-            continue;
-        }
-        // The checks `uzram setup` makes, against the devices accepted so far.
-        let mut with = accepted.clone();
-        with.push(d.clone());
-        let units = ctl::check_plan(&with)
-            .map_err(|e| e.to_string())
-            .and_then(|()| device_units(&d, exe, source));
-        match units {
-            Ok(units) => {
-                for (path, entry) in units {
-                    write_entry(&dir.join(path), &entry)?;
-                }
-                said.push(format!(
+        let units = check_device(&d, &accepted)
+            .and_then(|()| device_units(&d, exe, source))
+            .and_then(
+                |units| match units.iter().find(|(p, _)| written.contains(p)) {
+                    Some((p, _)) => {
+                        Err(format!("{} is an earlier section's unit too", p.display()))
+                    }
+                    None => Ok(units),
+                },
+            );
+        let done = units.and_then(|units| {
+            for (path, entry) in &units {
+                written.insert(path.clone());
+                write_entry(&dir.join(path), entry).map_err(|e| {
+                    out.write_failed = true;
+                    e.to_string()
+                })?;
+            }
+            Ok(())
+        });
+        match done {
+            Ok(()) => {
+                out.said.push(format!(
                     "[{}] {}: units written (uzram@{}.service)",
                     d.section, d.device, d.section
                 ));
                 accepted.push(d);
             }
-            Err(e) => said.push(format!(
+            Err(e) => out.said.push(format!(
                 "{source} [{}] {e}: no units written for it",
                 d.section
             )),
         }
     }
-    Ok(said)
+    out
+}
+
+/// Says the generator's lines where they are read: the kernel's log (as warnings) when systemd
+/// runs it (it sets SYSTEMD_SCOPE for generators, whose stderr may lead nowhere), else stderr.
+pub fn say(lines: &[String]) {
+    use std::io::Write as _;
+    let mut kmsg = std::env::var_os("SYSTEMD_SCOPE").and_then(|_| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/kmsg")
+            .ok()
+    });
+    for line in lines {
+        let text = format!("uzram-generator: {line}");
+        match kmsg.as_mut() {
+            // One write is one record of the log.
+            Some(f) => {
+                let _ = f.write_all(format!("<4>{text}\n").as_bytes());
+            }
+            None => crate::common::output::warn(&text),
+        }
+    }
+}
+
+/// What a run of the generator did.
+#[derive(Debug, Default)]
+pub struct Generated {
+    /// What the journal should be told, one line each.
+    pub said: Vec<String>,
+    /// A unit could not be written into the directory (the generator then fails, after its
+    /// lines are said).
+    pub write_failed: bool,
+}
+
+/// The checks `uzram setup` makes of a device, against the devices accepted before it, less
+/// what cannot be known this early in the boot: whether its writeback device or file is
+/// there and usable (udev has not run, file systems are not mounted; its service checks at
+/// start, and waits for the device or the mounts its path needs).
+fn check_device(d: &DevicePlan, accepted: &[DevicePlan]) -> Result<(), String> {
+    if let Some(wb) = &d.writeback {
+        if let Some(other) = accepted.iter().find(|a| a.writeback.as_ref() == Some(wb)) {
+            return Err(format!(
+                "writeback-device {wb} is [{}]'s too: a backing file serves one device",
+                other.section
+            ));
+        }
+    }
+    let early = |p: &DevicePlan| DevicePlan {
+        writeback: None,
+        failed: None,
+        ..p.clone()
+    };
+    let with: Vec<DevicePlan> = accepted.iter().chain([d]).map(early).collect();
+    ctl::check_plan(&with).map_err(|e| e.to_string())
 }
 
 fn write_entry(path: &Path, entry: &Entry) -> std::io::Result<()> {

@@ -65,14 +65,23 @@ fn a_swap_device_is_a_service_a_prepare_unit_and_a_swap_unit_wanted_by_swap_targ
     let swap = file(&units, "dev-ublkb0.swap");
     for line in [
         "Requires=uzram-prepare@zram0.service",
-        "After=uzram-prepare@zram0.service",
+        "After=uzram-prepare@zram0.service uzram@zram0.service",
         "What=/dev/ublkb0",
         "Priority=42",
         "Options=discard",
     ] {
         assert!(swap.lines().any(|l| l == line), "{line} in {swap}");
     }
-    assert!(!swap.contains("uzram@zram0"), "{swap}");
+    // Ordered after the service (stopped before it at shutdown), never bound to it: its
+    // restart keeps swap on.
+    for dep in ["Requires=", "BindsTo=", "PartOf=", "Wants="] {
+        assert!(
+            !swap
+                .lines()
+                .any(|l| l.starts_with(dep) && l.contains("uzram@")),
+            "{dep} in {swap}"
+        );
+    }
     assert_eq!(
         link(&units, "swap.target.wants/dev-ublkb0.swap"),
         "../dev-ublkb0.swap"
@@ -149,7 +158,7 @@ fn exec_words_are_quoted_and_specifiers_doubled() {
     assert_eq!(exec_arg("$HOME").unwrap(), "$$HOME");
     assert_eq!(exec_arg("a\"b\\c").unwrap(), "\"a\\\"b\\\\c\"");
     assert_eq!(exec_arg("").unwrap(), "\"\"");
-    assert_eq!(exec_arg(";").unwrap(), "\";\"");
+    assert_eq!(exec_arg(";").unwrap(), "\\;");
     assert!(exec_arg("a\tb").is_err());
 }
 
@@ -188,14 +197,16 @@ const CONF: (&str, &str) = (
     "etc/systemd/zram-generator.conf",
     "[zram0]\nzram-size = ram / 2\ncompression-algorithm = zstd\n\n\
      [zram1]\nzram-size = 64\nfs-type = ext4\nmount-point = /mnt/z\n\n\
-     [zram2]\nzram-size = 64\nwriteback-device = /nonexistent/uzram-test\n",
+     [zram2]\nzram-size = 64\nfs-type = nosuchfs\nmount-point = /mnt/y\n\n\
+     [zram4]\nzram-size = 64\nfs-type = ext4\nmount-point = /mnt/z\n\n\
+     [zram5]\nzram-size = 64\nwriteback-device = /nonexistent/uzram-test\n",
 );
 
 #[test]
 fn the_generator_writes_each_device_it_can_and_names_the_one_it_cannot() {
     let dir = root("gen", &[CONF]);
     let out = dir.join("out");
-    let said = generate(&out, &dir, EXE).unwrap();
+    let said = generate(&out, &dir, EXE).said;
     let dropin = std::fs::read_to_string(out.join("uzram@zram0.service.d/generator.conf")).unwrap();
     assert!(
         dropin.contains("serve --id 0 --size 2147483648 --algorithm zstd\n"),
@@ -211,9 +222,32 @@ fn the_generator_writes_each_device_it_can_and_names_the_one_it_cannot() {
     assert!(
         said.iter()
             .any(|l| l.starts_with("zram-generator.conf [zram2] ")
-                && l.contains("/nonexistent/uzram-test")
+                && l.contains("mkfs.nosuchfs")
                 && l.contains("no units written")),
         "{said:?}"
+    );
+    // Two sections, one mount point: the second is left out, the first kept.
+    assert!(
+        said.iter()
+            .any(|l| l.starts_with("zram-generator.conf [zram4] ")
+                && l.contains("earlier section's unit")),
+        "{said:?}"
+    );
+    assert!(!out.join("uzram@zram4.service.d").exists());
+    assert!(std::fs::read_to_string(out.join("mnt-z.mount"))
+        .unwrap()
+        .contains("What=/dev/ublkb1\n"));
+    // A writeback file not there at generator time: its service waits for its path's mounts
+    // and checks it at start.
+    let dropin5 =
+        std::fs::read_to_string(out.join("uzram@zram5.service.d/generator.conf")).unwrap();
+    assert!(
+        dropin5.starts_with("# Written by uzram-generator from [zram5] of zram-generator.conf\n[Unit]\nRequiresMountsFor=/nonexistent/uzram-test\n"),
+        "{dropin5}"
+    );
+    assert!(
+        dropin5.contains("--backing-dev /nonexistent/uzram-test"),
+        "{dropin5}"
     );
     assert!(
         said.iter()
@@ -268,7 +302,7 @@ fn the_generator_stands_down_for_the_tool_that_owns_the_configuration() {
     for (tag, files, why) in cases {
         let dir = root(tag, files);
         let out = dir.join("out");
-        let said = generate(&out, &dir, EXE).unwrap();
+        let said = generate(&out, &dir, EXE).said;
         assert!(said.iter().any(|l| l.contains(why)), "{tag}: {said:?}");
         assert!(!out.exists(), "{tag}: wrote units");
         let _ = std::fs::remove_dir_all(&dir);
@@ -287,7 +321,7 @@ fn the_generator_stands_down_for_the_tool_that_owns_the_configuration() {
         dir.join("etc/systemd/system-generators/zram-generator"),
     )
     .unwrap();
-    generate(&dir.join("out"), &dir, EXE).unwrap();
+    generate(&dir.join("out"), &dir, EXE);
     assert!(dir.join("out/dev-ublkb0.swap").exists());
     // zramswap's file, zram-tools not enabled: uzram takes it.
     let _ = std::fs::remove_dir_all(&dir);
@@ -295,7 +329,7 @@ fn the_generator_stands_down_for_the_tool_that_owns_the_configuration() {
         "zramswap-alone",
         &[("etc/default/zramswap", "PERCENT=50\n")],
     );
-    generate(&dir.join("out"), &dir, EXE).unwrap();
+    generate(&dir.join("out"), &dir, EXE);
     assert!(dir.join("out/dev-ublkb0.swap").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -303,7 +337,7 @@ fn the_generator_stands_down_for_the_tool_that_owns_the_configuration() {
 #[test]
 fn no_configuration_writes_nothing_and_says_nothing() {
     let dir = root("none", &[]);
-    let said = generate(&dir.join("out"), &dir, EXE).unwrap();
+    let said = generate(&dir.join("out"), &dir, EXE).said;
     assert!(said.is_empty(), "{said:?}");
     assert!(!dir.join("out").exists());
     let dir2 = root(
@@ -313,7 +347,7 @@ fn no_configuration_writes_nothing_and_says_nothing() {
             "[zram0]\nzram-size = ram /\n",
         )],
     );
-    let said = generate(&dir2.join("out"), &dir2, EXE).unwrap();
+    let said = generate(&dir2.join("out"), &dir2, EXE).said;
     assert!(
         said.len() == 1
             && said[0].contains("zram-generator.conf")
@@ -340,7 +374,7 @@ fn systemd_analyze_verify_accepts_the_units() {
     let dir = root("verify", &[CONF]);
     let out = dir.join("out");
     // An executable that exists, for ExecStart= to name.
-    generate(&out, &dir, "/bin/sh").unwrap();
+    assert!(!generate(&out, &dir, "/bin/sh").write_failed);
     // contrib's units, as the package installs them (the binary another that exists).
     std::fs::create_dir_all(dir.join("tpl")).unwrap();
     let contrib = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/systemd");
@@ -382,6 +416,23 @@ fn systemd_analyze_verify_accepts_the_units() {
         r.status.success() && said.trim().is_empty(),
         "{:?}: {said}",
         r.status
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_directory_that_cannot_be_written_fails_after_naming_each_device() {
+    let dir = root("unwritable", &[CONF]);
+    // A file where the directory should be.
+    std::fs::write(dir.join("out"), "").unwrap();
+    let g = generate(&dir.join("out"), &dir, EXE);
+    assert!(g.write_failed);
+    assert!(
+        g.said
+            .iter()
+            .any(|l| l.contains("[zram0]") && l.contains("no units written")),
+        "{:?}",
+        g.said
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
