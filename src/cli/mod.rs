@@ -445,8 +445,13 @@ fn setup(
 fn generator(dir: &std::path::Path) -> Outcome {
     let root = std::env::var_os("ZRAM_GENERATOR_ROOT")
         .map_or_else(|| std::path::PathBuf::from("/"), std::path::PathBuf::from);
-    let exe = std::env::current_exe()
-        .ok()
+    // The path it was started by (the wrapper names /usr/bin/uzram), not that path with its
+    // links resolved: a link to a versioned install must keep naming the installed binary.
+    let exe = std::env::args_os()
+        .next()
+        .filter(|a| std::path::Path::new(a).is_absolute())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::current_exe().ok())
         .and_then(|p| p.into_os_string().into_string().ok())
         .unwrap_or_else(|| "/usr/bin/uzram".into());
     let done = setup::units::generate(dir, &root, &exe);
