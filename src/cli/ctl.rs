@@ -494,6 +494,7 @@ pub fn setup(plan: &[super::setup::DevicePlan]) -> Result<Vec<String>, CtlError>
 pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
     let mut seen = std::collections::BTreeSet::new();
     let mut backing: std::collections::BTreeMap<PathBuf, &str> = Default::default();
+    let mut mounts: std::collections::BTreeMap<&str, &str> = Default::default();
     for d in plan {
         let id = parse_device(&d.device)?;
         if !seen.insert(id) {
@@ -501,6 +502,14 @@ pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
                 "[{}]: {} is planned twice",
                 d.section, d.device
             )));
+        }
+        if let Some(at) = &d.mount {
+            if let Some(first) = mounts.insert(at, &d.section) {
+                return Err(err(format!(
+                    "[{}]: mount-point {at} is [{first}]'s too",
+                    d.section
+                )));
+            }
         }
         if let Some(dev) = &d.writeback {
             // One file (under any of its names) backs one device.

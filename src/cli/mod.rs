@@ -98,7 +98,7 @@ pub struct CtlArgs {
     raw: bool,
     /// The listing as JSON (`{"devices": [{"name": ..., ...}]}`, a key per column, lower case;
     /// with --bytes the sizes are numbers)
-    #[arg(short = 'J', long, conflicts_with = "raw")]
+    #[arg(short = 'J', long, conflicts_with_all = ["raw", "list_columns"])]
     json: bool,
     /// Print the available columns and what they show
     #[arg(long)]
@@ -444,6 +444,7 @@ fn setup(
 /// The generator: only a directory it cannot write fails it.
 fn generator(dir: &std::path::Path) -> Outcome {
     let root = std::env::var_os("ZRAM_GENERATOR_ROOT")
+        .filter(|r| !r.is_empty())
         .map_or_else(|| std::path::PathBuf::from("/"), std::path::PathBuf::from);
     // The path it was started by (the wrapper names /usr/bin/uzram), not that path with its
     // links resolved: a link to a versioned install must keep naming the installed binary.

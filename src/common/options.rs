@@ -38,7 +38,7 @@ pub enum OptionsError {
         max: usize,
     },
     /// `--streams 0` (`--queues 0` for `uzram serve`).
-    #[error("--streams must be at least 1")]
+    #[error("--streams (uzram serve: --queues) must be at least 1")]
     NoStreams,
     /// More streams (queues) than ublk gives a device.
     #[error("--streams {0} is more than ublk's {MAX_QUEUES} queues a device")]

@@ -105,7 +105,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub queues: Option<u16>,
     /// Queue depth
-    #[arg(long, default_value_t = DEFAULT_DEPTH)]
+    #[arg(long, default_value_t = DEFAULT_DEPTH, value_parser = clap::value_parser!(u16).range(1..))]
     pub depth: u16,
     /// The most pool memory kept mapped (and locked) ahead of writes, so that swap-out does not
     /// have to ask the kernel for memory while it is short of it: the reserve starts at
@@ -119,7 +119,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE")]
     pub reserve_min: Option<String>,
     /// Device id N for /dev/ublkbN (default: the first free one)
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(i32).range(0..1 << 20))]
     pub id: Option<i32>,
     /// Append the daemon's messages to this file (default: stderr; with --detached, syslog)
     #[arg(long, value_name = "FILE")]

@@ -248,6 +248,10 @@ pub fn subcommands() -> Vec<Case> {
     // The daemon's subcommand on a build without it says so.
     if !cfg!(feature = "ublk") {
         v.push(case("serve --size 1G", "built without the ublk feature"));
+    } else {
+        v.push(case("serve --size 1G --depth 0", "'0'"));
+        v.push(case("serve --size 1G --id 99999999", "99999999"));
+        v.push(case("serve --size 1G --queues 0", "--queues"));
     }
     // A kernel thread has no memory to dump (where pid 2 is one, as on a host).
     if std::fs::read_to_string("/proc/2/status").is_ok_and(|s| s.starts_with("Name:\tkthreadd")) {
@@ -276,6 +280,7 @@ pub fn subcommands() -> Vec<Case> {
         ("prepare /dev/ublkb0 ''", "\"\""),
         ("prepare /dev/ublkb1048575 swap", "not served by uzram"),
         ("generator", "<DIRS>"),
+        ("--list-columns --json", "--json"),
     ] {
         v.push(case(args, names));
     }
@@ -303,6 +308,21 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "zram-generator.conf",
             "[zram0\n",
             "line 2, column 1: a section's name opened with [ is not closed",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("mount-point = /proc"),
+            "/proc would hide",
+        ),
+        (
+            "zram-generator.conf",
+            "set! = echo 5\n[zram0]\n",
+            "set! needs a variable's name",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nmount-point = /mnt/a\n[zram1]\nmount-point = /mnt/a\n",
+            "mount-point /mnt/a is [zram0]'s too",
         ),
         (
             "zram-generator.conf",

@@ -212,6 +212,11 @@ fn set_var(
         return Ok(());
     }
     let bad = |m: String| err(file, format!("{k} = {v}: {m}"));
+    if var.is_empty() {
+        return Err(bad(
+            "set! needs a variable's name (set!NAME = COMMAND)".into()
+        ));
+    }
     if std::env::var_os(SET_ENV).is_some() {
         return Err(bad(format!(
             "not run: this uzram was started by a set! command ({SET_ENV} is set), and running \
@@ -522,12 +527,15 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
             let at = normalise(k, v).map_err(bad)?;
             // zram-generator would plan it; an empty file system over the root would hide the
             // whole system.
-            if at == "/" {
-                return Err(bad(
-                    "a new, empty file system mounted over the root would hide the whole system; \
-                     name another directory"
-                        .into(),
-                ));
+            const SYSTEM: [&str; 9] = [
+                "/", "/proc", "/sys", "/dev", "/run", "/etc", "/usr", "/boot", "/var",
+            ];
+            if SYSTEM.contains(&at.as_str()) {
+                let what = if at == "/" { "the root" } else { at.as_str() };
+                return Err(bad(format!(
+                    "a new, empty file system mounted over {what} would hide what the system \
+                     keeps there; name another directory"
+                )));
             }
             s.plan.mount = Some(at);
             "mount-point"

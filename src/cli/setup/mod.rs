@@ -268,7 +268,7 @@ impl Host {
                     .map_err(|e| {
                         err(
                             &shown(&path).to_string(),
-                            format!("{e}: MemTotal cannot be read from it (give --ram-mib N)"),
+                            format!("{e}: MemTotal cannot be read from it (uzram setup: give --ram-mib N)"),
                         )
                     })?;
                 mem_total_kb(&text)

@@ -138,7 +138,9 @@ fn service_dropin(plan: &DevicePlan, id: u32, exe: &str) -> Result<String, Strin
             let device = format!("dev-{}.device", escape_path(rest));
             unit = format!("[Unit]\nRequires={device}\nAfter={device}\n\n");
         } else {
-            unit = format!("[Unit]\nRequiresMountsFor={value}\n\n");
+            // There when the service starts, as `uzram setup` wants it (serve would make a
+            // new file): the service fails, naming it, where it is not.
+            unit = format!("[Unit]\nRequiresMountsFor={value}\nAssertPathExists={value}\n\n");
         }
     }
     Ok(format!(

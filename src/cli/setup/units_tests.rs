@@ -230,7 +230,7 @@ fn the_generator_writes_each_device_it_can_and_names_the_one_it_cannot() {
     assert!(
         said.iter()
             .any(|l| l.starts_with("zram-generator.conf [zram4] ")
-                && l.contains("earlier section's unit")),
+                && l.contains("mount-point /mnt/z is [zram1]'s too")),
         "{said:?}"
     );
     assert!(!out.join("uzram@zram4.service.d").exists());
@@ -242,7 +242,7 @@ fn the_generator_writes_each_device_it_can_and_names_the_one_it_cannot() {
     let dropin5 =
         std::fs::read_to_string(out.join("uzram@zram5.service.d/generator.conf")).unwrap();
     assert!(
-        dropin5.starts_with("# Written by uzram-generator from [zram5] of zram-generator.conf\n[Unit]\nRequiresMountsFor=/nonexistent/uzram-test\n"),
+        dropin5.starts_with("# Written by uzram-generator from [zram5] of zram-generator.conf\n[Unit]\nRequiresMountsFor=/nonexistent/uzram-test\nAssertPathExists=/nonexistent/uzram-test\n"),
         "{dropin5}"
     );
     assert!(

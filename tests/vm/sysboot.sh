@@ -1,0 +1,66 @@
+# shellcheck shell=bash
+# `tests/vm/run boot` (sourced by tests/vm/run): the Debian package in a real Debian userspace
+# booted with systemd as PID 1. The root file system is made by mmdebstrap from this machine's
+# own apt source (bookworm, minbase, systemd), with the package installed by dpkg -i, the guest
+# kernel's ublk_drv (loaded by the package's modules-load.d), a stock zram-generator.conf
+# ([zram0], ram / 2, zstd) and guest/sysboot/'s checks, which run at each of three boots and
+# print their PASS/FAIL lines on the console (see guest/sysboot/vmboot.sh).
+
+SYSBOOT_PACKAGES=systemd-sysv,udev,kmod,util-linux,procps,bash-completion,man-db,e2fsprogs
+
+# apt_uri: the first URI of this machine's apt sources (deb822 or one-line form)
+apt_uri() {
+    local u
+    u=$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+    [ -n "$u" ] || u=$(awk '$1 == "deb" { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+    [ -n "$u" ] || die "no apt source on this machine for mmdebstrap"
+    echo "$u"
+}
+
+# build_sysroot DEB: $CACHE/sysroot.img, an ext4 image of the root described above
+build_sysroot() {
+    local deb=$1 dir t
+    t=$(now)
+    dir=$(mktemp -d)
+    mmdebstrap --variant=minbase --include="$SYSBOOT_PACKAGES" \
+        --customize-hook="copy-in $deb /tmp" \
+        --customize-hook="chroot \"\$1\" dpkg -i /tmp/${deb##*/}" \
+        --customize-hook="rm \"\$1\"/tmp/${deb##*/}" \
+        bookworm "$dir" "deb $(apt_uri) bookworm main" >"$CACHE/mmdebstrap.log" 2>&1 ||
+        { tail -n 20 "$CACHE/mmdebstrap.log"; die "mmdebstrap failed (log: $CACHE/mmdebstrap.log)"; }
+    add_modules "$dir" ublk_drv
+    install -m 755 "$CACHE/vmtool" "$dir/usr/local/bin/vmtool"
+    install -m 755 "$VM/guest/sysboot/vmboot.sh" "$dir/usr/local/bin/uzram-vmboot"
+    install -m 644 "$VM/guest/sysboot/uzram-vmboot.service" "$dir/etc/systemd/system/"
+    mkdir -p "$dir/etc/systemd/system/multi-user.target.wants"
+    ln -s ../uzram-vmboot.service "$dir/etc/systemd/system/multi-user.target.wants/uzram-vmboot.service"
+    # the console is the checks': no login prompt on it
+    ln -s /dev/null "$dir/etc/systemd/system/serial-getty@ttyS0.service"
+    printf '[zram0]\nzram-size = ram / 2\ncompression-algorithm = zstd\n' >"$dir/etc/systemd/zram-generator.conf"
+    echo uzram-vm >"$dir/etc/hostname"
+    echo '/dev/vda / ext4 rw 0 1' >"$dir/etc/fstab"
+    rm -f "$CACHE/sysroot.img"
+    mke2fs -q -t ext4 -d "$dir" -L uzram-root "$CACHE/sysroot.img" 3G
+    rm -rf "$dir"
+    say "root file system: Debian bookworm, systemd, ${deb##*/}; made in $(since "$t") s"
+}
+
+run_sysboot() {
+    local log=$CACHE/console-boot.log root deb
+    root=$(cd "$VM/../.." && pwd)
+    deb=${UZRAM_VM_DEB:-}
+    if [ -z "$deb" ]; then
+        command -v cargo-deb >/dev/null || cargo install --quiet --locked cargo-deb@3.8.0
+        (cd "$root" && packaging/deb >"$CACHE/deb.log" 2>&1) || { tail -n 20 "$CACHE/deb.log"; die "packaging/deb failed"; }
+        deb=$(cat "$root/target/debian/last")
+    fi
+    build_sysroot "$deb"
+    QARGS=(-machine "q35,accel=$ACCEL" -cpu max -smp "$CPUS" -m "${MEM_BOOT:-1G}"
+        -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$CACHE/initramfs.cpio.gz"
+        -append "console=ttyS0 loglevel=4 edd=off rdinit=/init panic=-1 uzram.mode=sysboot systemd.show_status=error"
+        -nographic -nodefaults
+        -drive "file=$CACHE/sysroot.img,format=raw,if=virtio,cache=unsafe")
+    say "booting $KVER into the Debian root three times (accel=$ACCEL, $CPUS cpus, ${MEM_BOOT:-1G}, timeout ${TIMEOUT}s); console log: $log"
+    check_boot "$log" "$TIMEOUT"
+    verdict "$log"
+}
