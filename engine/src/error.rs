@@ -109,7 +109,7 @@ pub enum Error {
     #[error(transparent)]
     Io(#[from] IoError),
     /// A size that is not a number with an optional K/M/G/T/P/E suffix, or is 0.
-    #[error("invalid size {text:?}: expected a whole number of bytes with an optional K, M, G, T, P or E suffix, as zram's mem_limit takes it (1536M, not 1.5G)")]
+    #[error("invalid size {text:?}: expected a whole number of bytes with an optional K, M, G, T, P or E suffix (no fractions: 1536M, not 1.5G)")]
     InvalidSize {
         /// What was given.
         text: String,

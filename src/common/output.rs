@@ -133,7 +133,7 @@ impl Replacing {
                 {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
-                        "it is a kernel interface under /proc or /sys, not a file uzram can replace",
+                        "it is a kernel interface (on procfs or sysfs), not a file uzram can replace",
                     ));
                 }
                 real

@@ -118,8 +118,8 @@ pub struct ServeArgs {
     /// none; set it to --reserve to map the whole reserve up front and keep it)
     #[arg(long, value_name = "SIZE")]
     pub reserve_min: Option<String>,
-    /// Device id N for /dev/ublkbN (default: the first free one)
-    #[arg(long, value_parser = clap::value_parser!(i32).range(0..1 << 20))]
+    /// Device id N for /dev/ublkbN (default, or -1: the first free one)
+    #[arg(long, allow_hyphen_values = true, value_parser = clap::value_parser!(i32).range(-1..1 << 20))]
     pub id: Option<i32>,
     /// Append the daemon's messages to this file (default: stderr; with --detached, syslog)
     #[arg(long, value_name = "FILE")]

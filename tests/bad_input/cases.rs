@@ -199,7 +199,7 @@ pub fn subcommands() -> Vec<Case> {
         ("dump-pages --pid abc -o @x", "abc"),
         (
             "dump-pages --pid 1 -o /proc/version",
-            "/proc/version: it is a kernel interface under /proc",
+            "/proc/version: it is a kernel interface (on procfs",
         ),
         ("dump-pages --pid 1 --max-mib abc -o @x", "abc"),
         ("dump-pages -o @x", "--pid"),

@@ -8,12 +8,18 @@
 
 SYSBOOT_PACKAGES=systemd-sysv,udev,kmod,util-linux,procps,bash-completion,man-db,e2fsprogs
 
-# apt_uri: the first URI of this machine's apt sources (deb822 or one-line form)
+# apt_uri: the URI of this machine's apt source for bookworm (deb822 stanzas, or one-line
+# entries whose [options] are skipped)
 apt_uri() {
     local u
-    u=$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-    [ -n "$u" ] || u=$(awk '$1 == "deb" { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
-    [ -n "$u" ] || die "no apt source on this machine for mmdebstrap"
+    u=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
+        /^[ \t]*$/ { uri = ""; suites = ""; next }
+        $1 == "URIs:" { uri = $2 }
+        $1 == "Suites:" { suites = " " $0 " " }
+        uri != "" && suites ~ / bookworm / { print uri; exit }' || true)
+    [ -n "$u" ] || u=$(awk '$1 == "deb" { i = 2; if ($2 ~ /^\[/) while ($i !~ /\]$/) i++; if ($2 ~ /^\[/) i++
+        if ($(i + 1) == "bookworm") { print $i; exit } }' /etc/apt/sources.list 2>/dev/null || true)
+    [ -n "$u" ] || die "no apt source for bookworm on this machine for mmdebstrap"
     echo "$u"
 }
 
@@ -22,6 +28,8 @@ build_sysroot() {
     local deb=$1 dir t
     t=$(now)
     dir=$(mktemp -d)
+    # shellcheck disable=SC2064 # the directory as it is now
+    trap "rm -rf '$dir'" EXIT
     mmdebstrap --variant=minbase --include="$SYSBOOT_PACKAGES" \
         --customize-hook="copy-in $deb /tmp" \
         --customize-hook="chroot \"\$1\" dpkg -i /tmp/${deb##*/}" \
@@ -42,17 +50,21 @@ build_sysroot() {
     rm -f "$CACHE/sysroot.img"
     mke2fs -q -t ext4 -d "$dir" -L uzram-root "$CACHE/sysroot.img" 3G
     rm -rf "$dir"
+    trap - EXIT
     say "root file system: Debian bookworm, systemd, ${deb##*/}; made in $(since "$t") s"
 }
 
 run_sysboot() {
     local log=$CACHE/console-boot.log root deb
+    # mmdebstrap as another user makes the root's files theirs
+    [ "$(id -u)" = 0 ] || die "run boot needs root"
     root=$(cd "$VM/../.." && pwd)
     deb=${UZRAM_VM_DEB:-}
     if [ -z "$deb" ]; then
         command -v cargo-deb >/dev/null || cargo install --quiet --locked cargo-deb@3.8.0
         (cd "$root" && packaging/deb >"$CACHE/deb.log" 2>&1) || { tail -n 20 "$CACHE/deb.log"; die "packaging/deb failed"; }
         deb=$(cat "$root/target/debian/last")
+        case $deb in /*) ;; *) deb=$root/$deb ;; esac
     fi
     build_sysroot "$deb"
     QARGS=(-machine "q35,accel=$ACCEL" -cpu max -smp "$CPUS" -m "${MEM_BOOT:-1G}"
@@ -60,7 +72,13 @@ run_sysboot() {
         -append "console=ttyS0 loglevel=4 edd=off rdinit=/init panic=-1 uzram.mode=sysboot systemd.show_status=error"
         -nographic -nodefaults
         -drive "file=$CACHE/sysroot.img,format=raw,if=virtio,cache=unsafe")
-    say "booting $KVER into the Debian root three times (accel=$ACCEL, $CPUS cpus, ${MEM_BOOT:-1G}, timeout ${TIMEOUT}s); console log: $log"
-    check_boot "$log" "$TIMEOUT"
+    say "booting $KVER into the Debian root three times (accel=$ACCEL, $CPUS cpus, ${MEM_BOOT:-1G}, timeout ${TIMEOUT_USER:-1500}s); console log: $log"
+    check_boot "$log" "${TIMEOUT_USER:-1500}"
+    # what the guest's own checks cannot see: a panic (the guest reboots and goes on), and a
+    # shutdown that waited for uzram's processes
+    if grep -E 'Kernel panic|systemd-shutdown.*Waiting for process' "$log"; then
+        echo "vm: FAIL: the guest panicked, or its shutdown waited for processes (above; log: $log)"
+        exit 1
+    fi
     verdict "$log"
 }

@@ -453,10 +453,27 @@ fn ini_error(e: &ini::ParseError) -> String {
     format!("line {}, column {}: {what}", e.line, e.col)
 }
 
+/// A mount point, normalised. zram-generator would plan one over `/` or a system directory; an
+/// empty file system there would hide what the system keeps in it.
+fn mount_point(k: &str, v: &str) -> Result<String, String> {
+    const SYSTEM: [&str; 9] = [
+        "/", "/proc", "/sys", "/dev", "/run", "/etc", "/usr", "/boot", "/var",
+    ];
+    let at = normalise(k, v)?;
+    if SYSTEM.contains(&at.as_str()) {
+        let what = if at == "/" { "the root" } else { at.as_str() };
+        return Err(format!(
+            "a new, empty file system mounted over {what} would hide what the system keeps \
+             there; name another directory"
+        ));
+    }
+    Ok(at)
+}
+
 fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result<(), SetupError> {
     let bad = |m: String| err(file, format!("[{section}] {k}={v}: {m}"));
-    // Every value ends up in a command line or a unit.
-    if v.chars().any(char::is_control) {
+    // Every value ends up in a command line or a unit (a tab is a blank, as in an expression).
+    if v.chars().any(|c| c.is_control() && c != '\t') {
         return Err(err(
             file,
             format!("[{section}] {k}={v:?}: a control character cannot be in a value"),
@@ -524,20 +541,7 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
             "swap-priority"
         }
         "mount-point" => {
-            let at = normalise(k, v).map_err(bad)?;
-            // zram-generator would plan it; an empty file system over the root would hide the
-            // whole system.
-            const SYSTEM: [&str; 9] = [
-                "/", "/proc", "/sys", "/dev", "/run", "/etc", "/usr", "/boot", "/var",
-            ];
-            if SYSTEM.contains(&at.as_str()) {
-                let what = if at == "/" { "the root" } else { at.as_str() };
-                return Err(bad(format!(
-                    "a new, empty file system mounted over {what} would hide what the system \
-                     keeps there; name another directory"
-                )));
-            }
-            s.plan.mount = Some(at);
+            s.plan.mount = Some(mount_point(k, v).map_err(bad)?);
             "mount-point"
         }
         "fs-type" => {

@@ -140,7 +140,13 @@ fn service_dropin(plan: &DevicePlan, id: u32, exe: &str) -> Result<String, Strin
         } else {
             // There when the service starts, as `uzram setup` wants it (serve would make a
             // new file): the service fails, naming it, where it is not.
-            unit = format!("[Unit]\nRequiresMountsFor={value}\nAssertPathExists={value}\n\n");
+            // RequiresMountsFor= is a list split on blanks; AssertPathExists= one path.
+            let listed = if value.contains(char::is_whitespace) {
+                format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
+            } else {
+                value.clone()
+            };
+            unit = format!("[Unit]\nRequiresMountsFor={listed}\nAssertPathExists={value}\n\n");
         }
     }
     Ok(format!(
