@@ -53,6 +53,24 @@ sd_stop() {
     for m in dev sys proc run; do umount -l $SD_ROOT/$m 2>/dev/null; done
 }
 
+# sd_begin WHAT: the start of a check under the user manager (its $name and $log): skipped
+# outside the guest, WHAT said, the log emptied, devices reset, the manager started; returns 1
+# (the check said as skipped or failed) when it must not go on.
+sd_begin() {
+    if [ "$UZRAM_VM_MODE" != guest ]; then
+        skip "$name" "needs the guest (it runs the host's systemd as a user manager in a chroot of the host's root)"
+        return 1
+    fi
+    note "$name: $1"
+    : >"$log"
+    uzram_reset
+    if ! sd_start; then
+        fail_log "$name" "$log" "no systemd user manager in the guest"
+        sd_stop
+        return 1
+    fi
+}
+
 # sd_unit SIZE [KEEP]: the service uzram-vm.service, whose [Service] is contrib/systemd/uzram@.service's
 # with a device of SIZE (lz4); its daemons log to the manager's /run/user/0/uzram-vm-sd.log.
 # MemorySwapMax=0 is kept only with KEEP (a check that needs it checks that it took).
@@ -77,18 +95,7 @@ sd_unit() {
 # across it): the device handed over the same way, not deleted; `systemctl stop` deletes it.
 check_systemd() {
     local name=systemd log=$UZ_TMP/systemd.log dev sup sup1 w rpid rrc t0 i MB=1048576
-    if [ "$UZRAM_VM_MODE" != guest ]; then
-        skip "$name" "needs the guest (it runs the host's systemd as a user manager in a chroot of the host's root)"
-        return
-    fi
-    note "$name: a supervisor under systemd killed; systemd restarts it with the region from its descriptor store"
-    : >"$log"
-    uzram_reset
-    if ! sd_start; then
-        fail_log "$name" "$log" "no systemd user manager in the guest"
-        sd_stop
-        return
-    fi
+    sd_begin "a supervisor under systemd killed; systemd restarts it with the region from its descriptor store" || return
     sd_unit 64M
     if ! sd_ctl start uzram-vm.service >>"$log" 2>&1; then
         sd_ctl status uzram-vm.service >>"$log" 2>&1
@@ -199,21 +206,12 @@ check_systemd() {
 check_recoversd() {
     local name=$1 kills=$2 mode=$3 log=$UZ_TMP/$1.log dev sup sup1 w wcg tpid o0 rc k
     local t0 ms times= worst=0 hung0 oom0 oom1 swapsize fill blocks rpid p t avail
-    if [ "$UZRAM_VM_MODE" != guest ]; then
-        skip "$name" "needs the guest (it runs the host's systemd as a user manager in a chroot of the host's root)"
-        return
+    # the memory controller for the manager's units, as PID 1 has it (in the guest only)
+    if [ "$UZRAM_VM_MODE" = guest ]; then
+        [ -f /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
+        echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
     fi
-    note "$name: systemctl kill -s KILL on the service $kills time(s) while swap holds 2x RAM ($mode)"
-    : >"$log"
-    uzram_reset
-    # the memory controller for the manager's units, as PID 1 has it
-    [ -f /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
-    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-    if ! sd_start; then
-        fail_log "$name" "$log" "no systemd user manager in the guest"
-        sd_stop
-        return
-    fi
+    sd_begin "systemctl kill -s KILL on the service $kills time(s) while swap holds 2x RAM ($mode)" || return
     swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
     sd_unit "$swapsize" keep
     if ! sd_ctl start uzram-vm.service >>"$log" 2>&1; then
@@ -337,18 +335,7 @@ check_generator() {
     local name=generator log=$UZ_TMP/generator.log gen=/run/user/0/gen groot=/run/user/0/groot
     local units=$SD_ROOT/run/user/0/systemd/user dev=/dev/ublkb0 slog=$SD_ROOT/run/user/0/uzram-gen.log
     local prio opts hpid rc sup sup1 lines size bad=
-    if [ "$UZRAM_VM_MODE" != guest ]; then
-        skip "$name" "needs the guest (it runs the host's systemd as a user manager in a chroot of the host's root)"
-        return
-    fi
-    note "$name: the generator's units from a zram-generator.conf, started by systemd"
-    : >"$log"
-    uzram_reset
-    if ! sd_start; then
-        fail_log "$name" "$log" "no systemd user manager in the guest"
-        sd_stop
-        return
-    fi
+    sd_begin "the generator's units from a zram-generator.conf, started by systemd" || return
     mkdir -p $SD_ROOT$groot/etc/systemd $SD_ROOT$groot/proc
     cp /proc/meminfo $SD_ROOT$groot/proc/meminfo
     printf '[zram0]\nzram-size = ram / 2\ncompression-algorithm = lz4\nswap-priority = 77\n' >$SD_ROOT$groot/etc/systemd/zram-generator.conf
