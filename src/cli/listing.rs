@@ -389,7 +389,7 @@ pub fn render_json(rows: &[DeviceRow], columns: &[Column], bytes: bool) -> Strin
 }
 
 /// `s` as a JSON string: quoted, with `"`, `\` and control characters escaped.
-fn json_string(s: &str) -> String {
+pub(crate) fn json_string(s: &str) -> String {
     let mut q = String::with_capacity(s.len() + 2);
     q.push('"');
     for c in s.chars() {

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use crate::cli::ctl;
-use crate::cli::listing::DeviceRow;
+use crate::cli::listing::{json_string, DeviceRow};
 
 /// What `uzram metrics` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -234,13 +234,16 @@ pub fn json(devs: &[Figures]) -> String {
         }
         let _ = write!(
             out,
-            "{{\"device\": \"{}\", \"live\": {}, \"disksize\": {}",
-            d.device, d.live, d.disksize
+            "{{\"device\": {}, \"live\": {}, \"disksize\": {}",
+            json_string(&d.device),
+            d.live,
+            d.disksize
         );
         for (attr, fields) in &d.groups {
-            let _ = write!(out, ", \"{attr}\": {{");
+            let _ = write!(out, ", {}: {{", json_string(attr));
             for (j, (f, v)) in fields.iter().enumerate() {
-                let _ = write!(out, "{}\"{}\": {v}", if j > 0 { ", " } else { "" }, f);
+                let sep = if j > 0 { ", " } else { "" };
+                let _ = write!(out, "{sep}{}: {v}", json_string(f));
             }
             out.push('}');
         }
