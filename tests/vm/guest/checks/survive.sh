@@ -103,15 +103,15 @@ swap_forbidden_in() {
 
 # storm_begin: the recover checks' storm, once swap_begin has set avail: the hung-task watchdog
 # at 30 s (its old value in hung0), vmtool filling 2x MemAvailable (fill) and verifying it
-# three times in the background (tpid), the kernel's kill count before (oom0) and pswpout
-# (o0); returns once a quarter of the fill is out in swap. Sets the caller's variables.
+# twice in the background (tpid; ten kills 2 s apart end within the first pass), the kernel's
+# kill count before (oom0) and pswpout (o0); returns once a quarter of the fill is out in swap. Sets the caller's variables.
 storm_begin() {
     hung0=$(cat /proc/sys/kernel/hung_task_timeout_secs)
     echo 30 >/proc/sys/kernel/hung_task_timeout_secs
     fill=$((avail * 2))
     oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
     o0=$(vmstat_val pswpout)
-    "$TOOL" swapfill $fill "$SEED" 3 >>"$log" 2>&1 &
+    "$TOOL" swapfill $fill "$SEED" 2 >>"$log" 2>&1 &
     tpid=$!
     quarter_out $tpid
 }

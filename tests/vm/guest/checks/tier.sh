@@ -247,7 +247,8 @@ bd_used_kib() { "$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "bd_file0_used" {
 
 # ---- tiering: a small mem_limit and a backing file on a disk ----------------------------------------
 # check_tier: kernel zram and uzram, each as the only swap with the same small mem_limit, take a
-# program that fills 2x MemAvailable and verifies every page twice. zram can only fail the writes
+# program that fills 1.5x MemAvailable (three to six times the limit in swap) and verifies every
+# page twice. zram can only fail the writes
 # past its limit (io_stat failed_writes, "Write-error on swap-device"; it writes back only when
 # told to). uzram evicts cold pages to the guest's disk (/dev/vda, its backing device) instead: the
 # program must complete, verified, with at most a handful of failed writes, and policy_stat must show the evictions,
@@ -269,7 +270,7 @@ check_tier() {
         SWAP_DEV=/dev/zram0
         sync
         echo 3 >/proc/sys/vm/drop_caches
-        avail=$(($(meminfo_kb MemAvailable) / 1024)) fill=$((avail * 2))
+        avail=$(($(meminfo_kb MemAvailable) / 1024)) fill=$((avail * 3 / 2))
         e0=$(dmesg | grep -c 'Write-error on swap-device')
         timeout 240 "$TOOL" swapfill $fill "$SEED" 2 >>"$log" 2>&1
         zrc=$?
@@ -304,7 +305,7 @@ check_tier() {
     SWAP_DEV=$dev
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    avail=$(($(meminfo_kb MemAvailable) / 1024)) fill=$((avail * 2))
+    avail=$(($(meminfo_kb MemAvailable) / 1024)) fill=$((avail * 3 / 2))
     "$TOOL" swapfill $fill "$SEED" 2 >>"$log" 2>&1
     rc=$?
     grep '^vmtool' "$log" | tail -1 | sed 's/^/VM: /'
@@ -338,5 +339,5 @@ check_tier() {
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "mem_limit ${lim}M: $fill MiB (2x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
+    pass "$name" "mem_limit ${lim}M: $fill MiB (1.5x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
 }
