@@ -152,3 +152,44 @@ fn setup_dry_run_plans_both_formats() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The generator as systemd runs it: a configuration error is said on stderr and fails it
+/// (exit 1, as zram-generator's), the sections it could plan still written; no configuration
+/// at all is a quiet success.
+#[test]
+fn the_generator_fails_on_a_configuration_error_and_writes_the_rest() {
+    let root = std::env::temp_dir().join(format!("uzram-cli-gen-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("proc")).unwrap();
+    std::fs::create_dir_all(root.join("etc/systemd")).unwrap();
+    std::fs::write(root.join("proc/meminfo"), "MemTotal: 4194304 kB\n").unwrap();
+    let out = root.join("out");
+    let run = || {
+        let o = Command::new(env!("CARGO_BIN_EXE_uzram"))
+            .args(["generator", out.to_str().unwrap()])
+            .env("ZRAM_GENERATOR_ROOT", &root)
+            .env_remove("SYSTEMD_SCOPE")
+            .output()
+            .expect("run uzram generator");
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (rc, err) = run();
+    assert_eq!((rc, err.as_str()), (0, ""));
+    std::fs::write(
+        root.join("etc/systemd/zram-generator.conf"),
+        "[zram0]\nzram-size = 64\n\n[zram1]\nzram-size = 64\nfs-type = nosuchfs\nmount-point = /mnt/y\n",
+    )
+    .unwrap();
+    let (rc, err) = run();
+    assert_eq!(rc, 1, "{err}");
+    assert!(
+        err.contains("[zram1]") && err.contains("configuration has errors"),
+        "{err}"
+    );
+    assert!(out.join("dev-ublkb0.swap").is_file());
+    assert!(!out.join("uzram@zram1.service.d").exists());
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -66,7 +66,7 @@ pub use codec::{Codec, Stream};
 pub use dict::{train_dictionary, MIN_DICT_LEN};
 pub use error::{CodecError, ConfigError};
 pub use params::{
-    read_dictionary, AlgorithmParams, CodecParams, ParamsError, MAX_COMPS, MAX_DICT_LEN,
+    param_keys, read_dictionary, AlgorithmParams, CodecParams, ParamsError, MAX_COMPS, MAX_DICT_LEN,
 };
 
 /// The backends, at the versions this crate links, for benches that compare against them.

@@ -134,6 +134,19 @@ impl FromStr for AlgorithmParams {
     }
 }
 
+/// The keys of `key=value ...` parameters in the order given, as [`AlgorithmParams`] reads them
+/// (a quoted value may hold blanks), repeats included; the first malformed parameter's error.
+pub fn param_keys(text: &str) -> Result<Vec<&str>, ParamsError> {
+    let mut keys = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        let (key, _, after) = next_param(rest)?;
+        keys.push(key);
+        rest = after.trim_start();
+    }
+    Ok(keys)
+}
+
 /// Splits `key=value` or `key="quoted value"` off the front of `text`, which starts with a
 /// non-blank character. Returns the key, the value and what follows.
 fn next_param(text: &str) -> Result<(&str, &str, &str), ParamsError> {

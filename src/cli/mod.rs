@@ -441,7 +441,8 @@ fn setup(
     failure.map_or(Ok(()), |e| Err(e.into()))
 }
 
-/// The generator: only a directory it cannot write fails it.
+/// The generator: a directory it cannot write or a configuration error fails it (exit 1, as
+/// zram-generator; systemd logs that and still reads the units written).
 fn generator(dir: &std::path::Path) -> Outcome {
     let root = std::env::var_os("ZRAM_GENERATOR_ROOT")
         .filter(|r| !r.is_empty())
@@ -462,6 +463,12 @@ fn generator(dir: &std::path::Path) -> Outcome {
             "some units could not be written into {}",
             crate::common::output::shown(dir)
         ))
+        .into());
+    }
+    if done.config_failed {
+        return Err(CtlError(
+            "the configuration has errors (said above): the devices they name have no units".into(),
+        )
         .into());
     }
     Ok(())

@@ -55,6 +55,16 @@ pub enum OptionsError {
         /// The second.
         second: String,
     },
+    /// A parameter named twice in one option's value (the engine, as zram, keeps the last).
+    #[error("{option} {value:?}: {key}= given twice: which one is meant?")]
+    ParamTwice {
+        /// The option.
+        option: &'static str,
+        /// The key.
+        key: String,
+        /// The option's value.
+        value: String,
+    },
     /// `uzram serve --reserve-min` above `--reserve` (the least above the most).
     #[error(
         "--reserve-min {min} is more than --reserve {reserve} (the reserve's least above its most)"
@@ -182,6 +192,27 @@ impl DeviceArgs {
     /// the options its device was made with, perhaps by an older binary that took them, and
     /// must not refuse them now.
     pub fn check_new(&self) -> Result<(), OptionsError> {
+        let params = self
+            .algorithm_params
+            .iter()
+            .map(|p| ("--algorithm-params", p))
+            .chain(
+                self.recomp_algorithm
+                    .iter()
+                    .map(|r| ("--recomp-algorithm", r)),
+            );
+        for (option, value) in params {
+            // A malformed value is the engine's to name, in `setup`.
+            let keys = uzram_codecs::param_keys(value).unwrap_or_default();
+            let twice = (1..keys.len()).find(|&i| keys[..i].contains(&keys[i]));
+            if let Some(key) = twice.map(|i| keys[i]) {
+                return Err(OptionsError::ParamTwice {
+                    option,
+                    key: key.to_string(),
+                    value: value.clone(),
+                });
+            }
+        }
         for (i, r) in self.recomp_algorithm.iter().enumerate() {
             let Some(priority) = recomp_priority(r) else {
                 continue;

@@ -223,6 +223,18 @@ pub fn subcommands() -> Vec<Case> {
             "--find --size 64M --recomp-algorithm 'algo=zstd priority=2' --recomp-algorithm 'algo=lz4 priority=2'",
             "priority 2",
         ),
+        (
+            "--find --size 64M -a zstd --algorithm-params 'level=3 level=4'",
+            "level= given twice",
+        ),
+        (
+            "--find --size 64M --recomp-algorithm 'algo=zstd level=3 algo=lz4'",
+            "algo= given twice",
+        ),
+        (
+            "--find --size 64M --policy 'recompress_after=10m recompress_after=20m'",
+            "given twice",
+        ),
         ("attr /dev/ublkb0 ''", "not an attribute's name"),
         ("attr /dev/ublkb0 'mm stat'", "\"mm stat\": not an attribute"),
         ("attr /dev/ublkb0 ../../etc/passwd", "../../etc/passwd"),
@@ -338,6 +350,11 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "zram-generator.conf",
             &gen("zram-size = 0 / 0"),
             "zram-size",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = 4G"),
+            "slot table larger than",
         ),
         ("zram-generator.conf", &gen("zram-size = -ram"), "zram-size"),
         ("zram-generator.conf", &gen("zram-size = -1"), "zram-size"),

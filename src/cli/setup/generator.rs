@@ -632,6 +632,19 @@ fn finish(
         }
         bytes
     };
+    // What the device would refuse at start (16 bytes of slot table a page, all of it in RAM
+    // when full), refused now with the key's name.
+    if plan.size_bytes / 4096 * 16 > ram.saturating_mul(MIB) {
+        return Err(err(
+            &from("zram-size"),
+            format!(
+                "[{section}] zram-size: a device of {} bytes needs a slot table larger than \
+                 this machine's {ram} MiB of RAM when full (units may be wrong: the size is in \
+                 MiB)",
+                plan.size_bytes
+            ),
+        ));
+    }
     if let Some(dev) = &plan.writeback {
         // zram-generator's setup fails the device when the kernel refuses its backing_dev, as
         // it refuses a path that does not exist; the other devices are set up.

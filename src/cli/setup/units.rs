@@ -311,13 +311,15 @@ fn enabled(root: &Path, unit: &str) -> bool {
 /// Runs the generator: plans from the system's configuration under `root` (`/`, or
 /// `ZRAM_GENERATOR_ROOT` as zram-generator's tests set it) and writes each device's units into
 /// `dir`. A device that cannot be planned or written is left out, with a line naming it; the
-/// others are written. A configuration never fails it; a directory it cannot write does.
+/// others are written. A configuration error is said and marked (`config_failed`: the command
+/// then exits 1, as zram-generator does on one), and so is a directory it cannot write.
 pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
     let mut out = Generated::default();
     let host = match Host::read(root, None) {
         Ok(h) => h,
         Err(e) => {
             out.said.push(format!("{e}: nothing written"));
+            out.config_failed = true;
             return out;
         }
     };
@@ -327,6 +329,7 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
         Err(e) if e.file == "configuration" => return out,
         Err(e) => {
             out.said.push(format!("{e}: nothing written"));
+            out.config_failed = true;
             return out;
         }
     };
@@ -383,10 +386,13 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
                 ));
                 accepted.push(d);
             }
-            Err(e) => out.said.push(format!(
-                "{source} [{}] {e}: no units written for it",
-                d.section
-            )),
+            Err(e) => {
+                out.said.push(format!(
+                    "{source} [{}] {e}: no units written for it",
+                    d.section
+                ));
+                out.config_failed = true;
+            }
         }
     }
     out
@@ -422,6 +428,9 @@ pub struct Generated {
     /// A unit could not be written into the directory (the generator then fails, after its
     /// lines are said).
     pub write_failed: bool,
+    /// The configuration, or a device of it, could not be planned: said, and the generator
+    /// fails after writing the devices it could (standing down is not a failure).
+    pub config_failed: bool,
 }
 
 /// The checks `uzram setup` makes of a device, against the devices accepted before it, less

@@ -206,7 +206,10 @@ const CONF: (&str, &str) = (
 fn the_generator_writes_each_device_it_can_and_names_the_one_it_cannot() {
     let dir = root("gen", &[CONF]);
     let out = dir.join("out");
-    let said = generate(&out, &dir, EXE).said;
+    let done = generate(&out, &dir, EXE);
+    // Sections left out fail the run (as zram-generator's does), the others written.
+    assert!(done.config_failed && !done.write_failed);
+    let said = done.said;
     let dropin = std::fs::read_to_string(out.join("uzram@zram0.service.d/generator.conf")).unwrap();
     assert!(
         dropin.contains("serve --id 0 --size 2147483648 --algorithm zstd\n"),
@@ -302,8 +305,10 @@ fn the_generator_stands_down_for_the_tool_that_owns_the_configuration() {
     for (tag, files, why) in cases {
         let dir = root(tag, files);
         let out = dir.join("out");
-        let said = generate(&out, &dir, EXE).said;
+        let done = generate(&out, &dir, EXE);
+        let said = done.said;
         assert!(said.iter().any(|l| l.contains(why)), "{tag}: {said:?}");
+        assert!(!done.config_failed, "{tag}: standing down is not a failure");
         assert!(!out.exists(), "{tag}: wrote units");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -337,8 +342,8 @@ fn the_generator_stands_down_for_the_tool_that_owns_the_configuration() {
 #[test]
 fn no_configuration_writes_nothing_and_says_nothing() {
     let dir = root("none", &[]);
-    let said = generate(&dir.join("out"), &dir, EXE).said;
-    assert!(said.is_empty(), "{said:?}");
+    let done = generate(&dir.join("out"), &dir, EXE);
+    assert!(done.said.is_empty() && !done.config_failed, "{done:?}");
     assert!(!dir.join("out").exists());
     let dir2 = root(
         "bad",
@@ -347,7 +352,9 @@ fn no_configuration_writes_nothing_and_says_nothing() {
             "[zram0]\nzram-size = ram /\n",
         )],
     );
-    let said = generate(&dir2.join("out"), &dir2, EXE).said;
+    let done = generate(&dir2.join("out"), &dir2, EXE);
+    assert!(done.config_failed);
+    let said = done.said;
     assert!(
         said.len() == 1
             && said[0].contains("zram-generator.conf")
