@@ -209,9 +209,12 @@ fn conf(scratch: &Scratch, n: usize, file: &str, text: &str, names: &str) -> Cas
 fn what_zram_generator_ignores_is_warned_about_by_name() {
     let s = Scratch::new("t1");
     for (n, (text, names)) in [
-        ("[zramX]\n[zram0]\n", "zramX"),
+        ("[zramX]\n[zram0]\n", "zramX] (devices are [zramN]"),
         ("[swap]\nzram-size = 1\n[zram0]\n", "swap"),
-        ("[zram0]\nset!x = echo 1\n", "set!x"),
+        (
+            "[zram0]\nset!x = echo 1\n",
+            "set!x, ignoring (set! lines go before the first section)",
+        ),
         ("[zram0]\ncolour = blue\n", "colour"),
         ("foo = 1\n[zram0]\n", "foo"),
         ("nope!x = 1\n[zram0]\n", "nope!"),

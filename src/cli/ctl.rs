@@ -44,7 +44,7 @@ pub fn parse_device(name: &str) -> Result<u32, CtlError> {
              (cargo build --release --features ublk)",
         )),
         None if !name.contains('/') && !name.starts_with("ublkb") => Err(err(format!(
-            "{name:?}: neither a subcommand (attr, setup, teardown, upgrade, sleep, bench, dump-pages) nor a device name (/dev/ublkbN)"
+            "{name:?}: neither a subcommand (attr, setup, teardown, prepare, metrics, upgrade, sleep, serve, bench, dump-pages) nor a device name (/dev/ublkbN)"
         ))),
         None => Err(err(format!(
             "{name:?}: not a uzram device name (expected /dev/ublkbN, N from 0 to {})",

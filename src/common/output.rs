@@ -156,12 +156,17 @@ impl Replacing {
             .suffix(".tmp")
             .tempfile_in(&dir)
             .map_err(|e| {
+                // The system's words for why, without the path (said once, here).
+                let why = match (e.kind(), e.raw_os_error()) {
+                    (io::ErrorKind::NotFound, _) => "no such directory".to_string(),
+                    (_, Some(n)) => io::Error::from_raw_os_error(n).to_string(),
+                    (kind, None) => kind.to_string(),
+                };
                 io::Error::new(
                     e.kind(),
                     format!(
-                        "cannot make a file in {} to write it under a temporary name: {}",
-                        shown(&dir),
-                        io::Error::from(e.kind())
+                        "cannot make a file in {} to write it under a temporary name: {why}",
+                        shown(&dir)
                     ),
                 )
             })?;

@@ -195,7 +195,7 @@ pub fn subcommands() -> Vec<Case> {
         ("dump-pages --pid 1 -o /dev/null", "/dev/null"),
         ("dump-pages --pid 1 -o @fifo", "fifo"),
         ("dump-pages --pid 1 -o @a-dir", "a-dir"),
-        ("dump-pages --pid 1 -o @nowhere/x", "nowhere"),
+        ("dump-pages --pid 1 -o @nowhere/x", "nowhere to write it under a temporary name: no such directory"),
         ("dump-pages --pid abc -o @x", "abc"),
         (
             "dump-pages --pid 1 -o /proc/version",
@@ -344,12 +344,12 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         (
             "zram-generator.conf",
             &gen("zram-size = ram / 0"),
-            "zram-size",
+            "zram-size=ram / 0 divides by 0",
         ),
         (
             "zram-generator.conf",
             &gen("zram-size = 0 / 0"),
-            "zram-size",
+            "zram-size=0 / 0 is not a number",
         ),
         (
             "zram-generator.conf",

@@ -178,7 +178,9 @@ fn read_file(
             continue;
         };
         let Some(id) = section_id(name).map_err(|m| err(file, m))? else {
-            notes.push(format!("{file}: ignoring section [{name}]"));
+            notes.push(format!(
+                "{file}: ignoring section [{name}] (devices are [zramN], N a number)"
+            ));
             continue;
         };
         let s = sections
@@ -553,9 +555,13 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
             "options"
         }
         other => {
-            s.plan
-                .warnings
-                .push(format!("{file}: unknown key {other}, ignoring"));
+            s.plan.warnings.push(format!(
+                "{file}: unknown key {other}, ignoring{}",
+                match other {
+                    o if o.starts_with("set!") => " (set! lines go before the first section)",
+                    _ => "",
+                }
+            ));
             return Ok(());
         }
     };
@@ -635,15 +641,8 @@ fn finish(
     // What the device would refuse at start (16 bytes of slot table a page, all of it in RAM
     // when full), refused now with the key's name.
     if plan.size_bytes / 4096 * 16 > ram.saturating_mul(MIB) {
-        return Err(err(
-            &from("zram-size"),
-            format!(
-                "[{section}] zram-size: a device of {} bytes needs a slot table larger than \
-                 this machine's {ram} MiB of RAM when full (units may be wrong: the size is in \
-                 MiB)",
-                plan.size_bytes
-            ),
-        ));
+        let (b, file) = (plan.size_bytes, from("zram-size"));
+        return Err(err(&file, format!("[{section}] zram-size: a device of {b} bytes needs a slot table larger than this machine's {ram} MiB of RAM when full (units may be wrong: the size is in MiB)")));
     }
     if let Some(dev) = &plan.writeback {
         // zram-generator's setup fails the device when the kernel refuses its backing_dev, as
@@ -674,8 +673,13 @@ fn mib_to_bytes(
     vars: &BTreeMap<String, f64>,
 ) -> Result<u64, String> {
     let f = eval(expr, ram, vars).map_err(|e| format!("[{section}] {key}={expr}: {e}"))?;
-    if f.is_nan() || f < 0.0 {
-        return Err(format!("[{section}] {key}={expr} is {f} < 0"));
+    if f.is_nan() || f.is_infinite() || f < 0.0 {
+        let what = match f {
+            f if f.is_nan() => "is not a number (0 / 0?)".into(),
+            f if f.is_infinite() => "divides by 0".into(),
+            f => format!("is {f}, below 0"),
+        };
+        return Err(format!("[{section}] {key}={expr} {what}"));
     }
     let bytes = f * 1024.0 * 1024.0;
     if bytes >= u64::MAX as f64 {
