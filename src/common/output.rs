@@ -158,7 +158,13 @@ impl Replacing {
             .map_err(|e| {
                 // The system's words for why, without the path (said once, here).
                 let why = match (e.kind(), e.raw_os_error()) {
-                    (io::ErrorKind::NotFound, _) => "no such directory".to_string(),
+                    (io::ErrorKind::NotFound, _)
+                        if crate::sys::on_kernel_fs(&dir).unwrap_or(false) =>
+                    {
+                        "it is a kernel interface (procfs or sysfs), where no file can be made"
+                            .into()
+                    }
+                    (io::ErrorKind::NotFound, _) if !dir.exists() => "no such directory".into(),
                     (_, Some(n)) => io::Error::from_raw_os_error(n).to_string(),
                     (kind, None) => kind.to_string(),
                 };

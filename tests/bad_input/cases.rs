@@ -195,6 +195,8 @@ pub fn subcommands() -> Vec<Case> {
         ("dump-pages --pid 1 -o /dev/null", "/dev/null"),
         ("dump-pages --pid 1 -o @fifo", "fifo"),
         ("dump-pages --pid 1 -o @a-dir", "a-dir"),
+        ("metrics -o /proc/uzram-metrics.prom", "kernel interface"),
+        ("metrics -o @nowhere/m.prom", "nowhere to write it under a temporary name: no such directory"),
         ("dump-pages --pid 1 -o @nowhere/x", "nowhere to write it under a temporary name: no such directory"),
         ("dump-pages --pid abc -o @x", "abc"),
         (
