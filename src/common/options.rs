@@ -192,6 +192,8 @@ impl DeviceArgs {
     /// the options its device was made with, perhaps by an older binary that took them, and
     /// must not refuse them now.
     pub fn check_new(&self) -> Result<(), OptionsError> {
+        // (The engine keeps the last of a key given twice, as zram does, and so does a device
+        // an older binary made with such options: refused only here.)
         let params = self
             .algorithm_params
             .iter()
@@ -200,10 +202,19 @@ impl DeviceArgs {
                 self.recomp_algorithm
                     .iter()
                     .map(|r| ("--recomp-algorithm", r)),
-            );
+            )
+            .chain(self.policy.iter().map(|p| ("--policy", p)));
         for (option, value) in params {
-            // A malformed value is the engine's to name, in `setup`.
-            let keys = uzram_codecs::param_keys(value).unwrap_or_default();
+            // A malformed value is the engine's to name, in `setup`. The policy's settings are
+            // blank-separated key=value words too.
+            let keys = match option {
+                "--policy" => value
+                    .split_whitespace()
+                    .filter_map(|w| w.split_once('='))
+                    .map(|(k, _)| k)
+                    .collect(),
+                _ => uzram_codecs::param_keys(value).unwrap_or_default(),
+            };
             let twice = (1..keys.len()).find(|&i| keys[..i].contains(&keys[i]));
             if let Some(key) = twice.map(|i| keys[i]) {
                 return Err(OptionsError::ParamTwice {

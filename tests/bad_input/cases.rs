@@ -235,7 +235,7 @@ pub fn subcommands() -> Vec<Case> {
         ),
         (
             "--find --size 64M --policy 'recompress_after=10m recompress_after=20m'",
-            "given twice",
+            "recompress_after= given twice",
         ),
         ("attr /dev/ublkb0 ''", "not an attribute's name"),
         ("attr /dev/ublkb0 'mm stat'", "\"mm stat\": not an attribute"),

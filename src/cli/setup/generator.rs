@@ -639,15 +639,15 @@ fn finish(
         bytes
     };
     // What the device would refuse at start (16 bytes of slot table a page, all of it in RAM
-    // when full), refused now with the key's name.
+    // when full), said now with the key's name; this device fails, the others are set up.
     if plan.size_bytes / 4096 * 16 > ram.saturating_mul(MIB) {
-        let (b, file) = (plan.size_bytes, from("zram-size"));
-        return Err(err(&file, format!("[{section}] zram-size: a device of {b} bytes needs a slot table larger than this machine's {ram} MiB of RAM when full (units may be wrong: the size is in MiB)")));
+        let b = plan.size_bytes;
+        plan.failed = Some(format!("zram-size: a device of {b} bytes needs a slot table larger than this machine's {ram} MiB of RAM when full (units may be wrong: the size is in MiB)"));
     }
     if let Some(dev) = &plan.writeback {
         // zram-generator's setup fails the device when the kernel refuses its backing_dev, as
         // it refuses a path that does not exist; the other devices are set up.
-        if !Path::new(dev).exists() {
+        if plan.failed.is_none() && !Path::new(dev).exists() {
             plan.failed = Some(format!(
                 "writeback-device={dev}: it does not exist, so this device is not set up (as \
                  zram-generator's setup fails it); uzram makes backing files only from its own \

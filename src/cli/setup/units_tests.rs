@@ -361,8 +361,26 @@ fn no_configuration_writes_nothing_and_says_nothing() {
             && said[0].contains("nothing written"),
         "{said:?}"
     );
+    // The same error where uzram stands down anyway (uzram-setup.service enabled): said, not
+    // a failure of the generator.
+    let dir3 = root(
+        "bad-standing-down",
+        &[
+            (
+                "etc/systemd/zram-generator.conf",
+                "[zram0]\nzram-size = ram /\n",
+            ),
+            (
+                "etc/systemd/system/multi-user.target.wants/uzram-setup.service",
+                "",
+            ),
+        ],
+    );
+    let done = generate(&dir3.join("out"), &dir3, EXE);
+    assert!(!done.config_failed && !done.said.is_empty(), "{done:?}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&dir2);
+    let _ = std::fs::remove_dir_all(&dir3);
 }
 
 /// systemd itself reads the units (where `systemd-analyze` is installed, as on CI's Debian):

@@ -41,7 +41,7 @@ want() {
 # UZRAM_VM_REFERENCE="swap": which of kernel zram's reference checks run beside uzram's (by
 # default all of them): the kernel matrix in CI keeps swap's, whose figure after the program
 # exits uzram's is held to (swap-exit).
-REFERENCE=$(echo "${UZRAM_VM_REFERENCE:-fio ext4 swap churn discard sleep hibernate}" | tr + ' ')
+REFERENCE=$(echo "${UZRAM_VM_REFERENCE:-fio ext4 swap churn discard sleep hibernate rtcwake}" | tr + ' ')
 want_ref() {
     case " $REFERENCE " in *" $1 "*) want "$1" ;; *) return 1 ;; esac
 }
@@ -222,11 +222,14 @@ if { want hibernate || want rtcwake; } && [ "$UZRAM_VM_MODE" = guest ]; then
     else
         # hibernations first: after a suspend to RAM the guest cannot power off
         for _c in hibernate rtcwake; do
-            want $_c || continue
+            case " $CHECKS " in *" $_c "*) ;; *) continue ;; esac
+            TIME_PREFIX=zram-
             if want_ref $_c && zram_begin; then
                 zram_setup lz4 1024M && check_$_c /dev/zram0 zram-
                 zram_reset
             fi
+            TIME_PREFIX=
+            want $_c
             # the daemon from the copy in RAM
             if uzram_begin; then
                 uzram_setup lz4 1024M && check_$_c "$UZRAM_DEV" ""

@@ -140,7 +140,6 @@ impl PolicyConfig {
     /// sizes zram's `K`, `M`, `G`; `off` turns a setting off.
     pub fn update(&mut self, text: &str) -> Result<(), Error> {
         let mut next = *self;
-        let mut seen: Vec<&str> = Vec::new();
         for word in text.split_whitespace() {
             let bad = |why| Error::InvalidRequest {
                 text: word.to_string(),
@@ -149,11 +148,6 @@ impl PolicyConfig {
             let (k, v) = word
                 .split_once('=')
                 .ok_or(bad("policy settings are key=value"))?;
-            // Two values for one key in one request: which was meant cannot be known.
-            if seen.contains(&k) {
-                return Err(bad("a setting given twice in one request"));
-            }
-            seen.push(k);
             // `90` or `90%`
             let pct = |v: &str| {
                 v.strip_suffix('%')

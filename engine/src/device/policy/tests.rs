@@ -46,7 +46,6 @@ fn settings_parse_print_and_refuse_nonsense() {
         "colour=blue",
         "budget",
         "psi=200",
-        "recompress_after=10m recompress_after=20m",
     ] {
         let before = c;
         assert!(c.update(bad).is_err(), "{bad}");

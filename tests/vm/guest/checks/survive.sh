@@ -104,7 +104,8 @@ swap_forbidden_in() {
 # storm_begin: the recover checks' storm, once swap_begin has set avail: the hung-task watchdog
 # at 30 s (its old value in hung0), vmtool filling 2x MemAvailable (fill) and verifying it
 # twice in the background (tpid; ten kills 2 s apart end within the first pass), the kernel's
-# kill count before (oom0) and pswpout (o0); returns once a quarter of the fill is out in swap. Sets the caller's variables.
+# kill count before (oom0) and pswpout (o0); returns once a quarter of the fill is out in
+# swap. Sets the caller's variables.
 storm_begin() {
     hung0=$(cat /proc/sys/kernel/hung_task_timeout_secs)
     echo 30 >/proc/sys/kernel/hung_task_timeout_secs
