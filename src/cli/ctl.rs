@@ -522,11 +522,13 @@ pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
             }
         }
         let mut args = d.device_args();
-        if kernel_knows(id) {
-            // Set up already (its daemon holds its backing device): setup leaves it as it is.
+        let made = kernel_knows(id);
+        if made {
+            // Set up already (its daemon holds its backing device): setup leaves it as it is,
+            // made perhaps by an older binary that took these options.
             args.backing_dev.clear();
         }
-        args.check_new()
+        (if made { Ok(()) } else { args.check_new() })
             .and_then(|()| options::check(&d.size_bytes.to_string(), &args, None).map(drop))
             .map_err(|e| err(format!("[{}]: {e}", d.section)))?;
         // zram-generator mounts a device with a mount point whatever its fs-type says.

@@ -329,9 +329,11 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
         Err(e) if e.file == "configuration" => return out,
         Err(e) => {
             out.said.push(format!("{e}: nothing written"));
-            // A configuration uzram would stand down from anyway is not its failure.
-            out.config_failed =
-                stand_down(root, true).is_none() && stand_down(root, false).is_none();
+            // A configuration uzram would stand down from anyway is not its failure (which
+            // files it came from: load_plan's rule).
+            let generator_files =
+                !super::generator::files(root).is_empty() || host.kernel == Some(true);
+            out.config_failed = stand_down(root, generator_files).is_none();
             return out;
         }
     };
