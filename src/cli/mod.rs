@@ -73,7 +73,7 @@ pub struct CtlArgs {
     #[command(flatten)]
     device: DeviceArgs,
     /// Number of compression streams (the daemon's I/O queues; default 2, 1 on a one-CPU machine)
-    #[arg(short = 't', long, value_name = "NUMBER", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(short = 't', long, value_name = "NUMBER", value_parser = clap::value_parser!(u16).range(1..), allow_negative_numbers = true)]
     streams: Option<u16>,
     /// The new device's daemon appends its messages here (default: syslog)
     #[arg(long, value_name = "FILE")]
@@ -119,6 +119,7 @@ pub enum Command {
         /// The attribute
         name: String,
         /// The value to write (omit to read)
+        #[arg(allow_negative_numbers = true)]
         value: Option<String>,
     },
     /// Set up the devices that zram-generator.conf (and its .conf.d drop-ins) or
@@ -134,7 +135,7 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         config: Option<std::path::PathBuf>,
         /// MemTotal to plan for, in MiB (default: this machine's)
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
         ram_mib: Option<u64>,
         /// Read the configuration files, proc/meminfo and proc/cmdline under DIR instead of /
         /// (as zram-generator's ZRAM_GENERATOR_ROOT); with --dry-run, to plan another system

@@ -19,7 +19,13 @@ pub fn strtosize(text: &str) -> Result<u64, String> {
         return Err(bad("a size is not negative"));
     }
     let t = t.strip_prefix('+').unwrap_or(t);
-    let (mut x, mut rest) = leading_number(t).ok_or_else(|| bad("not a number"))?;
+    // Digits that are no number are too many of them.
+    let (mut x, mut rest) = leading_number(t).ok_or_else(|| {
+        bad(match t.starts_with(|c: char| c.is_ascii_digit()) {
+            true => "too large",
+            false => "not a number",
+        })
+    })?;
     if rest.is_empty() {
         return Ok(x);
     }

@@ -165,7 +165,7 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "SETTINGS")]
     pub policy: Option<String>,
     /// zram's mem_limit (0 = none)
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_negative_numbers = true)]
     pub mem_limit: Option<String>,
     /// How the device learns that swap freed a slot: "probe", an eBPF probe on the kernel's
     /// swap-slot free path (what zram's swap_slot_free_notify gets), where the kernel allows it

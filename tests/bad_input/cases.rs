@@ -4,6 +4,7 @@
 use super::{case, conf, Case, Scratch};
 
 /// zramctl's options: --size and what a new device is made of.
+#[allow(clippy::too_many_lines)] // a table literal, one row a case
 pub fn device_options() -> Vec<Case> {
     let mut v = Vec::new();
     // zramctl's --size (util-linux's strtosize).
@@ -27,6 +28,10 @@ pub fn device_options() -> Vec<Case> {
     ] {
         v.push(case(&format!("--find --size '{size}'"), size));
     }
+    v.push(case(
+        "--find --size 99999999999999999999",
+        "99999999999999999999\": too large",
+    ));
     v.push(case("--find --size 0", "size 0"));
     v.push(case("--find --size ''", "\"\""));
     // What a device is made of.
@@ -61,7 +66,11 @@ pub fn device_options() -> Vec<Case> {
         ("--policy min_free=-1", "min_free=-1"),
         ("--policy recompress_after=99999999999d", "recompress_after"),
         ("--mem-limit much", "much"),
-        ("--mem-limit -1", "-1"),
+        ("--mem-limit -1", "--mem-limit: invalid size \"-1\""),
+        (
+            "--policy recompress_after=10m,writeback_after=1h",
+            "separated by blanks, not commas",
+        ),
         ("--mem-limit 1.5G", "1.5G"),
         ("--mem-limit 99999999999999999999", "99999999999999999999"),
         (
@@ -90,7 +99,7 @@ pub fn device_options() -> Vec<Case> {
         ("--streams 0", "streams"),
         ("--streams 70000", "70000"),
         ("--streams 5000", "5000"),
-        ("--streams -1", "-1"),
+        ("--streams -1", "invalid value '-1'"),
     ] {
         v.push(case(&format!("--find --size 64M {args}"), names));
     }
@@ -285,6 +294,10 @@ pub fn subcommands() -> Vec<Case> {
         ("setup --dry-run --config @empty --ram-mib inf", "inf"),
         ("setup --dry-run --config @empty --ram-mib 0", "0"),
         ("setup --dry-run --config @empty --ram-mib abc", "abc"),
+        (
+            "setup --dry-run --config @empty --ram-mib -5",
+            "invalid value '-5'",
+        ),
         ("teardown --config @nowhere", "nowhere"),
         ("teardown --config @fifo", "fifo"),
         ("setup --config @fifo", "fifo"),

@@ -148,6 +148,9 @@ impl PolicyConfig {
             let (k, v) = word
                 .split_once('=')
                 .ok_or(bad("policy settings are key=value"))?;
+            if v.contains(',') && v.contains('=') {
+                return Err(bad("settings are separated by blanks, not commas"));
+            }
             // `90` or `90%`
             let pct = |v: &str| {
                 v.strip_suffix('%')

@@ -46,6 +46,7 @@ fn settings_parse_print_and_refuse_nonsense() {
         "colour=blue",
         "budget",
         "psi=200",
+        "recompress_after=10m,writeback_after=1h",
     ] {
         let before = c;
         assert!(c.update(bad).is_err(), "{bad}");
