@@ -136,6 +136,14 @@ fn decompress_with(
 }
 
 impl Device {
+    /// The slot table's bytes once a device of `disksize` is full (one [`Slot`], 16 bytes, a
+    /// page): what [`Device::new`] refuses past this machine's memory.
+    pub fn full_table_bytes(disksize: u64) -> u64 {
+        disksize
+            .div_ceil(PAGE_SIZE as u64)
+            .saturating_mul(std::mem::size_of::<Slot>() as u64)
+    }
+
     /// A device of `disksize` bytes (rounded up to whole pages).
     pub fn new(config: DeviceConfig, disksize: u64) -> Result<Device, Error> {
         if disksize == 0 {
@@ -143,7 +151,7 @@ impl Device {
         }
         let disksize = disksize.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
         let pages = disksize / PAGE_SIZE as u64;
-        let table_bytes = pages.saturating_mul(std::mem::size_of::<Slot>() as u64);
+        let table_bytes = Device::full_table_bytes(disksize);
         let too_large = || Error::TableTooLarge {
             disksize,
             table_bytes,

@@ -638,9 +638,9 @@ fn finish(
         }
         bytes
     };
-    // What the device would refuse at start (16 bytes of slot table a page, all of it in RAM
-    // when full), said now with the key's name; this device fails, the others are set up.
-    if plan.size_bytes / 4096 * 16 > ram.saturating_mul(MIB) {
+    // What the device would refuse at start (its slot table, all of it in RAM when full), said
+    // now with the key's name; this device fails, the others are set up.
+    if uzram_engine::Device::full_table_bytes(plan.size_bytes) > ram.saturating_mul(MIB) {
         let b = plan.size_bytes;
         plan.failed = Some(format!("zram-size: a device of {b} bytes needs a slot table larger than this machine's {ram} MiB of RAM when full (units may be wrong: the size is in MiB)"));
     }

@@ -348,6 +348,14 @@ pub struct Loaded {
     pub system_generator_files: bool,
 }
 
+/// zram-generator's files under the host's root, when the plan comes from them (as
+/// zram-generator: some are there, or `systemd.zram=1` asks for its defaults); else `None`
+/// (`/etc/default/zramswap`'s turn).
+pub fn generator_files(host: &Host) -> Option<Vec<std::path::PathBuf>> {
+    let files = generator::files(&host.root);
+    (!files.is_empty() || host.kernel == Some(true)).then_some(files)
+}
+
 /// Where a plan comes from: `--config FILE`; else, as zram-generator, the kernel command line
 /// (`systemd.zram=0`: nothing) and zram-generator's files under the host's root; else its
 /// `etc/default/zramswap`.
@@ -380,8 +388,7 @@ pub fn load_plan(config: Option<&Path>, host: &Host) -> Result<Loaded, SetupErro
             system_generator_files: false,
         });
     }
-    let files = generator::files(&host.root);
-    if !files.is_empty() || host.kernel == Some(true) {
+    if let Some(files) = generator_files(host) {
         let texts = files
             .iter()
             .map(|p| Ok((shown(p).to_string(), read(p)?)))

@@ -331,9 +331,8 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
             out.said.push(format!("{e}: nothing written"));
             // A configuration uzram would stand down from anyway is not its failure (which
             // files it came from: load_plan's rule).
-            let generator_files =
-                !super::generator::files(root).is_empty() || host.kernel == Some(true);
-            out.config_failed = stand_down(root, generator_files).is_none();
+            let from_generator_files = super::generator_files(&host).is_some();
+            out.config_failed = stand_down(root, from_generator_files).is_none();
             return out;
         }
     };
