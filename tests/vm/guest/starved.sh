@@ -76,6 +76,17 @@ daemon_switches() {
 # mem_used_max is the most RAM its pool took)
 zram_after() { printf ',"mm_stat":"%s"' "$(tr -s ' ' <$ZRAM/mm_stat | sed 's/^ //')"; }
 
+# starved_trace LABEL T0: every 30 s of a uzram configuration, the policy's counters that say
+# where its disk bytes come from and what it reads back, with bd_stat, and the program's last
+# line: the course of a run, where the BENCH line has only its end
+starved_trace() {
+    [ -n "${UZRAM_DEV:-}" ] && [ -b "$UZRAM_DEV" ] || return 0
+    local ps
+    ps=$("$UZRAM_BIN" attr "$UZRAM_DEV" policy_stat 2>/dev/null | tr '\n' ' ' |
+        awk '{ for (i = 1; i < NF; i += 2) if ($i ~ /^(host_writeback_pages|evicted_pages|spill_pages|early_reads|cold_age_secs|promoted_pages|promote_age_secs|promoted_first_pages|promote_hits|promote_misses|reuse_pages)$/) printf "%s %s ", $i, $(i + 1) }')
+    note "starved: $1: at $(elapsed "$2")s: $ps bd_stat $("$UZRAM_BIN" attr "$UZRAM_DEV" bd_stat 2>/dev/null | tr -s ' ' | sed 's/^ //'); pool $(dev_mm_stat "$UZRAM_DEV" | awk '{ print $3 }') B; $(tail -c 200 "$UZ_TMP/starved-$1.log" | tail -1)"
+}
+
 # starved_run LABEL [AFTER]: the workload on whatever swap is on now; one BENCH line, with what
 # the command AFTER prints once the workload is done (more JSON fields, each after a comma)
 starved_run() {
@@ -98,9 +109,12 @@ starved_run() {
     esac
     VMTOOL_MIX=$STARVED_MIX timeout "$STARVED_TIMEOUT" "$TOOL" "$@" >"$UZ_TMP/starved-$label.log" 2>&1 &
     p=$!
+    local n=0
     while kill -0 $p 2>/dev/null; do
         used=$(awk 'NR > 1 { s += $4 } END { print s + 0 }' /proc/swaps)
         [ "$used" -gt "$peak" ] && peak=$used
+        n=$((n + 1))
+        [ $((n % 15)) = 0 ] && starved_trace "$label" "$t0"
         sleep 2
     done
     wait $p

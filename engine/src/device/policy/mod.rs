@@ -157,6 +157,8 @@ pub(super) struct Tier {
     spill: spill::Spill,
     /// Whether a written-back page's first read brings it back.
     first_read: read_back::FirstRead,
+    /// How long ago the promote age was set.
+    promote_clock: read_back::PromoteClock,
 }
 
 impl Tier {
@@ -670,7 +672,9 @@ impl Device {
 
     /// What the policy and eviction have done.
     pub fn policy_stats(&self) -> PolicyStats {
-        self.tier.counters.snapshot(self.tier.budget.lock().left())
+        let mut s = self.tier.counters.snapshot(self.tier.budget.lock().left());
+        s.promote_age_secs = u64::from(self.tier.promote_age(self.now()));
+        s
     }
 }
 

@@ -99,14 +99,14 @@ policy_counters! {
     /// coldest pages had gone untouched, and so brought back into the pool.
     promoted_pages => "promoted_pages",
     /// A gauge: the idle age of the youngest pages the last writeback round for room wrote
-    /// back; a written-back page read again within it is promoted.
+    /// back, and the seconds since; a written-back page read again within it is promoted.
     promote_age_secs => "promote_age_secs",
     /// Of the promoted pages, those brought back on their first read since their writeback,
     /// while promotions were paying.
     promoted_first => "promoted_first_pages",
-    /// Promoted pages read again from the pool within the promote age: promotions that paid.
+    /// Promoted pages read again while still in the pool: promotions that paid.
     promote_hits => "promote_hits",
-    /// Promoted pages read again later than that, or written back again unread.
+    /// Promoted pages written back again unread.
     promote_misses => "promote_misses",
 }
 
