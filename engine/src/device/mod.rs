@@ -441,7 +441,7 @@ impl Device {
         // page read piecemeal are the same read.
         if s.atime != now {
             if s.flags.contains(SlotFlags::PROMOTED) {
-                self.tier.note_promoted_read();
+                self.tier.note_promoted_read(now.saturating_sub(s.atime));
             }
             s.flags = s.flags.difference(SlotFlags::PROMOTED);
         }

@@ -215,6 +215,19 @@ fn apply_algorithms(plan: &mut DevicePlan, value: &str) {
             }
         });
         if name.is_empty() {
+            // Global recompression parameters are a `recompress` request, which zram-generator's
+            // setup leaves unwritten (a failed write would be a warning there): what a request
+            // could not be is said, with the value, and the device is set up all the same.
+            if let Some(Err(e)) = params
+                .as_deref()
+                .map(str::parse::<uzram_engine::RecompressRequest>)
+            {
+                plan.warnings.push(format!(
+                    "{t}: global recompression parameters that zram's recompress would refuse: \
+                     {e} (an algorithm's own parameters follow its name with no blank between, \
+                     as in zstd(level=3))"
+                ));
+            }
             plan.recompress = params;
             continue;
         }

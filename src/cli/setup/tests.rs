@@ -237,6 +237,25 @@ fn zram_generator_09_zram_size() {
         Some("dictionary=/etc/gaming level=9")
     );
     assert_eq!(p[0].recompress.as_deref(), Some("recompargs"));
+    // Not a request zram's recompress takes: said, with the value, and planned all the same.
+    assert!(
+        p[0].warnings
+            .iter()
+            .any(|w| w.contains("(recompargs)") && w.contains("global recompression parameters")),
+        "{:?}",
+        p[0].warnings
+    );
+    assert_eq!(p[0].failed, None);
+    // A blank between an algorithm and its parameters makes them global: the hint says so.
+    let p = plan_text("[zram0]\ncompression-algorithm = zstd (level=3)\n", 782).unwrap();
+    assert_eq!(p[0].recompress.as_deref(), Some("level=3"));
+    assert!(
+        p[0].warnings
+            .iter()
+            .any(|w| w.contains("(level=3)") && w.contains("zstd(level=3)")),
+        "{:?}",
+        p[0].warnings
+    );
 }
 
 /// tests/10-example: zram-generator.conf.example (its `set!` program, xenstore-read, is a fake

@@ -84,7 +84,7 @@ starved_trace() {
     local ps
     ps=$("$UZRAM_BIN" attr "$UZRAM_DEV" policy_stat 2>/dev/null | tr '\n' ' ' |
         awk '{ for (i = 1; i < NF; i += 2) if ($i ~ /^(host_writeback_pages|evicted_pages|spill_pages|early_reads|cold_age_secs|promoted_pages|promote_age_secs|promoted_first_pages|promote_hits|promote_misses|reuse_pages)$/) printf "%s %s ", $i, $(i + 1) }')
-    note "starved: $1: at $(elapsed "$2")s: $ps bd_stat $("$UZRAM_BIN" attr "$UZRAM_DEV" bd_stat 2>/dev/null | tr -s ' ' | sed 's/^ //'); pool $(dev_mm_stat "$UZRAM_DEV" | awk '{ print $3 }') B; $(tail -c 200 "$UZ_TMP/starved-$1.log" | tail -1)"
+    note "starved: $1: at $(elapsed "$2")s: ${ps}bd_stat $("$UZRAM_BIN" attr "$UZRAM_DEV" bd_stat 2>/dev/null | tr -s ' ' | sed 's/^ //'); pool $(dev_mm_stat "$UZRAM_DEV" 2>/dev/null | awk '{ print $3 }') B; $(tail -c 200 "$UZ_TMP/starved-$1.log" | tail -1)"
 }
 
 # starved_run LABEL [AFTER]: the workload on whatever swap is on now; one BENCH line, with what

@@ -157,8 +157,6 @@ pub(super) struct Tier {
     spill: spill::Spill,
     /// Whether a written-back page's first read brings it back.
     first_read: read_back::FirstRead,
-    /// How long ago the promote age was set.
-    promote_clock: read_back::PromoteClock,
 }
 
 impl Tier {
@@ -356,6 +354,7 @@ impl Policy {
             .map_or(true, |t| now.saturating_sub(t) >= AGE_SCAN_SECS);
         if age_scan {
             self.last_age_scan = Some(now);
+            self.measure_promote_age(device, now);
             if let Some(after) = cfg.recompress_after {
                 if !device.recomp_algorithms().is_empty() {
                     let req = RecompressRequest {
@@ -672,9 +671,7 @@ impl Device {
 
     /// What the policy and eviction have done.
     pub fn policy_stats(&self) -> PolicyStats {
-        let mut s = self.tier.counters.snapshot(self.tier.budget.lock().left());
-        s.promote_age_secs = u64::from(self.tier.promote_age(self.now()));
-        s
+        self.tier.counters.snapshot(self.tier.budget.lock().left())
     }
 }
 

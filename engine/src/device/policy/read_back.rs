@@ -1,22 +1,25 @@
 //! Reads of written-back pages: the first read since a writeback judges it (an early read is
 //! the policy's mistake) and stamps the page; a second read soon after brings it back into the
 //! pool (`promote`). The first read brings it back too while promotions pay ([`FirstRead`]):
-//! each promotion is a bet of one credit, which a hit (the promoted page read again while it is
-//! still in the pool: a read of the backing store saved, however long after) pays back twice
-//! and a miss (written back again unread) not at all; first reads promote while the credit
-//! lasts. The bet is taken when the page is promoted, not when it is judged (a miss may show
-//! only a pass of a cyclic walk later): so first-read promotions go on only as fast as hits
-//! come back. Where the pages read from the backing store are hot (a hot set the fill's order
-//! left there) promotions pay and each such page costs one read, not one a fault; where the
-//! next page read is the one longest untouched (a cyclic walk larger than the pool) a promoted
-//! page is pushed out again before the walk comes back to it, and the layout stays as it is.
-//! A hit is not bounded by the promote age: a hot page the kernel keeps in RAM between faults
-//! is read from the device less often than the pool's coldest pages go untouched, and it is
-//! still the page to keep.
+//! each promotion is a bet of one credit, which a hit (the promoted page read again from the
+//! pool within the promote age, sooner than the pool's coldest pages go untouched) pays back
+//! twice and a miss (read later than that, or written back again unread) not at all; first
+//! reads promote while the credit lasts. The promote age is how long the pool's coldest pages
+//! have gone untouched: set by each round for room (the age of the youngest it wrote) and
+//! measured at each age scan (the youngest of the coldest quarter the pool holds), since
+//! writes that evict or spill press the pool without a round. The bet is taken when the page is promoted, not when
+//! it is judged (a miss may show only a pass of a cyclic walk later): so first-read promotions
+//! go on only as fast as hits come back. Where the pages read from the backing store are hot (a
+//! hot set the fill's order left there) promotions pay and each such page costs one read, not
+//! two; where the next page read is the one longest untouched (a cyclic walk larger than the
+//! pool) a promoted page is no hotter than those its room pushes out, and the layout stays as
+//! it is.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 
-use super::{BatchStats, Policy, Tier, COLD_AGE_START, EARLY_READ_SECS};
+use super::{
+    age_bucket, bucket_min_age, BatchStats, Policy, Tier, BUCKETS, COLD_AGE_START, EARLY_READ_SECS,
+};
 use crate::device::{slot, Device, PageIndex, SlotFlags, SlotState};
 
 /// Bound of [`FirstRead`]'s credit either way: the most first-read promotions awaiting their
@@ -64,12 +67,9 @@ impl FirstRead {
     }
 }
 
-/// When the last round for room set the promote age (device clock plus one; 0: no round yet):
-/// the pool's coldest pages go on ageing until the next round moves some out.
-#[derive(Debug, Default)]
-pub(super) struct PromoteClock {
-    since: AtomicU64,
-}
+/// The part of the pool's stored bytes, the oldest first, whose youngest idle age the age scan
+/// takes for the promote age: a quarter.
+const COLDEST_PART: u64 = 4;
 
 impl Policy {
     /// A round that wrote back for room (the watermark, host pressure) sets the promote age
@@ -77,11 +77,38 @@ impl Policy {
     pub(super) fn note_round_for_room(&self, device: &Device, done: &BatchStats) {
         if done.written > 0 {
             device.tier.set_promote_age(self.youngest_written);
-            device
-                .tier
-                .promote_clock
-                .since
-                .store(u64::from(device.now()) + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// At each age scan (promotion on, the pool not empty), the promote age becomes what the
+    /// pool holds now: the idle age of the youngest of its coldest quarter of stored bytes.
+    /// A round for room says how cold the pool's coldest were when it ran; nothing else moves
+    /// the age, while writes that evict or spill keep the pool pressed and its pages go on
+    /// ageing, so a last round's age grows stale either way. The quarter, not the oldest page:
+    /// in a cyclic walk every page in the pool is read once a pass, their ages spread over the
+    /// pass, and a page read twice a pass apart must stay older than the age (as a hit must
+    /// come within it); a hot set beside a cold one leaves the cold pages' age.
+    pub(super) fn measure_promote_age(&self, device: &Device, now: u32) {
+        if device.tier.promote_age() == 0 {
+            return;
+        }
+        let mut hist = [0u64; BUCKETS];
+        let mut total = 0u64;
+        for i in 0..device.pages() {
+            let s = device.peek(PageIndex(i));
+            if s.flags.contains(SlotFlags::STORED) {
+                let b = age_bucket(now.saturating_sub(s.atime)).min(BUCKETS - 1);
+                hist[b] += u64::from(s.size);
+                total += u64::from(s.size);
+            }
+        }
+        let mut sum = 0u64;
+        for b in (0..BUCKETS).rev() {
+            sum += hist[b];
+            if sum > 0 && sum * COLDEST_PART >= total {
+                device.tier.set_promote_age(bucket_min_age(b));
+                return;
+            }
         }
     }
 }
@@ -95,35 +122,27 @@ impl Tier {
         }
     }
 
-    /// A promoted page was read from the pool (the first read since its promotion): a hit,
-    /// its bet paid back twice.
-    pub(in crate::device) fn note_promoted_read(&self) {
-        self.counters.promote_hits.fetch_add(1, Ordering::Relaxed);
-        self.first_read.add(2);
+    /// A promoted page was read from the pool `age` seconds after its promotion (the first
+    /// read since): a hit within the promote age (its bet paid back twice), a miss after it.
+    pub(in crate::device) fn note_promoted_read(&self, age: u32) {
+        if age < self.promote_age() {
+            self.counters.promote_hits.fetch_add(1, Ordering::Relaxed);
+            self.first_read.add(2);
+        } else {
+            self.note_promote_miss();
+        }
     }
 
-    /// A promoted page was written back again before any read from the pool: a miss (its bet
-    /// is lost).
+    /// A promoted page was written back again before any read from the pool, or read after
+    /// the promote age: a miss (its bet is lost).
     pub(in crate::device) fn note_promote_miss(&self) {
         self.counters.promote_misses.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A written-back page read again within this many seconds of its last read is brought
-    /// back into the pool (0: never, `promote=0`): the idle age of the pool's coldest pages
-    /// when the last round for room wrote back, and the seconds since, as those pages have
-    /// gone on ageing. A pool that no round has pressed for a while keeps pages idle that long,
-    /// and a page read twice within that is the hotter one; a fixed age would leave a hot set
-    /// on the store that the kernel, keeping it in RAM between faults, reads from the device
-    /// less often than the last round's age.
-    pub(in crate::device) fn promote_age(&self, now: u32) -> u32 {
-        let base = u32::try_from(self.counters.promote_age_secs.load(Ordering::Relaxed))
-            .unwrap_or(u32::MAX);
-        let since = self.promote_clock.since.load(Ordering::Relaxed);
-        if base == 0 || since == 0 {
-            return base;
-        }
-        let since = u32::try_from(since - 1).unwrap_or(u32::MAX);
-        base.saturating_add(now.saturating_sub(since))
+    /// back into the pool (0: never, `promote=0`).
+    fn promote_age(&self) -> u32 {
+        u32::try_from(self.counters.promote_age_secs.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
     }
 
     /// Sets the promote age to the idle age of the youngest pages a round wrote back for room
@@ -146,7 +165,6 @@ impl Tier {
             age.store(0, Ordering::Relaxed);
         } else if age.load(Ordering::Relaxed) == 0 {
             age.store(u64::from(COLD_AGE_START), Ordering::Relaxed);
-            self.promote_clock.since.store(0, Ordering::Relaxed);
         }
     }
 }
@@ -170,7 +188,7 @@ impl Device {
         now: u32,
     ) {
         let age = now.saturating_sub(s.atime);
-        let window = self.tier.promote_age(now);
+        let window = self.tier.promote_age();
         if !s.flags.contains(SlotFlags::READ_BACK) {
             if s.atime != 0 && !s.flags.contains(SlotFlags::ADOPTED) {
                 self.tier.note_read_back(age);

@@ -183,47 +183,6 @@ fn a_round_for_room_sets_the_promote_age_to_the_age_of_the_pages_it_wrote_back()
 }
 
 #[test]
-fn the_promote_age_grows_while_no_round_presses_the_pool() {
-    let dir = tempdir("policy-promote-age-grows");
-    let (d, mut ctx, model) = full_of_noise(&dir);
-    // A round for room writes back pages idle for 100 s and more.
-    d.advance_clock(100);
-    let mut policy = Policy::new();
-    let r = policy.tick(&d, &mut ctx, &short_of_memory(40)).unwrap();
-    assert!(r.written_back > 0, "{r:?}");
-    let base = d.policy_stats().promote_age_secs;
-    assert!((64..=101).contains(&base), "promote age {base}");
-    let wb: Vec<u64> = (0..d.pages())
-        .filter(|&i| d.peek(PageIndex(i)).flags.contains(SlotFlags::WB))
-        .take(20)
-        .collect();
-    assert_eq!(wb.len(), 20);
-    // No round since: the pool's coldest pages have aged 400 s more, and so has the age.
-    d.advance_clock(400);
-    assert_eq!(d.policy_stats().promote_age_secs, base + 400);
-    // Pages read twice, 300 s apart (longer than the last round's age, shorter than the
-    // pool's coldest have now gone untouched), come back into the pool.
-    for &i in &wb {
-        check_all(&d, &mut ctx, &model[i as usize..=i as usize]);
-    }
-    d.advance_clock(300);
-    for &i in &wb {
-        check_all(&d, &mut ctx, &model[i as usize..=i as usize]);
-        assert!(
-            d.peek(PageIndex(i)).flags.contains(SlotFlags::STORED),
-            "page {i}"
-        );
-    }
-    assert_eq!(d.policy_stats().promoted_pages, 20);
-    // The next round for room sets it afresh.
-    let r = policy.tick(&d, &mut ctx, &short_of_memory(40)).unwrap();
-    assert!(r.written_back > 0, "{r:?}");
-    assert!(d.policy_stats().promote_age_secs < base + 700);
-    check_all(&d, &mut ctx, &model);
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
 fn promoted_pages_read_again_soon_turn_promotion_on_the_first_read_on() {
     let dir = tempdir("policy-first-read");
     let (d, mut ctx, model) = full_of_noise(&dir);
@@ -272,13 +231,17 @@ fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back()
     assert_eq!(d.policy_stats().promoted_first, 68);
     assert_eq!(on_store(&d), 150 - 68);
     assert_eq!(d.tier.first_read.credit(), 32);
-    // The 68 promoted pages written back again unread: 68 misses, nothing paid back.
+    // The 68 promoted pages: 40 read after the promote age, 28 written back again unread.
+    // 68 misses, nothing paid back.
     let promoted: Vec<u64> = (100..250)
         .filter(|&i| d.peek(PageIndex(i)).flags.contains(SlotFlags::PROMOTED))
         .collect();
     assert_eq!(promoted.len(), 68);
     d.advance_clock(COLD_AGE_START);
-    for &i in &promoted {
+    for &i in &promoted[..40] {
+        check_all(&d, &mut ctx, &model[i as usize..=i as usize]);
+    }
+    for &i in &promoted[40..] {
         d.writeback(&mut ctx, WritebackRequest::Pages { first: i, last: i })
             .unwrap();
     }
@@ -302,24 +265,6 @@ fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back()
     check_all(&d, &mut ctx, &model[300..400]);
     assert_eq!(on_store(&d), on - 100);
     assert_eq!(d.policy_stats().promoted_first, 68);
-    check_all(&d, &mut ctx, &model);
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-fn a_promoted_page_read_long_after_the_promote_age_is_still_a_hit() {
-    let dir = tempdir("policy-late-hit");
-    let (d, mut ctx, model) = full_of_noise(&dir);
-    promoted_by_two_reads(&d, &mut ctx, &model, (0, 99));
-    assert_eq!(d.tier.first_read.credit(), -100);
-    // A hot page the kernel keeps in RAM between faults comes back to the device later than
-    // the pool's coldest pages go untouched; still in the pool, it saved a read of the store.
-    d.advance_clock(10 * COLD_AGE_START);
-    check_all(&d, &mut ctx, &model[..100]);
-    let p = d.policy_stats();
-    assert_eq!((p.promote_hits, p.promote_misses), (100, 0));
-    assert_eq!(d.tier.first_read.credit(), 100);
-    assert_eq!(on_store(&d), 0);
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -369,6 +314,91 @@ fn a_page_read_in_pieces_is_judged_by_its_next_read_in_a_later_second() {
         true
     });
     assert!(judged_in_one_second);
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_age_scan_sets_the_promote_age_below_a_pass_of_a_cyclic_walk() {
+    let dir = tempdir("policy-promote-measure-cyclic");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    // A walk in a cycle: the pool's pages read a quarter at a time, 100 s apart.
+    let n = model.len();
+    for q in 0..4 {
+        d.advance_clock(100);
+        check_all(&d, &mut ctx, &model[q * n / 4..(q + 1) * n / 4]);
+    }
+    d.advance_clock(100);
+    let mut policy = Policy::new();
+    policy.tick(&d, &mut ctx, &Pressure::none()).unwrap();
+    // The coldest quarter was read a pass (400 s) ago: the age is under that.
+    let age = d.policy_stats().promote_age_secs;
+    assert!((256..400).contains(&age), "promote age {age}");
+    // A written-back page read twice a pass apart stays on the store; read again within the
+    // age, it comes back.
+    d.writeback(&mut ctx, WritebackRequest::Pages { first: 0, last: 9 })
+        .unwrap();
+    check_all(&d, &mut ctx, &model[..10]);
+    d.advance_clock(400);
+    check_all(&d, &mut ctx, &model[..10]);
+    assert_eq!(d.policy_stats().promoted_pages, 0);
+    d.advance_clock(200);
+    check_all(&d, &mut ctx, &model[..10]);
+    assert_eq!(d.policy_stats().promoted_pages, 10);
+    check_all(&d, &mut ctx, &model);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn beside_pages_left_cold_the_promote_age_is_theirs_and_a_hot_page_comes_back() {
+    let dir = tempdir("policy-promote-measure-hotcold");
+    let (d, mut ctx, model) = full_of_noise(&dir);
+    let mut policy = Policy::new();
+    // A round for room wrote back pages idle for a minute: then the pool's coldest.
+    d.advance_clock(60);
+    let r = policy.tick(&d, &mut ctx, &short_of_memory(40)).unwrap();
+    assert!(r.written_back > 0, "{r:?}");
+    let round = d.policy_stats().promote_age_secs;
+    assert!(round <= 60, "promote age {round}");
+    // A hot fifth (the last pages: the round took the first) read every 100 s for 1000 s;
+    // the rest of the pool left alone.
+    let n = model.len();
+    let hot = &model[n - 300..];
+    for _ in 0..10 {
+        d.advance_clock(100);
+        check_all(&d, &mut ctx, hot);
+    }
+    d.advance_clock(1);
+    policy.tick(&d, &mut ctx, &Pressure::none()).unwrap();
+    let age = d.policy_stats().promote_age_secs;
+    assert!((512..=1061).contains(&age), "promote age {age}");
+    // A hot page on the store read every 300 s (the kernel keeps it in RAM between its
+    // faults): longer than the round's age, shorter than the cold pages'. Its second read
+    // brings it back, and its next read from the pool is a hit.
+    let ten = &hot[..10];
+    let first = ten[0].0;
+    let s = d
+        .writeback(
+            &mut ctx,
+            WritebackRequest::Pages {
+                first,
+                last: first + 9,
+            },
+        )
+        .unwrap();
+    assert_eq!(s.written, 10, "{s:?}");
+    for _ in 0..2 {
+        check_all(&d, &mut ctx, ten);
+        d.advance_clock(300);
+    }
+    let p = d.policy_stats();
+    assert_eq!(
+        (p.promoted_pages, p.promote_hits, p.promote_misses),
+        (10, 0, 0)
+    );
+    check_all(&d, &mut ctx, ten);
+    let p = d.policy_stats();
+    assert_eq!((p.promote_hits, p.promote_misses), (10, 0));
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }

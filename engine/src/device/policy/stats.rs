@@ -98,15 +98,17 @@ policy_counters! {
     /// Written-back pages read a second time since their writeback, sooner than the pool's
     /// coldest pages had gone untouched, and so brought back into the pool.
     promoted_pages => "promoted_pages",
-    /// A gauge: the idle age of the youngest pages the last writeback round for room wrote
-    /// back, and the seconds since; a written-back page read again within it is promoted.
+    /// A gauge: how long the pool's coldest pages have gone untouched (the idle age of the
+    /// youngest pages the last round for room wrote back, or of the youngest of the pool's
+    /// coldest quarter at the last age scan); a written-back page read again within it is
+    /// promoted.
     promote_age_secs => "promote_age_secs",
     /// Of the promoted pages, those brought back on their first read since their writeback,
     /// while promotions were paying.
     promoted_first => "promoted_first_pages",
-    /// Promoted pages read again while still in the pool: promotions that paid.
+    /// Promoted pages read again from the pool within the promote age: promotions that paid.
     promote_hits => "promote_hits",
-    /// Promoted pages written back again unread.
+    /// Promoted pages read again later than that, or written back again unread.
     promote_misses => "promote_misses",
 }
 
