@@ -216,16 +216,30 @@ fn apply_algorithms(plan: &mut DevicePlan, value: &str) {
         });
         if name.is_empty() {
             // Global recompression parameters are a `recompress` request, which zram-generator's
-            // setup leaves unwritten (a failed write would be a warning there): what a request
-            // could not be is said, with the value, and the device is set up all the same.
+            // setup leaves unwritten (a failed write would be a warning there): what uzram would
+            // refuse of it is said, with the value, and the device is set up all the same.
             if let Some(Err(e)) = params
                 .as_deref()
                 .map(str::parse::<uzram_engine::RecompressRequest>)
             {
+                // Parameters with no key of a request's are most likely an algorithm's, a blank
+                // too many before them.
+                let hint = match &e {
+                    uzram_engine::Error::InvalidRequest { why, .. }
+                        if why.starts_with("unknown key") || why.starts_with("expected") =>
+                    {
+                        " (an algorithm's own parameters follow its name with no blank between, \
+                         as in zstd(level=3))"
+                    }
+                    _ => "",
+                };
+                let why = match &e {
+                    uzram_engine::Error::InvalidRequest { why, .. } => why.to_string(),
+                    other => other.to_string(),
+                };
                 plan.warnings.push(format!(
-                    "{t}: global recompression parameters that zram's recompress would refuse: \
-                     {e} (an algorithm's own parameters follow its name with no blank between, \
-                     as in zstd(level=3))"
+                    "{t}: global recompression parameters, a recompress request uzram refuses: \
+                     {why}{hint}"
                 ));
             }
             plan.recompress = params;

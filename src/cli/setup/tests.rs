@@ -246,13 +246,22 @@ fn zram_generator_09_zram_size() {
         p[0].warnings
     );
     assert_eq!(p[0].failed, None);
+    // A request uzram refuses for another reason gets no such hint.
+    let p = plan_text("[zram0]\ncompression-algorithm = zstd (type=cold)\n", 782).unwrap();
+    assert!(
+        p[0].warnings.iter().any(|w| w.starts_with("(type=cold): ")
+            && w.contains("idle, huge or huge_idle")
+            && !w.contains("no blank")),
+        "{:?}",
+        p[0].warnings
+    );
     // A blank between an algorithm and its parameters makes them global: the hint says so.
     let p = plan_text("[zram0]\ncompression-algorithm = zstd (level=3)\n", 782).unwrap();
     assert_eq!(p[0].recompress.as_deref(), Some("level=3"));
     assert!(
         p[0].warnings
             .iter()
-            .any(|w| w.contains("(level=3)") && w.contains("zstd(level=3)")),
+            .any(|w| w.starts_with("(level=3): ") && w.contains("no blank between")),
         "{:?}",
         p[0].warnings
     );

@@ -61,7 +61,8 @@ pub(super) const EVICT_TRIES: usize = 8;
 const TICK_BYTES: u64 = 64 << 20;
 /// Most pages one tick recompresses (a tick should not keep evictions waiting long).
 const TICK_RECOMPRESS: u64 = 2 * 1024;
-/// Seconds between the age scans (recompression and age writeback look at every slot).
+/// Seconds between the age scans (recompression, age writeback and the promote age's measure
+/// look at every slot).
 const AGE_SCAN_SECS: u32 = 10;
 /// Histogram buckets of page age (log-scaled, see [`age_bucket`]).
 const BUCKETS: usize = 136;

@@ -7,9 +7,9 @@
 //! reads promote while the credit lasts. The promote age is how long the pool's coldest pages
 //! have gone untouched: set by each round for room (the age of the youngest it wrote) and
 //! measured at each age scan (the youngest of the coldest quarter the pool holds), since
-//! writes that evict or spill press the pool without a round. The bet is taken when the page is promoted, not when
-//! it is judged (a miss may show only a pass of a cyclic walk later): so first-read promotions
-//! go on only as fast as hits come back. Where the pages read from the backing store are hot (a
+//! writes that evict or spill press the pool without a round. The bet is taken when the page
+//! is promoted, not when it is judged (a miss may show only a pass of a cyclic walk later): so
+//! first-read promotions go on only as fast as hits come back. Where the pages read from the backing store are hot (a
 //! hot set the fill's order left there) promotions pay and each such page costs one read, not
 //! two; where the next page read is the one longest untouched (a cyclic walk larger than the
 //! pool) a promoted page is no hotter than those its room pushes out, and the layout stays as
@@ -80,22 +80,23 @@ impl Policy {
         }
     }
 
-    /// At each age scan (promotion on, the pool not empty), the promote age becomes what the
-    /// pool holds now: the idle age of the youngest of its coldest quarter of stored bytes.
-    /// A round for room says how cold the pool's coldest were when it ran; nothing else moves
-    /// the age, while writes that evict or spill keep the pool pressed and its pages go on
-    /// ageing, so a last round's age grows stale either way. The quarter, not the oldest page:
+    /// At each age scan (promotion on, a backing store, the pool not empty), the promote age
+    /// becomes what the pool holds now: the idle age of the youngest of its coldest quarter of
+    /// stored bytes. A round for room says how cold the pool's coldest were when it ran (and a
+    /// round later in the same tick, or in the ticks between scans, sets it so again); writes
+    /// that evict or spill keep the pool pressed without a round, and its pages go on ageing,
+    /// so a last round's age grows stale. The quarter, not the oldest page:
     /// in a cyclic walk every page in the pool is read once a pass, their ages spread over the
     /// pass, and a page read twice a pass apart must stay older than the age (as a hit must
     /// come within it); a hot set beside a cold one leaves the cold pages' age.
     pub(super) fn measure_promote_age(&self, device: &Device, now: u32) {
-        if device.tier.promote_age() == 0 {
+        if device.tier.promote_age() == 0 || device.backing().is_none() {
             return;
         }
         let mut hist = [0u64; BUCKETS];
         let mut total = 0u64;
-        for i in 0..device.pages() {
-            let s = device.peek(PageIndex(i));
+        for (_, slot) in device.slots.iter() {
+            let s = slot.peek();
             if s.flags.contains(SlotFlags::STORED) {
                 let b = age_bucket(now.saturating_sub(s.atime)).min(BUCKETS - 1);
                 hist[b] += u64::from(s.size);
@@ -145,8 +146,8 @@ impl Tier {
         u32::try_from(self.counters.promote_age_secs.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
     }
 
-    /// Sets the promote age to the idle age of the youngest pages a round wrote back for room
-    /// (the pool's coldest; at least 2 s: 0 means off, and a read is judged a second after the
+    /// Sets the promote age to how long the pool's coldest pages have gone untouched (what a
+    /// round for room wrote back, or what the age scan measured; at least 2 s: 0 means off, and a read is judged a second after the
     /// last at the soonest), or to 0 with promotion off. Under the settings' lock, so that a
     /// change of `promote` meanwhile is not undone.
     pub(super) fn set_promote_age(&self, secs: u32) {
@@ -158,7 +159,7 @@ impl Tier {
     }
 
     /// The `promote` setting changed (its caller holds the settings' lock): off sets the
-    /// promote age to 0, on from off to [`COLD_AGE_START`] until the next round for room.
+    /// promote age to 0, on from off to [`COLD_AGE_START`] until the next round for room or age scan.
     pub(super) fn follow_promote_setting(&self, on: bool) {
         let age = &self.counters.promote_age_secs;
         if !on {

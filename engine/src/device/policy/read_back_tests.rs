@@ -322,11 +322,14 @@ fn a_page_read_in_pieces_is_judged_by_its_next_read_in_a_later_second() {
 fn the_age_scan_sets_the_promote_age_below_a_pass_of_a_cyclic_walk() {
     let dir = tempdir("policy-promote-measure-cyclic");
     let (d, mut ctx, model) = full_of_noise(&dir);
-    // A walk in a cycle: the pool's pages read a quarter at a time, 100 s apart.
+    // A walk in a cycle: the pool's pages read a quarter at a time, 100 s apart; ten pages
+    // left unread since the fill (a rule taking the oldest page's age would say 447 s, and
+    // promote what the walk reads once a pass).
     let n = model.len();
     for q in 0..4 {
         d.advance_clock(100);
-        check_all(&d, &mut ctx, &model[q * n / 4..(q + 1) * n / 4]);
+        let first = if q == 0 { 10 } else { q * n / 4 };
+        check_all(&d, &mut ctx, &model[first..(q + 1) * n / 4]);
     }
     d.advance_clock(100);
     let mut policy = Policy::new();
@@ -336,14 +339,20 @@ fn the_age_scan_sets_the_promote_age_below_a_pass_of_a_cyclic_walk() {
     assert!((256..400).contains(&age), "promote age {age}");
     // A written-back page read twice a pass apart stays on the store; read again within the
     // age, it comes back.
-    d.writeback(&mut ctx, WritebackRequest::Pages { first: 0, last: 9 })
-        .unwrap();
-    check_all(&d, &mut ctx, &model[..10]);
+    d.writeback(
+        &mut ctx,
+        WritebackRequest::Pages {
+            first: 10,
+            last: 19,
+        },
+    )
+    .unwrap();
+    check_all(&d, &mut ctx, &model[10..20]);
     d.advance_clock(400);
-    check_all(&d, &mut ctx, &model[..10]);
+    check_all(&d, &mut ctx, &model[10..20]);
     assert_eq!(d.policy_stats().promoted_pages, 0);
     d.advance_clock(200);
-    check_all(&d, &mut ctx, &model[..10]);
+    check_all(&d, &mut ctx, &model[10..20]);
     assert_eq!(d.policy_stats().promoted_pages, 10);
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
@@ -359,7 +368,7 @@ fn beside_pages_left_cold_the_promote_age_is_theirs_and_a_hot_page_comes_back() 
     let r = policy.tick(&d, &mut ctx, &short_of_memory(40)).unwrap();
     assert!(r.written_back > 0, "{r:?}");
     let round = d.policy_stats().promote_age_secs;
-    assert!(round <= 60, "promote age {round}");
+    assert!(round < 128, "promote age {round}");
     // A hot fifth (the last pages: the round took the first) read every 100 s for 1000 s;
     // the rest of the pool left alone.
     let n = model.len();
