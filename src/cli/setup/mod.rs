@@ -224,18 +224,17 @@ fn apply_algorithms(plan: &mut DevicePlan, value: &str) {
             {
                 // Parameters with no key of a request's are most likely an algorithm's, a blank
                 // too many before them.
-                let hint = match &e {
-                    uzram_engine::Error::InvalidRequest { why, .. }
-                        if why.starts_with("unknown key") || why.starts_with("expected") =>
-                    {
-                        " (an algorithm's own parameters follow its name with no blank between, \
-                         as in zstd(level=3))"
-                    }
-                    _ => "",
-                };
-                let why = match &e {
-                    uzram_engine::Error::InvalidRequest { why, .. } => why.to_string(),
-                    other => other.to_string(),
+                let (why, hint) = match &e {
+                    uzram_engine::Error::InvalidRequest { why, .. } => (
+                        why.to_string(),
+                        if why.starts_with("unknown key") || why.starts_with("expected") {
+                            " (an algorithm's own parameters follow its name with no blank \
+                             between, as in zstd(level=3))"
+                        } else {
+                            ""
+                        },
+                    ),
+                    other => (other.to_string(), ""),
                 };
                 plan.warnings.push(format!(
                     "{t}: global recompression parameters, a recompress request uzram refuses: \

@@ -212,6 +212,39 @@ fn age_bucket(age: u32) -> usize {
     }
 }
 
+/// The stored bytes of the pages idle for at least `min_age` seconds at `now`, by
+/// [`age_bucket`], and their sum.
+fn stored_by_age(device: &Device, now: u32, min_age: u32) -> ([u64; BUCKETS], u64) {
+    let mut hist = [0u64; BUCKETS];
+    let mut total = 0u64;
+    for (_, slot) in device.slots.iter() {
+        let s = slot.peek();
+        if s.flags.contains(SlotFlags::STORED) {
+            let age = now.saturating_sub(s.atime);
+            if age >= min_age {
+                hist[age_bucket(age).min(BUCKETS - 1)] += u64::from(s.size);
+                total += u64::from(s.size);
+            }
+        }
+    }
+    (hist, total)
+}
+
+/// The youngest bucket of `hist` that the oldest `target` bytes reach into (bucket 0 when
+/// they are fewer), and the bytes from it up.
+fn coldest_cutoff(hist: &[u64; BUCKETS], target: u64) -> (usize, u64) {
+    let mut sum = 0;
+    let mut cutoff = 0;
+    for b in (0..BUCKETS).rev() {
+        sum += hist[b];
+        cutoff = b;
+        if sum >= target {
+            break;
+        }
+    }
+    (cutoff, sum)
+}
+
 /// The youngest age in bucket `b` of [`age_bucket`].
 fn bucket_min_age(b: usize) -> u32 {
     let b = b as u32;
@@ -514,26 +547,9 @@ impl Policy {
         let Some(backing) = device.backing() else {
             return total;
         };
-        // Histogram of stored bytes by age; the cutoff bucket is the youngest one needed.
-        let mut hist = [0u64; BUCKETS];
-        for i in 0..device.pages() {
-            let s = device.peek(PageIndex(i));
-            if s.flags.contains(SlotFlags::STORED) {
-                let age = now.saturating_sub(s.atime);
-                if age >= min_age {
-                    hist[age_bucket(age).min(BUCKETS - 1)] += u64::from(s.size);
-                }
-            }
-        }
-        let mut sum = 0;
-        let mut cutoff = 0;
-        for b in (0..BUCKETS).rev() {
-            sum += hist[b];
-            cutoff = b;
-            if sum >= target {
-                break;
-            }
-        }
+        // The cutoff bucket is the youngest one needed.
+        let (hist, _) = stored_by_age(device, now, min_age);
+        let (cutoff, sum) = coldest_cutoff(&hist, target);
         if sum == 0 {
             return total;
         }

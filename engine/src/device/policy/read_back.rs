@@ -9,16 +9,17 @@
 //! measured at each age scan (the youngest of the coldest quarter the pool holds), since
 //! writes that evict or spill press the pool without a round. The bet is taken when the page
 //! is promoted, not when it is judged (a miss may show only a pass of a cyclic walk later): so
-//! first-read promotions go on only as fast as hits come back. Where the pages read from the backing store are hot (a
-//! hot set the fill's order left there) promotions pay and each such page costs one read, not
-//! two; where the next page read is the one longest untouched (a cyclic walk larger than the
-//! pool) a promoted page is no hotter than those its room pushes out, and the layout stays as
-//! it is.
+//! first-read promotions go on only as fast as hits come back. Where the pages read from the
+//! backing store are hot (a hot set the fill's order left there) promotions pay and each such
+//! page costs one read, not two; where the next page read is the one longest untouched (a
+//! cyclic walk larger than the pool) a promoted page is no hotter than those its room pushes
+//! out, and the layout stays as it is.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::{
-    age_bucket, bucket_min_age, BatchStats, Policy, Tier, BUCKETS, COLD_AGE_START, EARLY_READ_SECS,
+    bucket_min_age, coldest_cutoff, stored_by_age, BatchStats, Policy, Tier, COLD_AGE_START,
+    EARLY_READ_SECS,
 };
 use crate::device::{slot, Device, PageIndex, SlotFlags, SlotState};
 
@@ -85,31 +86,18 @@ impl Policy {
     /// stored bytes. A round for room says how cold the pool's coldest were when it ran (and a
     /// round later in the same tick, or in the ticks between scans, sets it so again); writes
     /// that evict or spill keep the pool pressed without a round, and its pages go on ageing,
-    /// so a last round's age grows stale. The quarter, not the oldest page:
-    /// in a cyclic walk every page in the pool is read once a pass, their ages spread over the
-    /// pass, and a page read twice a pass apart must stay older than the age (as a hit must
-    /// come within it); a hot set beside a cold one leaves the cold pages' age.
+    /// so a last round's age grows stale. The quarter, not the oldest page: in a cyclic walk
+    /// every page in the pool is read once a pass, their ages spread over the pass, and a page
+    /// read twice a pass apart must stay older than the age (as a hit must come within it); a
+    /// hot set beside a cold one leaves the cold pages' age.
     pub(super) fn measure_promote_age(&self, device: &Device, now: u32) {
         if device.tier.promote_age() == 0 || device.backing().is_none() {
             return;
         }
-        let mut hist = [0u64; BUCKETS];
-        let mut total = 0u64;
-        for (_, slot) in device.slots.iter() {
-            let s = slot.peek();
-            if s.flags.contains(SlotFlags::STORED) {
-                let b = age_bucket(now.saturating_sub(s.atime)).min(BUCKETS - 1);
-                hist[b] += u64::from(s.size);
-                total += u64::from(s.size);
-            }
-        }
-        let mut sum = 0u64;
-        for b in (0..BUCKETS).rev() {
-            sum += hist[b];
-            if sum > 0 && sum * COLDEST_PART >= total {
-                device.tier.set_promote_age(bucket_min_age(b));
-                return;
-            }
+        let (hist, total) = stored_by_age(device, now, 0);
+        if total > 0 {
+            let (b, _) = coldest_cutoff(&hist, total.div_ceil(COLDEST_PART));
+            device.tier.set_promote_age(bucket_min_age(b));
         }
     }
 }
@@ -147,8 +135,9 @@ impl Tier {
     }
 
     /// Sets the promote age to how long the pool's coldest pages have gone untouched (what a
-    /// round for room wrote back, or what the age scan measured; at least 2 s: 0 means off, and a read is judged a second after the
-    /// last at the soonest), or to 0 with promotion off. Under the settings' lock, so that a
+    /// round for room wrote back, or what the age scan measured; at least 2 s: 0 means off,
+    /// and a read is judged a second after the last at the soonest), or to 0 with promotion
+    /// off. Under the settings' lock, so that a
     /// change of `promote` meanwhile is not undone.
     pub(super) fn set_promote_age(&self, secs: u32) {
         let cfg = self.config.lock();
@@ -159,7 +148,8 @@ impl Tier {
     }
 
     /// The `promote` setting changed (its caller holds the settings' lock): off sets the
-    /// promote age to 0, on from off to [`COLD_AGE_START`] until the next round for room or age scan.
+    /// promote age to 0, on from off to [`COLD_AGE_START`] until the next round for room or
+    /// age scan.
     pub(super) fn follow_promote_setting(&self, on: bool) {
         let age = &self.counters.promote_age_secs;
         if !on {
