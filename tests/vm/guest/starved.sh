@@ -32,6 +32,12 @@ STARVED_TIMEOUT=${UZRAM_BENCH_STARVED_TIMEOUT:-1800}
 # zswap_store (in ZSTD_CCtx_reset with zstd; a double fault with lz4), which ends the run.
 STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 uzram-lz4 zram-zstd uzram-lz4-pc3 uzram-lz4-nospill zswap-lz4 zswap-zstd}
 STARVED_DISK=/dev/vda
+# UZRAM_BENCH_STARVED_PERF=1: profile each configuration with the host's perf (all CPUs, sampled
+# by the clock), reported on the console by command, binary and symbol: where a configuration's
+# CPU time goes, which the guest's user/system totals do not say; =g: with call chains, each
+# busy command's symbols also counted with what they called (the kernel's paths: a swap-in,
+# reclaim, a ublk round trip)
+STARVED_PERF=${UZRAM_BENCH_STARVED_PERF:-}
 
 # sectors read and written by the disk so far
 disk_sectors() { awk '{ print $3, $7 }' /sys/block/vda/stat; }
@@ -72,6 +78,38 @@ daemon_switches() {
     done
 }
 
+# perf_start LABEL / perf_stop LABEL: the opt-in profile (STARVED_PERF) around one workload
+perf_start() {
+    [ -n "$STARVED_PERF" ] || return 0
+    local r=$UZRAM_VM_ROOT
+    [ -x "$r/usr/bin/perf" ] || { note "starved: the host has no perf"; return 0; }
+    echo 0 >/proc/sys/kernel/kptr_restrict
+    echo -1 >/proc/sys/kernel/perf_event_paranoid
+    "$r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
+        "$r/usr/bin/perf" record -a -F 97 -N $([ "$STARVED_PERF" = g ] && echo -g) -o "$UZ_TMP/perf-$1.data" >"$UZ_TMP/perf-$1.log" 2>&1 &
+    PERF_PID=$!
+}
+perf_stop() {
+    [ -n "${PERF_PID:-}" ] || return 0
+    local r=$UZRAM_VM_ROOT s
+    kill -INT "$PERF_PID"
+    wait "$PERF_PID"
+    PERF_PID=
+    for s in comm comm,dso comm,dso,sym; do
+        "$r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
+            "$r/usr/bin/perf" report -i "$UZ_TMP/perf-$1.data" --stdio --no-children --sort "$s" -g none \
+            --percent-limit 0.7 2>&1 | grep -v '^#' | grep -v '^$' | head -60 |
+            while read -r l; do note "starved: $1: perf $s: $l"; done
+    done
+    [ "$STARVED_PERF" = g ] && for s in vmtool uzram kswapd0; do
+        "$r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
+            "$r/usr/bin/perf" report -i "$UZ_TMP/perf-$1.data" --stdio --children --comm "$s" --sort sym \
+            -g none --percent-limit 1.5 2>&1 | grep -v '^#' | grep -v '^$' | head -45 |
+            while read -r l; do note "starved: $1: perf $s with callees: $l"; done
+    done
+    rm -f "$UZ_TMP/perf-$1.data"
+}
+
 # zram_after: kernel zram's figures once the workload is done, for its BENCH line (mm_stat's
 # mem_used_max is the most RAM its pool took)
 zram_after() { printf ',"mm_stat":"%s"' "$(tr -s ' ' <$ZRAM/mm_stat | sed 's/^ //')"; }
@@ -107,6 +145,7 @@ starved_run() {
     phases) set -- phases "$STARVED_MB" "$SEED" "$STARVED_PASSES" 3 "p$((STARVED_PASSES / 2))" ;;
     *) set -- walk "$STARVED_MB" "$SEED" "$STARVED_PASSES" "$STARVED_WALK" ;;
     esac
+    perf_start "$label"
     VMTOOL_MIX=$STARVED_MIX timeout "$STARVED_TIMEOUT" "$TOOL" "$@" >"$UZ_TMP/starved-$label.log" 2>&1 &
     p=$!
     local n=0
@@ -120,6 +159,7 @@ starved_run() {
     wait $p
     rc=$?
     secs=$(elapsed "$t0")
+    perf_stop "$label"
     [ -n "$after" ] && extra=$($after)
     # where the guest's CPUs went meanwhile, in seconds: user, system, idle, iowait
     cpu=$(echo "$cpu0 $(cpu_ticks)" | awk '{ printf "%.1f %.1f %.1f %.1f", ($5 - $1) / 100, ($6 - $2) / 100, ($7 - $3) / 100, ($8 - $4) / 100 }')
