@@ -43,12 +43,15 @@ round_trips() {
 # fio_one DEV LABEL RW QD JOBS: one fio run on the filled region, its JSON on one line (for
 # uzram, with its queue threads' counts before and after)
 fio_one() {
-    local dev=$1 label=$2 rw=$3 qd=$4 jobs=$5 out=$UZ_TMP/bench-fio.json rt=
+    local dev=$1 label=$2 rw=$3 qd=$4 jobs=$5 out=$UZ_TMP/bench-fio.json rt= pn=$2-$3-qd$4-x$5
     case $dev in /dev/ublkb*) rt="{$(round_trips "$dev")}" ;; esac
+    # UZRAM_BENCH_DEVICES_PERF=1|g: each job profiled as the starved suite's configurations are
+    STARVED_PERF=${UZRAM_BENCH_DEVICES_PERF:-} PERF_HZ=499 perf_start "$pn"
     fio --name=b --filename="$dev" --direct=1 --ioengine=libaio --rw="$rw" --bs=4k --iodepth="$qd" \
         --numjobs="$jobs" --group_reporting=1 --size=${FILL_MB}m --time_based --runtime="$RUNTIME" \
         --randrepeat=0 --norandommap=1 --buffer_compress_percentage=58 --refill_buffers=1 \
-        --output-format=json --output="$out" >/dev/null 2>&1 || { note "fio $label $rw failed"; return; }
+        --output-format=json --output="$out" >/dev/null 2>&1 || { perf_stop "$pn"; note "fio $label $rw failed"; return; }
+    STARVED_PERF=${UZRAM_BENCH_DEVICES_PERF:-} perf_stop "$pn"
     [ -n "$rt" ] && rt=",\"round_trips\":{\"before\":$rt,\"after\":{$(round_trips "$dev")}}"
     emit "{\"kind\":\"fio\",\"label\":\"$label\",\"rw\":\"$rw\",\"iodepth\":$qd,\"jobs\":$jobs$rt,\"fio\":$(tr -d '\n' <"$out")}"
 }

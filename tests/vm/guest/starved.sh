@@ -86,7 +86,7 @@ perf_start() {
     echo 0 >/proc/sys/kernel/kptr_restrict
     echo -1 >/proc/sys/kernel/perf_event_paranoid
     "$r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
-        "$r/usr/bin/perf" record -a -F 97 -N $([ "$STARVED_PERF" = g ] && echo -g) -o "$UZ_TMP/perf-$1.data" >"$UZ_TMP/perf-$1.log" 2>&1 &
+        "$r/usr/bin/perf" record -a -F "${PERF_HZ:-97}" -N $([ "$STARVED_PERF" = g ] && echo -g) -o "$UZ_TMP/perf-$1.data" >"$UZ_TMP/perf-$1.log" 2>&1 &
     PERF_PID=$!
 }
 perf_stop() {
@@ -99,13 +99,13 @@ perf_stop() {
         "$r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
             "$r/usr/bin/perf" report -i "$UZ_TMP/perf-$1.data" --stdio --no-children --sort "$s" -g none \
             --percent-limit 0.7 2>&1 | grep -v '^#' | grep -v '^$' | head -60 |
-            while read -r l; do note "starved: $1: perf $s: $l"; done
+            while read -r l; do note "perf: $1: $s: $l"; done
     done
-    [ "$STARVED_PERF" = g ] && for s in vmtool uzram kswapd0; do
+    [ "$STARVED_PERF" = g ] && for s in vmtool fio uzram kswapd0; do
         "$r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
             "$r/usr/bin/perf" report -i "$UZ_TMP/perf-$1.data" --stdio --children --comm "$s" --sort sym \
             -g none --percent-limit 1.5 2>&1 | grep -v '^#' | grep -v '^$' | head -45 |
-            while read -r l; do note "starved: $1: perf $s with callees: $l"; done
+            while read -r l; do note "perf: $1: $s with callees: $l"; done
     done
     rm -f "$UZ_TMP/perf-$1.data"
 }
