@@ -219,6 +219,22 @@ fn what_zram_generator_ignores_is_warned_about_by_name() {
         ("foo = 1\n[zram0]\n", "foo"),
         ("nope!x = 1\n[zram0]\n", "nope!"),
         ("set!x = echo 3; exit 1\n[zram0]\nzram-size = x\n", "exit"),
+        (
+            "set!ram = echo 5\n[zram0]\n",
+            "set!ram: an expression's ram is always MemTotal",
+        ),
+        (
+            "set!x-y = echo 5\n[zram0]\n",
+            "no expression can name \"x-y\"",
+        ),
+        (
+            "[zram0]\nzram-size = ram - ram\n",
+            "[zram0] makes no device: its size",
+        ),
+        (
+            "[zram0]\nhost-memory-limit = 100\n",
+            "host-memory-limit=100 MiB is below",
+        ),
     ]
     .into_iter()
     .enumerate()

@@ -43,6 +43,7 @@ pub fn parse_device(name: &str) -> Result<u32, CtlError> {
             "serve: this uzram was built without the ublk feature, which serving a device needs \
              (cargo build --release --features ublk)",
         )),
+        None if name.is_empty() => Err(err("an empty device name (expected /dev/ublkbN)")),
         None if !name.contains('/') && !name.starts_with("ublkb") => Err(err(format!(
             "{name:?}: neither a subcommand (attr, setup, teardown, prepare, metrics, upgrade, sleep, serve, bench, dump-pages) nor a device name (/dev/ublkbN)"
         ))),
@@ -532,6 +533,14 @@ pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
             .and_then(|()| options::check(&d.size_bytes.to_string(), &args, None).map(drop))
             .map_err(|e| err(format!("[{}]: {e}", d.section)))?;
         // zram-generator mounts a device with a mount point whatever its fs-type says.
+        if d.fs == "swap" && d.mount.is_some() {
+            return Err(err(format!(
+                "[{}]: fs-type swap with a mount-point: swap is not mounted (zram-generator \
+                 would run mkfs.swap, which no system has): drop mount-point, or name a file \
+                 system in fs-type",
+                d.section
+            )));
+        }
         if d.fs != "swap" || d.mount.is_some() {
             let mkfs = format!("mkfs.{}", d.fs);
             if find_program(&mkfs).is_none() {

@@ -135,7 +135,7 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         config: Option<std::path::PathBuf>,
         /// MemTotal to plan for, in MiB (default: this machine's)
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = parse_ram_mib)]
         ram_mib: Option<u64>,
         /// Read the configuration files, proc/meminfo and proc/cmdline under DIR instead of /
         /// (as zram-generator's ZRAM_GENERATOR_ROOT); with --dry-run, to plan another system
@@ -402,6 +402,9 @@ fn setup(
     if root.is_some() && !dry_run {
         return Err(CtlError("--root plans another system: use it with --dry-run".into()).into());
     }
+    if let Some(r) = root.filter(|r| !r.is_dir()) {
+        return Err(CtlError(format!("--root {}: no such directory", r.display())).into());
+    }
     let setup::Loaded {
         plan,
         system_generator_files,
@@ -480,4 +483,18 @@ fn teardown(config: Option<&std::path::Path>) -> Outcome {
         outln(line)?;
     }
     Ok(())
+}
+
+/// `--ram-mib`: whole MiB, said plainly where the parse of a `u64` would only say "invalid
+/// digit".
+fn parse_ram_mib(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if t.starts_with('-') {
+        return Err("MiB of RAM are not negative".into());
+    }
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("a whole number of MiB (4096 for 4 GiB)".into());
+    }
+    t.parse()
+        .map_err(|_| format!("too large: at most {} MiB", u64::MAX))
 }

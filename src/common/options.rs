@@ -116,7 +116,10 @@ pub fn check(
     device: &DeviceArgs,
     streams: Option<u16>,
 ) -> Result<(DeviceSetup, u64), OptionsError> {
-    let disksize = parse_size(size)?;
+    let disksize = parse_size(size).map_err(|source| OptionsError::Option {
+        option: "--size",
+        source,
+    })?;
     if disksize == 0 {
         return Err(OptionsError::ZeroSize);
     }
@@ -261,7 +264,12 @@ impl DeviceArgs {
             setup.set_comp_algorithm(a)?;
         }
         for r in &self.recomp_algorithm {
-            setup.set_recomp_algorithm(r)?;
+            setup
+                .set_recomp_algorithm(r)
+                .map_err(|source| OptionsError::Option {
+                    option: "--recomp-algorithm",
+                    source,
+                })?;
         }
         if let Some(p) = &self.algorithm_params {
             setup.set_algorithm_params(p)?;
@@ -271,7 +279,10 @@ impl DeviceArgs {
         }
         setup.set_backing_force(self.force);
         if let Some(p) = &self.policy {
-            setup.set_policy(p)?;
+            setup.set_policy(p).map_err(|source| OptionsError::Option {
+                option: "--policy",
+                source,
+            })?;
         }
         if let Some(l) = &self.mem_limit {
             let limit = parse_size(l).map_err(|source| OptionsError::Option {

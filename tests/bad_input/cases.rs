@@ -53,6 +53,11 @@ pub fn device_options() -> Vec<Case> {
         ("--algorithm-params dict=@empty", "@empty"),
         ("--recomp-algorithm 'algo=zstd priority=4'", "priority"),
         ("--recomp-algorithm lzo", "lzo"),
+        (
+            "--recomp-algorithm ''",
+            "--recomp-algorithm: \"\": names no algorithm",
+        ),
+        ("--recomp-algorithm ' '", "names no algorithm"),
         ("--recomp-algorithm priority=1", "priority=1"),
         ("--policy evict=maybe", "evict=maybe"),
         ("--policy high_watermark=50", "defaults are 80 and 90"),
@@ -65,6 +70,14 @@ pub fn device_options() -> Vec<Case> {
         ("--policy spill=2", "spill=2"),
         ("--policy min_free=-1", "min_free=-1"),
         ("--policy recompress_after=99999999999d", "recompress_after"),
+        (
+            "--policy recompress_after=99999999999999999999",
+            "too long a duration",
+        ),
+        ("--policy writeback_after=60000d", "too long a duration"),
+        ("--policy writeback_after=m", "a duration: 600, 10m"),
+        ("--policy budget=16E", "too large a budget"),
+        ("--policy budget=99999999999999999999", "too large a budget"),
         ("--mem-limit much", "much"),
         ("--mem-limit -1", "--mem-limit: invalid size \"-1\""),
         (
@@ -117,6 +130,7 @@ pub fn subcommands() -> Vec<Case> {
     let mut v = Vec::new();
     // Devices and listing.
     for (args, names) in [
+        ("attr '' mm_stat", "an empty device name"),
         ("-o NOPE", "NOPE"),
         ("-o +NOPE", "NOPE"),
         ("-o NAME,,DISKSIZE", "\"\""),
@@ -260,6 +274,16 @@ pub fn subcommands() -> Vec<Case> {
             ("serve --size 0", "size 0"),
             ("serve --size 99E", "99E"),
             ("serve --size 4G --queues 0", "at least 1"),
+            ("serve --size 4X", "--size: invalid size \"4X\""),
+            ("serve --size 1.5G", "--size: invalid size \"1.5G\""),
+            (
+                "serve --size 4G --reserve lots",
+                "--reserve: invalid size \"lots\"",
+            ),
+            (
+                "serve --size 4G --reserve-min 1x",
+                "--reserve-min: invalid size",
+            ),
             (
                 "serve --size 4G --reserve 1M --reserve-min 16M",
                 "--reserve-min 16M",
@@ -289,6 +313,22 @@ pub fn subcommands() -> Vec<Case> {
         ("setup --dry-run --config @big.conf", "big.conf"),
         ("setup --dry-run --config @not-utf8.conf", "not-utf8.conf"),
         ("setup --dry-run --config @empty --ram-mib -1", "-1"),
+        (
+            "setup --dry-run --root /nonexistent-root --ram-mib 100",
+            "--root /nonexistent-root: no such directory",
+        ),
+        (
+            "setup --dry-run --config @empty --ram-mib -5",
+            "MiB of RAM are not negative",
+        ),
+        (
+            "setup --dry-run --config @empty --ram-mib 4G",
+            "a whole number of MiB",
+        ),
+        (
+            "setup --dry-run --config @empty --ram-mib 99999999999999999999",
+            "too large: at most",
+        ),
         ("setup --dry-run --config @empty --ram-mib nan", "nan"),
         ("setup --dry-run --config @empty --ram-mib 1.5", "1.5"),
         ("setup --dry-run --config @empty --ram-mib inf", "inf"),
@@ -343,6 +383,21 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         ),
         (
             "zram-generator.conf",
+            "[zram0]\nzram-size ram / 2\n",
+            "neither [section] nor key = value",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("compression-algorithm = zstd(level=3)(priority=1)"),
+            "one (...) per algorithm, its parameters separated by commas: zstd(level=3,priority=1)",
+        ),
+        (
+            "zram-generator.conf",
+            "[zram0]\nfs-type = swap\nmount-point = /mnt/x\n",
+            "fs-type swap with a mount-point",
+        ),
+        (
+            "zram-generator.conf",
             "set! = echo 5\n[zram0]\n",
             "set! needs a variable's name",
         ),
@@ -372,6 +427,11 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "slot table larger than",
         ),
         ("zram-generator.conf", &gen("zram-size = -ram"), "zram-size"),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = 16E"),
+            "zram-size=16E: not a number where one was expected (sizes are MiB",
+        ),
         ("zram-generator.conf", &gen("zram-size = -1"), "zram-size"),
         (
             "zram-generator.conf",
@@ -546,6 +606,12 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         ("zramswap", "PERCENT=1.5\n", "1.5"),
         ("zramswap", "SIZE=abc\n", "abc"),
         ("zramswap", "SIZE=-1\n", "-1"),
+        (
+            "zramswap",
+            "SIZE=99999999999999999999\n",
+            "too large for the shell's arithmetic",
+        ),
+        ("zramswap", "SIZE=12x\n", "SIZE=12x: not a whole number"),
         ("zramswap", "PRIORITY=abc\n", "abc"),
         ("zramswap", "PRIORITY=40000\n", "40000"),
         ("zramswap", "PRIORITY=-2\n", "-2"),

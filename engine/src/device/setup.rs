@@ -189,6 +189,12 @@ impl DeviceSetup {
     /// replaces) the secondary algorithm of that priority (1 when not given); a bare `NAME` is
     /// `algo=NAME`.
     pub fn set_recomp_algorithm(&mut self, text: &str) -> Result<(), Error> {
+        if text.trim().is_empty() {
+            return Err(Error::InvalidRequest {
+                text: text.to_string(),
+                why: "names no algorithm: give NAME (zstd, lz4) or algo=NAME [priority=1..3]",
+            });
+        }
         // A bare name is shorthand for algo=NAME (priority 1).
         let text = if text.contains('=') {
             text.to_string()

@@ -8,6 +8,7 @@
 //! a size expression means the same thing to both.
 
 mod generator;
+mod setvar;
 pub mod units;
 mod zramswap;
 
@@ -192,6 +193,14 @@ fn apply_algorithms(plan: &mut DevicePlan, value: &str) {
                         .push(format!("{t:?} has no closing ): read as {t})"));
                     inner
                 });
+                if inner.contains(")(") {
+                    plan.warnings.push(format!(
+                        "{t}: one (...) per algorithm, its parameters separated by commas: \
+                         {}({})",
+                        &t[..i],
+                        inner.replace(")(", ",")
+                    ));
+                }
                 (&t[..i], Some(params_of(inner)))
             }
             None => (t, None),

@@ -528,16 +528,16 @@ fn zramswap_rules() {
 fn set_commands_are_bounded_in_time_and_output() {
     use std::time::{Duration, Instant};
     let (st, out) =
-        generator::run_set("echo $UZRAM_SETUP_SET_COMMAND", Duration::from_secs(5)).unwrap();
+        setvar::run_set("echo $UZRAM_SETUP_SET_COMMAND", Duration::from_secs(5)).unwrap();
     assert!(st.success());
     assert_eq!(out, b"1\n");
-    let (st, out) = generator::run_set("echo 7; exit 3", Duration::from_secs(5)).unwrap();
+    let (st, out) = setvar::run_set("echo 7; exit 3", Duration::from_secs(5)).unwrap();
     assert_eq!((st.code(), out.as_slice()), (Some(3), &b"7\n"[..]));
     // A command that runs on, or leaves a child holding its output open, is stopped.
     // One in a session of its own escapes the kill and may hold the pipe: not waited for.
     for cmd in ["sleep 100", "sleep 100 & echo 5", "setsid sleep 3 & echo 5"] {
         let t = Instant::now();
-        let e = generator::run_set(cmd, Duration::from_millis(300)).unwrap_err();
+        let e = setvar::run_set(cmd, Duration::from_millis(300)).unwrap_err();
         assert!(e.contains("still running after 0.3 s"), "{cmd}: {e}");
         assert!(
             t.elapsed() < Duration::from_secs(5),
@@ -547,12 +547,12 @@ fn set_commands_are_bounded_in_time_and_output() {
     }
     // Output past the bound stops it at once, not at the deadline.
     let t = Instant::now();
-    let e = generator::run_set("yes 12345", Duration::from_secs(30)).unwrap_err();
+    let e = setvar::run_set("yes 12345", Duration::from_secs(30)).unwrap_err();
     assert!(e.contains("more than 4096 bytes"), "{e}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     // Exactly the bound is fine.
-    let (_, out) = generator::run_set("head -c 4096 /dev/zero", Duration::from_secs(5)).unwrap();
-    assert_eq!(out.len(), generator::SET_OUTPUT_MAX);
+    let (_, out) = setvar::run_set("head -c 4096 /dev/zero", Duration::from_secs(5)).unwrap();
+    assert_eq!(out.len(), setvar::SET_OUTPUT_MAX);
 }
 
 #[test]

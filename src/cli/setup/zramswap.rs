@@ -56,8 +56,15 @@ pub fn plan(name: &str, text: &str, mem_total_kb: u64) -> Result<Vec<DevicePlan>
     plan.algorithm = Some(uz);
     plan.warnings.extend(warning);
     let number = |k: &str, v: &str| -> Result<i64, SetupError> {
-        let (n, octal) =
-            shell_number(v).ok_or_else(|| err(name, format!("{k}={v}: not a whole number")))?;
+        let (n, octal) = shell_number(v).ok_or_else(|| {
+            let digits = v.strip_prefix(['+', '-']).unwrap_or(v);
+            let why = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                "too large for the shell's arithmetic (at most 9223372036854775807)"
+            } else {
+                "not a whole number"
+            };
+            err(name, format!("{k}={v}: {why}"))
+        })?;
         if octal {
             plan_note(k, v, n);
         }

@@ -84,23 +84,29 @@ fn duration_text(secs: Option<u32>) -> String {
     }
 }
 
-fn parse_duration(v: &str) -> Option<Option<u32>> {
+fn parse_duration(v: &str) -> Result<Option<u32>, &'static str> {
+    const FORM: &str = "a duration: 600, 10m, 2h, 1d or off";
     if v == "off" {
-        return Some(None);
+        return Ok(None);
     }
     let (num, unit) = match v.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         Some((i, _)) => v.split_at(i),
         None => (v, "s"),
     };
-    let n: u32 = num.parse().ok()?;
     let mul = match unit {
         "s" => 1,
         "m" => 60,
         "h" => 3600,
         "d" => 86400,
-        _ => return None,
+        _ => return Err(FORM),
     };
-    n.checked_mul(mul).map(Some)
+    if num.is_empty() {
+        return Err(FORM);
+    }
+    // Only digits: the one way left for the parse or the product to fail is too large a number.
+    const TOO_LONG: &str = "too long a duration: at most 4294967295 s (49710d)";
+    let n: u32 = num.parse().map_err(|_| TOO_LONG)?;
+    n.checked_mul(mul).map(Some).ok_or(TOO_LONG)
 }
 
 /// A switch: `1`/`on` or `0`/`off`.
@@ -160,14 +166,8 @@ impl PolicyConfig {
                     .filter(|&p| p <= 100)
             };
             match k {
-                "recompress_after" => {
-                    next.recompress_after =
-                        parse_duration(v).ok_or(bad("a duration: 600, 10m, 2h, 1d or off"))?
-                }
-                "writeback_after" => {
-                    next.writeback_after =
-                        parse_duration(v).ok_or(bad("a duration: 600, 10m, 2h, 1d or off"))?
-                }
+                "recompress_after" => next.recompress_after = parse_duration(v).map_err(bad)?,
+                "writeback_after" => next.writeback_after = parse_duration(v).map_err(bad)?,
                 "high_watermark" => {
                     next.high_watermark = pct(v).ok_or(bad("a percentage 0..=100"))?
                 }
@@ -192,8 +192,14 @@ impl PolicyConfig {
                         None
                     } else {
                         Some(
-                            crate::size::parse_size(v.trim_end_matches("/day"))
-                                .map_err(|_| bad("budget is bytes per day (4G, 512M) or off"))?,
+                            crate::size::parse_size(v.trim_end_matches("/day")).map_err(|e| {
+                                bad(match e {
+                                    Error::SizeTooLarge { .. } => {
+                                        "too large a budget: at most 15E a day, or off"
+                                    }
+                                    _ => "budget is bytes per day (4G, 512M) or off",
+                                })
+                            })?,
                         )
                     }
                 }
