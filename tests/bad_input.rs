@@ -231,10 +231,6 @@ fn what_zram_generator_ignores_is_warned_about_by_name() {
             "[zram0]\nzram-size = ram - ram\n",
             "[zram0] makes no device: its size",
         ),
-        (
-            "[zram0]\nhost-memory-limit = 100\n",
-            "host-memory-limit=100 MiB is below",
-        ),
     ]
     .into_iter()
     .enumerate()

@@ -531,13 +531,12 @@ pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
         }
         (if made { Ok(()) } else { args.check_new() })
             .and_then(|()| options::check(&d.size_bytes.to_string(), &args, None).map(drop))
-            .map_err(|e| err(format!("[{}]: {e}", d.section)))?;
+            .map_err(|e| err(format!("[{}]: {}", d.section, e.without_option())))?;
         // zram-generator mounts a device with a mount point whatever its fs-type says.
         if d.fs == "swap" && d.mount.is_some() {
             return Err(err(format!(
-                "[{}]: fs-type swap with a mount-point: swap is not mounted (zram-generator \
-                 would run mkfs.swap, which no system has): drop mount-point, or name a file \
-                 system in fs-type",
+                "[{}]: fs-type swap with a mount-point: swap is not mounted: drop mount-point, \
+                 or name a file system in fs-type",
                 d.section
             )));
         }

@@ -489,6 +489,7 @@ fn teardown(config: Option<&std::path::Path>) -> Outcome {
 /// digit".
 fn parse_ram_mib(text: &str) -> Result<u64, String> {
     let t = text.trim();
+    let t = t.strip_prefix('+').unwrap_or(t);
     if t.starts_with('-') {
         return Err("MiB of RAM are not negative".into());
     }

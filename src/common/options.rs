@@ -80,6 +80,17 @@ pub enum OptionsError {
     BackingTwice(String),
 }
 
+impl OptionsError {
+    /// The message without an option's name, for values that came from a configuration file,
+    /// whose keys are not the options.
+    pub fn without_option(&self) -> String {
+        match self {
+            OptionsError::Option { source, .. } => source.to_string(),
+            e => e.to_string(),
+        }
+    }
+}
+
 /// The priority a `--recomp-algorithm` spec names, as the engine parses it (`priority=N`; 1
 /// when it names none or is a bare name). A spec that does not parse has none here: the
 /// engine names what is wrong with it.

@@ -612,6 +612,7 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "too large for the shell's arithmetic",
         ),
         ("zramswap", "SIZE=12x\n", "SIZE=12x: not a whole number"),
+        ("zramswap", "SIZE=089\n", "SIZE=089: not a whole number"),
         ("zramswap", "PRIORITY=abc\n", "abc"),
         ("zramswap", "PRIORITY=40000\n", "40000"),
         ("zramswap", "PRIORITY=-2\n", "-2"),

@@ -109,8 +109,9 @@ pub fn plan(
     let mut plans = Vec::new();
     for (_, s) in sections {
         match finish(s, ram, &vars)? {
-            Ok(p) => plans.push(p),
-            Err(why) => notes.push(why),
+            Some(Ok(p)) => plans.push(p),
+            Some(Err(why)) => notes.push(why),
+            None => {}
         }
     }
     Ok((plans, notes))
@@ -382,13 +383,13 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
     Ok(())
 }
 
-/// The section's plan, or why it makes no device (`host-memory-limit` below `ram`, or a size
-/// of 0), as zram-generator skips such a section.
+/// The section's plan; `None` when `host-memory-limit` is below `ram`, or why a size of 0 makes
+/// no device (zram-generator skips both).
 fn finish(
     s: Section,
     ram: u64,
     vars: &BTreeMap<String, f64>,
-) -> Result<Result<DevicePlan, String>, SetupError> {
+) -> Result<Option<Result<DevicePlan, String>>, SetupError> {
     let Section {
         mut plan,
         size,
@@ -407,10 +408,10 @@ fn finish(
             .cloned()
             .unwrap_or_default()
     };
-    if let Some(limit) = host_limit.filter(|&limit| limit < ram) {
-        return Ok(Err(format!(
-            "[{section}] makes no device: host-memory-limit={limit} MiB is below this machine's {ram} MiB"
-        )));
+    // zram-generator says this only at its info level: a machine above a distribution's limit
+    // would otherwise be warned at every boot.
+    if host_limit.is_some_and(|limit| limit < ram) {
+        return Ok(None);
     }
     plan.fs = fs_type.unwrap_or_else(|| {
         if plan.mount.is_some() {
@@ -475,11 +476,11 @@ fn finish(
             .map_err(|m| err(&from("zram-resident-limit"), m))?;
     }
     if plan.size_bytes == 0 {
-        return Ok(Err(format!(
+        return Ok(Some(Err(format!(
             "[{section}] makes no device: its size works out to 0 MiB"
-        )));
+        ))));
     }
-    Ok(Ok(plan))
+    Ok(Some(Ok(plan)))
 }
 
 /// An expression in MiB as bytes: NaN and negative values are errors (as zram-generator's);

@@ -57,8 +57,7 @@ pub fn plan(name: &str, text: &str, mem_total_kb: u64) -> Result<Vec<DevicePlan>
     plan.warnings.extend(warning);
     let number = |k: &str, v: &str| -> Result<i64, SetupError> {
         let (n, octal) = shell_number(v).ok_or_else(|| {
-            let digits = v.strip_prefix(['+', '-']).unwrap_or(v);
-            let why = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+            let why = if too_large(v) {
                 "too large for the shell's arithmetic (at most 9223372036854775807)"
             } else {
                 "not a whole number"
@@ -299,4 +298,19 @@ fn shell_number(v: &str) -> Option<(i64, bool)> {
         return None;
     }
     Some((if neg { -n } else { n }, octal))
+}
+
+/// Whether `v`, which [`shell_number`] refused, is a well-formed number too large for it (the
+/// shell's radix rules: `0x` hex, a leading 0 octal, else decimal).
+fn too_large(v: &str) -> bool {
+    let d = v.strip_prefix(['+', '-']).unwrap_or(v);
+    let (digits, ok): (&str, fn(&u8) -> bool) =
+        if let Some(h) = d.strip_prefix("0x").or(d.strip_prefix("0X")) {
+            (h, u8::is_ascii_hexdigit)
+        } else if d.len() > 1 && d.starts_with('0') {
+            (&d[1..], |b| (b'0'..=b'7').contains(b))
+        } else {
+            (d, u8::is_ascii_digit)
+        };
+    !digits.is_empty() && digits.bytes().all(|b| ok(&b))
 }

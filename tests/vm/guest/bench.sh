@@ -50,7 +50,7 @@ fio_one() {
     fio --name=b --filename="$dev" --direct=1 --ioengine=libaio --rw="$rw" --bs=4k --iodepth="$qd" \
         --numjobs="$jobs" --group_reporting=1 --size=${FILL_MB}m --time_based --runtime="$RUNTIME" \
         --randrepeat=0 --norandommap=1 --buffer_compress_percentage=58 --refill_buffers=1 \
-        --output-format=json --output="$out" >/dev/null 2>&1 || { perf_stop "$pn"; note "fio $label $rw failed"; return; }
+        --output-format=json --output="$out" >/dev/null 2>&1 || { STARVED_PERF=${UZRAM_BENCH_DEVICES_PERF:-} perf_stop "$pn"; note "fio $label $rw failed"; return; }
     STARVED_PERF=${UZRAM_BENCH_DEVICES_PERF:-} perf_stop "$pn"
     [ -n "$rt" ] && rt=",\"round_trips\":{\"before\":$rt,\"after\":{$(round_trips "$dev")}}"
     emit "{\"kind\":\"fio\",\"label\":\"$label\",\"rw\":\"$rw\",\"iodepth\":$qd,\"jobs\":$jobs$rt,\"fio\":$(tr -d '\n' <"$out")}"

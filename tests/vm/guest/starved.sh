@@ -89,12 +89,18 @@ perf_start() {
         "$r/usr/bin/perf" record -a -F "${PERF_HZ:-97}" -N $([ "$STARVED_PERF" = g ] && echo -g) -o "$UZ_TMP/perf-$1.data" >"$UZ_TMP/perf-$1.log" 2>&1 &
     PERF_PID=$!
 }
-perf_stop() {
-    [ -n "${PERF_PID:-}" ] || return 0
-    local r=$UZRAM_VM_ROOT s
+# (perf_end stops the profiler, before the caller reads its counters; perf_report reads the
+# profile back, after them: it takes CPU time of its own)
+perf_stop() { perf_end && perf_report "$1"; }
+perf_end() {
+    [ -n "${PERF_PID:-}" ] || return 1
     kill -INT "$PERF_PID"
     wait "$PERF_PID"
     PERF_PID=
+}
+perf_report() {
+    [ -f "$UZ_TMP/perf-$1.data" ] || return 0
+    local r=$UZRAM_VM_ROOT s
     for s in comm comm,dso comm,dso,sym; do
         "$r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
             "$r/usr/bin/perf" report -i "$UZ_TMP/perf-$1.data" --stdio --no-children --sort "$s" -g none \
@@ -159,7 +165,7 @@ starved_run() {
     wait $p
     rc=$?
     secs=$(elapsed "$t0")
-    perf_stop "$label"
+    perf_end
     [ -n "$after" ] && extra=$($after)
     # where the guest's CPUs went meanwhile, in seconds: user, system, idle, iowait
     cpu=$(echo "$cpu0 $(cpu_ticks)" | awk '{ printf "%.1f %.1f %.1f %.1f", ($5 - $1) / 100, ($6 - $2) / 100, ($7 - $3) / 100, ($8 - $4) / 100 }')
@@ -173,6 +179,7 @@ starved_run() {
         [ "$(oom_kills)" != "$k0" ] && note "starved: $label: $(($(oom_kills) - k0)) process(es) killed: $(dmesg | grep -e 'Killed process' | tail -n $(($(oom_kills) - k0)) | tr '\n' ' ')"
     fi
     emit "{\"kind\":\"starved\",\"shape\":\"$STARVED_SHAPE\",\"label\":\"$label\",\"workload_mb\":$STARVED_MB,\"passes\":$STARVED_PASSES,\"mem_total_kb\":$(meminfo_kb MemTotal),\"page_cluster\":$(cat /proc/sys/vm/page-cluster),\"seconds\":$secs,\"exit\":$rc,\"disk_read_bytes\":$((($1 - r0) * 512)),\"disk_written_bytes\":$((($2 - w0) * 512)),\"swap_write_errors\":$(($(swap_errors) - e0)),\"peak_swap_kb\":$peak,\"swap_ins\":$si,\"swap_outs\":$so,\"context_switches\":$cs,\"cpu_user_system_idle_iowait_s\":\"$cpu\"$extra}"
+    perf_report "$label"
 }
 
 # disk swap at priority PRIO (below any compressed swap)
