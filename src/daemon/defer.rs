@@ -7,8 +7,9 @@
 //! short write, but 7.3's ends the whole request as written, and the rest would be lost.)
 //!
 //! A write is put off only while the memory thread is getting somewhere: it fails with ENOMEM,
-//! as before, once the thread has faulted in no page for the writer's patience (a second for
-//! swap, which keeps the page and tries again; [`super::RESERVE_WAIT`] for others), or mapped
+//! as before, once the thread has faulted in no page for the writer's patience
+//! ([`super::SWAP_RESERVE_WAIT`] for swap, which keeps the page and tries again;
+//! [`super::RESERVE_WAIT`] for others), or mapped
 //! no arena for [`PATIENCE_CAP`] times that, counted from when the reserve ran dry. Kernel zram
 //! takes its memory from the kernel's reserves in the same case; a thread that cannot get
 //! pages at all must not leave writes waiting for ever (a file system's writer waits on them

@@ -81,8 +81,10 @@ pub(super) const RESERVE_WAIT: Duration = Duration::from_secs(4);
 /// [`RESERVE_WAIT`] for swap's writes. Swap keeps a page whose write failed and tries it later,
 /// so failing is cheap, and pages held under writeback are not: reclaim cannot take them, nor
 /// can a suspend freeze while they are in flight, and a refill under memory starvation can
-/// take tens of seconds.
-pub(super) const SWAP_RESERVE_WAIT: Duration = Duration::from_secs(1);
+/// take tens of seconds. Two seconds: in a swap storm on an emulated machine the memory thread
+/// has gone 1.0-1.6 s without faulting a page in while mapping an arena; eight times this (a
+/// put-off write's longest wait while no arena comes) stays under the freezer's 20 s.
+pub(super) const SWAP_RESERVE_WAIT: Duration = Duration::from_secs(2);
 
 /// The reserve a fresh or idle device keeps unless told: none. While memory is plentiful the
 /// first write that needs a new arena waits for the memory thread to map one (a millisecond);
