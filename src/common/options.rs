@@ -80,6 +80,11 @@ pub enum OptionsError {
     BackingTwice(String),
 }
 
+/// A size option's value; an error names the option.
+pub fn parse_size_option(option: &'static str, text: &str) -> Result<u64, OptionsError> {
+    parse_size(text).map_err(|source| OptionsError::Option { option, source })
+}
+
 impl OptionsError {
     /// The message without an option's name, for values that came from a configuration file,
     /// whose keys are not the options.
@@ -127,10 +132,7 @@ pub fn check(
     device: &DeviceArgs,
     streams: Option<u16>,
 ) -> Result<(DeviceSetup, u64), OptionsError> {
-    let disksize = parse_size(size).map_err(|source| OptionsError::Option {
-        option: "--size",
-        source,
-    })?;
+    let disksize = parse_size_option("--size", size)?;
     if disksize == 0 {
         return Err(OptionsError::ZeroSize);
     }
@@ -296,10 +298,7 @@ impl DeviceArgs {
             })?;
         }
         if let Some(l) = &self.mem_limit {
-            let limit = parse_size(l).map_err(|source| OptionsError::Option {
-                option: "--mem-limit",
-                source,
-            })?;
+            let limit = parse_size_option("--mem-limit", l)?;
             setup.set_mem_limit(Some(limit));
         }
         Ok(setup)

@@ -281,7 +281,9 @@ fn disown_probe(probe: &slotfree::Descriptors, why: &str) -> Result<(), ServeErr
 pub fn check_new(args: &ServeArgs) -> Result<(), ServeError> {
     args.device.check_new()?;
     if let (Some(min), Some(most)) = (&args.reserve_min, &args.reserve) {
-        if parse_option("--reserve-min", min)? > parse_option("--reserve", most)? {
+        if options::parse_size_option("--reserve-min", min)?
+            > options::parse_size_option("--reserve", most)?
+        {
             return Err(options::OptionsError::ReserveMinAboveReserve {
                 min: min.clone(),
                 reserve: most.clone(),
@@ -292,19 +294,13 @@ pub fn check_new(args: &ServeArgs) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// A size option's value, an error naming the option.
-fn parse_option(option: &'static str, text: &str) -> Result<u64, options::OptionsError> {
-    uzram_engine::parse_size(text)
-        .map_err(|source| options::OptionsError::Option { option, source })
-}
-
 /// The engine's setup and disksize for `args`: what `uzram --find` checks too (through the same
 /// [`options::check`]), plus the daemon's pool settings (a reserve, kept filled by the memory
 /// thread).
 pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
     let (mut setup, disksize) = options::check(&args.size, &args.device, args.queues)?;
     let reserve = match &args.reserve {
-        Some(r) => parse_option("--reserve", r)?,
+        Some(r) => options::parse_size_option("--reserve", r)?,
         // The most is at least 8 MiB: a burst (a filesystem's writes, a swap storm) where
         // mapping is slow runs a smaller reserve dry. The reserve starts at its least and
         // doubles each round of a burst, so it is there within a few rounds.
@@ -316,7 +312,7 @@ pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
     // write found none, doubling under a burst of writes, and shrinks back to none once both
     // are over.
     let reserve_min = match &args.reserve_min {
-        Some(r) => parse_option("--reserve-min", r)?,
+        Some(r) => options::parse_size_option("--reserve-min", r)?,
         None => DEFAULT_RESERVE_MIN,
     };
     setup.set_pool_reserve_min(reserve_min.min(reserve));

@@ -282,6 +282,17 @@ impl Arith<'_> {
 /// A number as the shell's arithmetic reads it: decimal, `0x` hex, or a leading `0` octal;
 /// a sign. Returns the value and whether it was octal.
 fn shell_number(v: &str) -> Option<(i64, bool)> {
+    let (neg, radix, digits, octal) = shell_parts(v);
+    let n = i64::from_str_radix(digits, radix).ok()?;
+    if digits.starts_with(['+', '-']) {
+        return None;
+    }
+    Some((if neg { -n } else { n }, octal))
+}
+
+/// `v` split as the shell's arithmetic reads it: its sign, radix (`0x` hex, a leading 0
+/// octal, else decimal), digits, and whether it was octal.
+fn shell_parts(v: &str) -> (bool, u32, &str, bool) {
     let (neg, d) = match v.strip_prefix('-') {
         Some(d) => (true, d),
         None => (false, v.strip_prefix('+').unwrap_or(v)),
@@ -293,24 +304,14 @@ fn shell_number(v: &str) -> Option<(i64, bool)> {
     } else {
         (10, d, false)
     };
-    let n = i64::from_str_radix(digits, radix).ok()?;
-    if digits.starts_with(['+', '-']) {
-        return None;
-    }
-    Some((if neg { -n } else { n }, octal))
+    (neg, radix, digits, octal)
 }
 
-/// Whether `v`, which [`shell_number`] refused, is a well-formed number too large for it (the
-/// shell's radix rules: `0x` hex, a leading 0 octal, else decimal).
+/// Whether `v`, which [`shell_number`] refused, is a well-formed number too large for it.
 fn too_large(v: &str) -> bool {
-    let d = v.strip_prefix(['+', '-']).unwrap_or(v);
-    let (digits, ok): (&str, fn(&u8) -> bool) =
-        if let Some(h) = d.strip_prefix("0x").or(d.strip_prefix("0X")) {
-            (h, u8::is_ascii_hexdigit)
-        } else if d.len() > 1 && d.starts_with('0') {
-            (&d[1..], |b| (b'0'..=b'7').contains(b))
-        } else {
-            (d, u8::is_ascii_digit)
-        };
-    !digits.is_empty() && digits.bytes().all(|b| ok(&b))
+    use std::num::IntErrorKind::{NegOverflow, PosOverflow};
+    let (_, radix, digits, _) = shell_parts(v);
+    !digits.starts_with(['+', '-'])
+        && i64::from_str_radix(digits, radix)
+            .is_err_and(|e| matches!(e.kind(), PosOverflow | NegOverflow))
 }
