@@ -31,6 +31,7 @@ mod mailbox;
 pub mod pin;
 mod roundtrip;
 pub mod slotfree;
+mod stallstack;
 #[cfg(feature = "ublk")]
 mod supervisor;
 mod swapwatch;

@@ -133,6 +133,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
     std::thread::Builder::new()
         .name("uzram-memory".into())
         .spawn(move || {
+            super::stallstack::note_memory_thread();
             if let Err(e) = io_flusher() {
                 log(&format!("memory: {e}"));
             }

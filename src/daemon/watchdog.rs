@@ -8,6 +8,7 @@ use std::sync::Arc;
 use uzram_engine::Device;
 
 use super::io::{FINISHED, STARTED};
+use super::stallstack::StallStacks;
 use super::threads::{memory_phase, Phase, REFILLED_ARENAS, SLOWEST_REFILL_MS};
 
 /// Whether the device is served: added and started, or, for a successor, taken over. Until
@@ -47,8 +48,15 @@ pub(super) fn progress_log(device: Arc<Device>) {
         let mut line = [0u8; 640];
         let mut status = [0u8; 4096];
         let (mut last_finished, mut stalled_secs, mut dumped) = (0, 0, false);
+        let mut stacks = StallStacks::new();
         loop {
-            std::thread::sleep(std::time::Duration::from_secs(secs));
+            // Ten looks a second at the memory thread between two records: its stalls last
+            // a second or two.
+            for _ in 0..secs.saturating_mul(10) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let (phase, ms) = memory_phase();
+                stacks.sample(&mut kmsg, phase, ms);
+            }
             let sum = |c: &[AtomicU64; 5]| c.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
             let (started, finished) = (sum(&STARTED), sum(&FINISHED));
             // A successor that has not taken the device over yet: its I/O waits for it.

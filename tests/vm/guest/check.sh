@@ -159,6 +159,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
             uzram_setup lz4 $swapsize && check_swap "$UZRAM_DEV" ""
         done
     fi
+    want stormstart && check_stormstart
     if want churn; then
         uzram_setup lz4 1024M && check_churn "$UZRAM_DEV" ""
     fi

@@ -82,10 +82,10 @@ check_kill() {
 # supervisor hands the device to a successor that adopts its pages and takes it over (its I/O
 # held meanwhile): the program must finish with every page verified, no process may be killed,
 # no task may hang (the hung-task watchdog at 30 s, panic on), each takeover must end within
-# 10 s (each time is printed: under TCG they take 0.2-0.7 s; a kernel holding the dead
-# worker's requests for its default request timeout, or a successor waiting for reclaim before
-# it serves, takes tens of seconds), the device must count KILLS restarts, and the worker's
-# memory cgroup (or one above it) must forbid swap.
+# 2 s of the death (each time is printed: under TCG they take 0.2-0.7 s; a kernel holding the
+# dead worker's requests for its default request timeout, or a successor waiting for reclaim
+# before it serves, takes tens of seconds), the device must count KILLS restarts, and the
+# worker's memory cgroup (or one above it) must forbid swap.
 # MODE: `storm` kills in the middle of the program's swapping, the daemon in a cgroup that is
 # never swapped (as the systemd unit puts it); `shell` the same, the daemon started from a shell
 # as the README does (it must move itself into such a cgroup); `gentle` stops the program
@@ -213,7 +213,7 @@ check_recover() {
         fail_log "$name" "$log" "a process was killed while the worker restarted"
         return
     fi
-    if [ "${worst:-0}" -gt 10000 ]; then
+    if [ "${worst:-0}" -gt 2000 ]; then
         fail_log "$name" "$log" "a takeover took $worst ms (times: $times ms)"
         return
     fi

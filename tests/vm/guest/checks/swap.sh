@@ -313,3 +313,47 @@ check_churn() {
     [ "$mode" = discard ] && mode="discard only, measured, not held to the 5 % bound"
     pass "$name" "$CHURN_ROUNDS rounds of $mib MiB programs, each freeing half its pages a round later and exiting the round after (slot-free $mode), all pages verified: orig_data_size against swap's used (less zero pages) at each round's end:$rounds; $(elapsed "$t0")s"
 }
+
+# check_stormstart: the start of a swap storm on a fresh device. For each factor F of
+# UZRAM_VM_STORM_FACTORS (tenths of MemAvailable; default "13 20"), UZRAM_VM_STORM_RUNS times
+# (default 3): a new uzram device (2x RAM) made swap, then at once a program filling F/10 of
+# MemAvailable, verified once. No swap write may fail: none in the device's io_stat and no
+# "Write-error on swap-device" in the kernel's log. Each run's figures are printed (failed
+# writes, writes put off while the pool's reserve was dry, the slowest arena the memory thread
+# mapped); while the memory thread stalls, its daemon logs the thread's kernel stack.
+check_stormstart() {
+    local name=stormstart log=$UZ_TMP/stormstart.log f r fill rc e0 e wfail putoff slow
+    local swapsize bad= runs= avail
+    note "$name: a fresh device, then at once a fill of MemAvailable x (${UZRAM_VM_STORM_FACTORS:-13 20})/10, ${UZRAM_VM_STORM_RUNS:-3} run(s) each"
+    swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
+    : >"$log"
+    for f in ${UZRAM_VM_STORM_FACTORS:-13 20}; do
+        for r in $(seq 1 "${UZRAM_VM_STORM_RUNS:-3}"); do
+            uzram_setup lz4 $swapsize || return
+            swap_begin "$UZRAM_DEV" --discard=pages || return
+            fill=$((avail * f / 10))
+            e0=$(dmesg | grep -c 'Write-error on swap-device')
+            "$TOOL" swapfill $fill $((SEED + r)) 1 >>"$log" 2>&1
+            rc=$?
+            e=$(($(dmesg | grep -c 'Write-error on swap-device') - e0))
+            [ $e -lt 0 ] && e=0
+            wfail=$(dev_failed_writes "$UZRAM_DEV") putoff=$(dev_writes_put_off "$UZRAM_DEV")
+            slow=$(dmesg | grep -o 'slowest [0-9]* ms' | tail -n 1)
+            swapoff "$UZRAM_DEV" >>"$log" 2>&1
+            SWAP_DEV=
+            echo "x$f/10 run $r: $fill MiB, vmtool exit $rc, failed writes $wfail (kernel log $e), put off $putoff, ${slow:-no refill}" | tee -a "$log" | sed 's/^/VM: stormstart: /'
+            runs="$runs; x$f/10 #$r: failed $wfail, put off $putoff"
+            if [ $rc != 0 ]; then
+                [ $rc -gt 128 ] && dmesg | tail -n 15 >>"$log"
+                bad="$bad; x$f/10 run $r: vmtool swapfill $fill MiB exited $rc (1: data mismatch, >128: killed)"
+            fi
+            [ "$wfail" = 0 ] && [ $e = 0 ] || bad="$bad; x$f/10 run $r: $wfail failed writes ($e in the kernel's log)"
+            uzram_reset
+        done
+    done
+    if [ -n "$bad" ]; then
+        fail_log "$name" "$log" "${bad#; }"
+        return
+    fi
+    pass "$name" "every page verified and no swap write failed: ${runs#; }"
+}
