@@ -213,7 +213,7 @@ fn what_zram_generator_ignores_is_warned_about_by_name() {
         ("[swap]\nzram-size = 1\n[zram0]\n", "swap"),
         (
             "[zram0]\nset!x = echo 1\n",
-            "set!x, ignoring (set! lines go before the first section)",
+            "\"set!x\", ignoring (set! lines go before the first section)",
         ),
         ("[zram0]\ncolour = blue\n", "colour"),
         ("foo = 1\n[zram0]\n", "foo"),

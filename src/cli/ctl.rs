@@ -238,8 +238,7 @@ pub fn render(
 /// a `umount` of the file's filesystem right after works); a dead device is deleted directly.
 pub fn reset(id: u32) -> Result<(), CtlError> {
     let name = block_path(id);
-    // The daemon's pid, to wait for its exit: the device and the socket go before the process
-    // has closed its files.
+    // The daemon's pid, to wait for its exit (device and socket go before it closes its files).
     let pid = control::call(id, &Request::Info)
         .ok()
         .and_then(|info| DeviceRow::parse(&info).ok())
@@ -542,11 +541,13 @@ pub fn check_plan(plan: &[super::setup::DevicePlan]) -> Result<(), CtlError> {
         }
         if d.fs != "swap" || d.mount.is_some() {
             let mkfs = format!("mkfs.{}", d.fs);
-            if find_program(&mkfs).is_none() {
-                return Err(err(format!(
-                    "[{}]: fs-type {}: no {mkfs} on this machine",
-                    d.section, d.fs
-                )));
+            if d.fs.is_empty() || find_program(&mkfs).is_none() {
+                let why = if d.fs.is_empty() {
+                    "is empty: name swap or a file system (ext4, xfs, ...)".to_string()
+                } else {
+                    format!("{}: no {mkfs} on this machine", d.fs)
+                };
+                return Err(err(format!("[{}]: fs-type {why}", d.section)));
             }
         }
     }
@@ -663,7 +664,6 @@ mod tests {
             &["--size", "1G", "--policy", "evict=maybe"],
             &["--size", "1G", "--mem-limit", "much"],
             &["--size", "1G", "--recomp-algorithm", "algo=zstd priority=4"],
-            &["--size", "1G", "--queues", "0"],
             // Valid: a secondary algorithm, then parameters naming it by priority.
             &[
                 "--size",

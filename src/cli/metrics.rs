@@ -1,7 +1,7 @@
 //! `uzram metrics`: every figure of each device's `mm_stat`, `io_stat`, `bd_stat`,
 //! `policy_stat` and `uzram_stat`, in Prometheus' text format (for node_exporter's textfile
-//! collector: `--output FILE` replaces the file whole, readable by all, as that collector
-//! expects) or as JSON. The figures are the attributes' own numbers; the names of zram's
+//! collector: `--output FILE` replaces the file whole, a new one readable by all as that
+//! collector expects, a replaced one keeping its mode) or as JSON. The figures are the attributes' own numbers; the names of zram's
 //! positional fields are those of the kernel's zram documentation.
 
 use std::fmt::Write as _;
@@ -25,7 +25,8 @@ pub fn write(format: Format, output: Option<&std::path::Path>) -> Result<(), ctl
         Format::Prometheus => prometheus(&devs),
         Format::Json => json(&devs),
     };
-    let Some(path) = output else {
+    // "-" is standard output, as for most tools that take an output file.
+    let Some(path) = output.filter(|p| *p != std::path::Path::new("-")) else {
         return crate::common::output::out(&text).map_err(|e| ctl::CtlError(e.to_string()));
     };
     let named =

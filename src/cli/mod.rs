@@ -73,7 +73,7 @@ pub struct CtlArgs {
     #[command(flatten)]
     device: DeviceArgs,
     /// Number of compression streams (the daemon's I/O queues; default 2, 1 on a one-CPU machine)
-    #[arg(short = 't', long, value_name = "NUMBER", value_parser = clap::value_parser!(u16).range(1..), allow_negative_numbers = true)]
+    #[arg(short = 't', long, value_name = "NUMBER", value_parser = clap::value_parser!(u16).range(1..=i64::from(crate::common::options::MAX_QUEUES)), allow_negative_numbers = true)]
     streams: Option<u16>,
     /// The new device's daemon appends its messages here (default: syslog)
     #[arg(long, value_name = "FILE")]
@@ -159,8 +159,9 @@ pub enum Command {
         /// prometheus or json
         #[arg(long, value_enum, default_value_t = metrics::Format::Prometheus)]
         format: metrics::Format,
-        /// Replace FILE with them (written beside it and renamed, readable by all, as the
-        /// textfile collector wants) instead of printing them
+        /// Replace FILE with them (written beside it and renamed; a new file readable by all,
+        /// as the textfile collector wants, a replaced one keeping its mode) instead of
+        /// printing them ("-": print them)
         #[arg(short = 'o', long, value_name = "FILE")]
         output: Option<std::path::PathBuf>,
     },
@@ -380,7 +381,14 @@ fn plan(
     ram_mib: Option<u64>,
     root: Option<&std::path::Path>,
 ) -> Result<setup::Loaded, Box<dyn std::error::Error>> {
-    let host = setup::Host::read(root.unwrap_or(std::path::Path::new("/")), ram_mib)?;
+    let host = setup::Host::read(root.unwrap_or(std::path::Path::new("/")), ram_mib).map_err(
+        |mut e| {
+            if ram_mib.is_none() {
+                e.message.push_str(" (give --ram-mib N)");
+            }
+            e
+        },
+    )?;
     let loaded = setup::load_plan(config, &host)?;
     for note in &loaded.notes {
         warn(format_args!("uzram: warning: {note}"));

@@ -99,13 +99,14 @@ pub const DEFAULT_DEPTH: u16 = 64;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Device size, as zram's disksize takes it (4G, 512M, bytes)
-    #[arg(short = 's', long)]
+    #[arg(short = 's', long, allow_hyphen_values = true)]
     pub size: String,
     /// What the device is made of
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Queues (one thread each); default 2 (1 on a one-CPU machine)
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(crate::common::options::MAX_QUEUES)))]
     pub queues: Option<u16>,
     /// Queue depth
     #[arg(long, default_value_t = DEFAULT_DEPTH, value_parser = clap::value_parser!(u16).range(1..))]

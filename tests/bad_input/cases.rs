@@ -111,7 +111,7 @@ pub fn device_options() -> Vec<Case> {
         ("--backing-dev @tiny --force", "@tiny"),
         ("--streams 0", "streams"),
         ("--streams 70000", "70000"),
-        ("--streams 5000", "5000"),
+        ("--streams 5000", "5000 is not in 1..=4096"),
         ("--streams -1", "invalid value '-1'"),
     ] {
         v.push(case(&format!("--find --size 64M {args}"), names));
@@ -273,7 +273,9 @@ pub fn subcommands() -> Vec<Case> {
         for (args, names) in [
             ("serve --size 0", "size 0"),
             ("serve --size 99E", "99E"),
-            ("serve --size 4G --queues 0", "at least 1"),
+            ("serve --size 4G --queues 0", "0 is not in 1..=4096"),
+            ("serve --size 4G --queues 65536", "65536 is not in 1..=4096"),
+            ("serve --size -1", "--size: invalid size \"-1\""),
             ("serve --size 4X", "--size: invalid size \"4X\""),
             ("serve --size 1.5G", "--size: invalid size \"1.5G\""),
             (
@@ -299,6 +301,20 @@ pub fn subcommands() -> Vec<Case> {
         v.push(case("serve --size 1G --depth 0", "'0'"));
         v.push(case("serve --size 1G --id 99999999", "99999999"));
         v.push(case("serve --size 1G --queues 0", "--queues"));
+    }
+    // A negative number is the option's bad value, not an unknown argument.
+    for (args, names) in [
+        (
+            "dump-pages --pid -1 -o @x",
+            "invalid value '-1' for '--pid <PID>'",
+        ),
+        (
+            "dump-pages --pid 1 --max-mib -1 -o @x",
+            "invalid value '-1' for '--max-mib <N>'",
+        ),
+        ("bench --runs -1", "invalid value '-1' for '--runs <RUNS>'"),
+    ] {
+        v.push(case(args, names));
     }
     // A kernel thread has no memory to dump (where pid 2 is one, as on a host).
     if std::fs::read_to_string("/proc/2/status").is_ok_and(|s| s.starts_with("Name:\tkthreadd")) {
@@ -414,7 +430,12 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         (
             "zram-generator.conf",
             &gen("zram-size = ram / 0"),
-            "zram-size=ram / 0 divides by 0",
+            "zram-size=ram / 0 is infinite (a division by 0",
+        ),
+        (
+            "zram-generator.conf",
+            &gen("zram-size = ram ^ 1000"),
+            "zram-size=ram ^ 1000 is infinite (a division by 0, or a number past 1.8e308)",
         ),
         (
             "zram-generator.conf",
@@ -439,6 +460,11 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "zram-size",
         ),
         ("zram-generator.conf", &gen("zram-size = banana"), "banana"),
+        (
+            "zram-generator.conf",
+            &gen("fs-type ="),
+            "fs-type is empty: name swap or a file system",
+        ),
         // an expression's errors in words, not the evaluator's names for them
         (
             "zram-generator.conf",
@@ -617,6 +643,11 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         ("zramswap", "PRIORITY=40000\n", "40000"),
         ("zramswap", "PRIORITY=-2\n", "-2"),
         ("zramswap", "ALGO=nosuch\n", "nosuch"),
+        (
+            "zramswap",
+            "PERCENT=99999999999\n",
+            "PERCENT=99999999999: a device of",
+        ),
         ("zramswap", "ALGO=\"zstd\nPERCENT=1\n", "ALGO"),
         ("zramswap", "PERCENT=$(rm -rf /)\n", "rm -rf"),
         ("zramswap", "PERCENT=`reboot`\n", "reboot"),

@@ -40,7 +40,8 @@ pub fn files(root: &Path) -> Vec<PathBuf> {
         .iter()
         .rev()
         .map(|d| root.join(d).join("zram-generator.conf"))
-        .find(|p| p.exists())
+        // There even as a link that leads nowhere: reading it then says why.
+        .find(|p| std::fs::symlink_metadata(p).is_ok())
         .into_iter()
         .collect();
     let mut dropins: BTreeMap<OsString, PathBuf> = BTreeMap::new();
@@ -60,8 +61,12 @@ pub fn files(root: &Path) -> Vec<PathBuf> {
                 continue;
             };
             if meta.is_symlink() {
+                // A link to /dev/null masks the name; any other link is followed (reading one
+                // that leads nowhere then says why).
                 if std::fs::read_link(&path).is_ok_and(|t| t == Path::new("/dev/null")) {
                     dropins.remove(&name);
+                } else if !std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+                    dropins.insert(name, path);
                 }
             } else if meta.is_file() {
                 dropins.insert(name, path);
@@ -370,7 +375,7 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
         }
         other => {
             s.plan.warnings.push(format!(
-                "{file}: unknown key {other}, ignoring{}",
+                "{file}: unknown key {other:?}, ignoring{}",
                 match other {
                     o if o.starts_with("set!") => " (set! lines go before the first section)",
                     _ => "",
@@ -497,7 +502,9 @@ fn mib_to_bytes(
     if f.is_nan() || f.is_infinite() || f < 0.0 {
         let what = match f {
             f if f.is_nan() => "is not a number (0 / 0?)".into(),
-            f if f.is_infinite() => "divides by 0".into(),
+            f if f.is_infinite() => {
+                "is infinite (a division by 0, or a number past 1.8e308)".into()
+            }
             f => format!("is {f}, below 0"),
         };
         return Err(format!("[{section}] {key}={expr} {what}"));

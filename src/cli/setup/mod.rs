@@ -140,6 +140,14 @@ impl DevicePlan {
     }
 }
 
+/// Whether `name` is one of zram's algorithms (uzram maps each to one of its own).
+fn known_algorithm(name: &str) -> bool {
+    matches!(
+        name,
+        "lz4" | "zstd" | "lzo" | "lzo-rle" | "842" | "lz4hc" | "deflate"
+    )
+}
+
 /// uzram's algorithm for a zram algorithm name, and a warning when it is not the same one.
 fn map_algorithm(name: &str) -> (String, Option<String>) {
     match name {
@@ -253,6 +261,17 @@ fn apply_algorithms(plan: &mut DevicePlan, value: &str) {
             plan.recompress = params;
             continue;
         }
+        if prio > 0 && !known_algorithm(name) {
+            // zram's recomp_algorithm refuses a name it does not know, and zram-generator's
+            // setup goes on without it: no algorithm stands in for one nobody named.
+            plan.warnings.push(format!(
+                "unknown algorithm {name:?}: no recompression algorithm of priority {prio} \
+                 (a list of algorithms is separated by blanks; parameters follow a name with \
+                 no blank, as in zstd(level=3))"
+            ));
+            prio += 1;
+            continue;
+        }
         let (algo, warning) = map_algorithm(name);
         plan.warnings.extend(warning);
         if prio == 0 {
@@ -303,7 +322,7 @@ impl Host {
                     .map_err(|e| {
                         err(
                             &shown(&path).to_string(),
-                            format!("{e}: MemTotal cannot be read from it (uzram setup: give --ram-mib N)"),
+                            format!("{e}: MemTotal cannot be read from it"),
                         )
                     })?;
                 mem_total_kb(&text)
@@ -311,7 +330,7 @@ impl Host {
                     .ok_or_else(|| {
                         err(
                             &shown(&path).to_string(),
-                            "no MemTotal line of 1 MiB to 2^40 MiB: give --ram-mib",
+                            "no MemTotal line of 1 MiB to 2^40 MiB",
                         )
                     })?
             }

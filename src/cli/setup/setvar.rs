@@ -20,12 +20,14 @@ pub(super) fn set_var(
     notes: &mut Vec<String>,
 ) -> Result<(), SetupError> {
     let Some(bang) = k.find('!') else {
-        notes.push(format!("{file}: ignoring {k} outside of a section"));
+        notes.push(format!("{file}: ignoring {k:?} outside of a section"));
         return Ok(());
     };
     let (op, var) = k.split_at(bang + 1);
     if op != "set!" {
-        notes.push(format!("{file}: ignoring the unknown operation {op} ({k})"));
+        notes.push(format!(
+            "{file}: ignoring the unknown operation {op:?} ({k:?})"
+        ));
         return Ok(());
     }
     let bad = |m: String| err(file, format!("{k} = {v}: {m}"));

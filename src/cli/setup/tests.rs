@@ -399,7 +399,7 @@ fn zram_generator_size_expressions() {
     assert!(size("(ram-99)/0", 100)
         .unwrap_err()
         .to_string()
-        .contains("divides by 0"));
+        .contains("is infinite (a division by 0"));
     assert!(size("-5", 100)
         .unwrap_err()
         .to_string()
@@ -574,4 +574,67 @@ fn a_priority_in_the_list_is_left_out_and_an_unclosed_parenthesis_said() {
         p.warnings
     );
     assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);
+}
+
+/// A drop-in that is a link to a file is read (systemd's drop-in directories follow links; one
+/// to /dev/null masks the name), and a main file that is a link leading nowhere is not taken
+/// for no configuration: reading it says why.
+#[test]
+fn linked_configuration_files_are_followed() {
+    let dir = root(
+        "links",
+        &[
+            (MAIN, "[zram0]\n"),
+            ("elsewhere/size.conf", "[zram0]\nzram-size = 100\n"),
+        ],
+        MEM_782,
+        None,
+    );
+    let d = dir.join("etc/systemd/zram-generator.conf.d");
+    std::fs::create_dir_all(&d).unwrap();
+    std::os::unix::fs::symlink(dir.join("elsewhere/size.conf"), d.join("50-size.conf")).unwrap();
+    let (p, _) = plan_root(&dir).unwrap();
+    assert_eq!(p[0].size_bytes, 100 * MIB, "the linked drop-in's size");
+
+    let dir = root("loop", &[], MEM_782, None);
+    let etc = dir.join(ETC);
+    std::fs::create_dir_all(etc.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&etc, &etc).unwrap();
+    let e = plan_root(&dir).unwrap_err();
+    assert!(e.file.ends_with(ETC), "{e}");
+}
+
+/// A recompression algorithm that is not known is left out, said, and no other stands in for
+/// it; the next one keeps its own priority.
+#[test]
+fn an_unknown_recompression_algorithm_is_left_out() {
+    let p = plan_text(
+        "[zram0]\ncompression-algorithm = zstd bogus lz4(level=2)\n",
+        4096,
+    )
+    .unwrap();
+    assert_eq!(p[0].algorithm.as_deref(), Some("zstd"));
+    assert_eq!(p[0].recomp, ["algo=lz4 priority=2 level=2"]);
+    assert!(
+        p[0].warnings
+            .iter()
+            .any(|w| w.contains("\"bogus\"")
+                && w.contains("no recompression algorithm of priority 1")),
+        "{:?}",
+        p[0].warnings
+    );
+}
+
+/// zramswap's PERCENT beyond what RAM could hold the slot table of fails the device, as
+/// zram-size does.
+#[test]
+fn a_zramswap_device_too_large_for_ram_fails() {
+    let p = zramswap::plan("zramswap", "PERCENT=99999999999\n", 4 << 20).unwrap();
+    let why = p[0].failed.as_deref().unwrap_or_default();
+    assert!(
+        why.starts_with("PERCENT=99999999999: a device of") && why.contains("slot table larger"),
+        "{why}"
+    );
+    let p = zramswap::plan("zramswap", "PERCENT=200\n", 4 << 20).unwrap();
+    assert_eq!(p[0].failed, None);
 }

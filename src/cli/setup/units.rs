@@ -317,9 +317,14 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
     let mut out = Generated::default();
     let host = match Host::read(root, None) {
         Ok(h) => h,
-        // The system's /proc, not a configuration: said, not a failure.
+        // Without MemTotal no size can be worked out: a failure where there is a
+        // configuration to plan (as zram-generator fails), nothing to say where there is none.
         Err(e) => {
-            out.said.push(format!("{e}: nothing written"));
+            let generator_files = !super::generator::files(root).is_empty();
+            if generator_files || root.join("etc/default/zramswap").exists() {
+                out.said.push(format!("{e}: nothing written"));
+                out.config_failed = stand_down(root, generator_files).is_none();
+            }
             return out;
         }
     };

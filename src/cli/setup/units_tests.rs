@@ -383,6 +383,32 @@ fn no_configuration_writes_nothing_and_says_nothing() {
     let _ = std::fs::remove_dir_all(&dir3);
 }
 
+/// Without MemTotal no size can be worked out: where there is a configuration that is a
+/// failure, said without advice the generator cannot take (setup's --ram-mib); where there is
+/// none, nothing at all.
+#[test]
+fn an_unreadable_meminfo_fails_only_where_there_is_a_configuration() {
+    let dir = root("nomem", &[CONF]);
+    std::fs::remove_file(dir.join("proc/meminfo")).unwrap();
+    let done = generate(&dir.join("out"), &dir, EXE);
+    assert!(done.config_failed, "{done:?}");
+    assert!(
+        done.said.len() == 1
+            && done.said[0].contains("proc/meminfo")
+            && done.said[0].ends_with("nothing written")
+            && !done.said[0].contains("--ram-mib"),
+        "{:?}",
+        done.said
+    );
+    assert!(!dir.join("out").exists());
+    let bare = root("nomem-bare", &[]);
+    std::fs::write(bare.join("proc/meminfo"), "MemFree: 1 kB\n").unwrap();
+    let done = generate(&bare.join("out"), &bare, EXE);
+    assert!(done.said.is_empty() && !done.config_failed, "{done:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&bare);
+}
+
 /// systemd itself reads the units (where `systemd-analyze` is installed, as on CI's Debian):
 /// the generator's, with contrib's `uzram@.service` beside them, and contrib's own; nothing is
 /// refused or warned about.

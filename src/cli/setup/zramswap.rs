@@ -92,6 +92,14 @@ pub fn plan(name: &str, text: &str, mem_total_kb: u64) -> Result<Vec<DevicePlan>
                 format!("{which}: a device of {bytes} bytes (zramswap would fail to set it)"),
             )
         })?;
+    // What the device would refuse at start (its slot table, all of it in RAM when full).
+    if uzram_engine::Device::full_table_bytes(plan.size_bytes) > mem_total_kb.saturating_mul(1024) {
+        plan.failed = Some(format!(
+            "{which}: a device of {} bytes needs a slot table larger than this machine's {} MiB of RAM when full",
+            plan.size_bytes,
+            mem_total_kb / 1024
+        ));
+    }
     if let Some(p) = get("PRIORITY") {
         // swapon -p takes it as a decimal number.
         plan.priority = p

@@ -35,7 +35,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "pid")]
     pub corpus: Option<PathBuf>,
     /// Dump this live process's anonymous memory and use it as the corpus (needs root)
-    #[arg(long, value_name = "PID")]
+    #[arg(long, value_name = "PID", allow_negative_numbers = true)]
     pub pid: Option<u32>,
     /// The algorithm and its parameters
     #[command(flatten)]
@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Rounds; each figure is the median
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
     pub runs: usize,
     /// Print one JSON object (one line) instead of the table
     #[arg(long)]
