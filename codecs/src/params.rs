@@ -257,7 +257,7 @@ pub enum ParamsError {
         key: String,
     },
     /// `level=` or `priority=` with a value that is not a decimal `i32`.
-    #[error("parameter {key}={value:?} is not an integer")]
+    #[error("parameter {key}={value:?} is not a whole number from -2147483648 to 2147483647")]
     NotAnInteger {
         /// `level` or `priority`.
         key: &'static str,
@@ -378,7 +378,7 @@ mod tests {
         ));
         assert_eq!(
             err.to_string(),
-            r#"parameter level="fast" is not an integer"#
+            r#"parameter level="fast" is not a whole number from -2147483648 to 2147483647"#
         );
         assert!(matches!(
             parse("level=99999999999"),

@@ -41,6 +41,10 @@ pub fn device_options() -> Vec<Case> {
         ("--algorithm zstdx", "zstdx"),
         ("--algorithm-params level=banana", "banana"),
         ("--algorithm zstd --algorithm-params level=99999", "99999"),
+        (
+            "--algorithm zstd --algorithm-params level=99999999999999999999",
+            "level=\"99999999999999999999\" is not a whole number from",
+        ),
         ("--algorithm lz4 --algorithm-params algo=zstd", "algo=zstd"),
         ("--algorithm-params 'priority=9 level=1'", "priority"),
         ("--algorithm-params garbage", "garbage"),
@@ -643,6 +647,7 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         ("zramswap", "PRIORITY=40000\n", "40000"),
         ("zramswap", "PRIORITY=-2\n", "-2"),
         ("zramswap", "ALGO=nosuch\n", "nosuch"),
+        ("zramswap", "\u{feff}ALGO=zstd\n", "byte-order mark"),
         (
             "zramswap",
             "PERCENT=99999999999\n",

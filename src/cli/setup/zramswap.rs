@@ -127,7 +127,14 @@ fn assignment(line: &str) -> Result<Option<(String, String)>, String> {
     }
     let t = t.strip_prefix("export ").map_or(t, str::trim_start);
     let not_setting = || {
-        format!("{line:?} is not a NAME=value setting (uzram reads this file, it does not run it)")
+        let bom = if t.starts_with('\u{feff}') {
+            " (it begins with a byte-order mark, which the shell would not read past either)"
+        } else {
+            ""
+        };
+        format!(
+            "{line:?} is not a NAME=value setting{bom} (uzram reads this file, it does not run it)"
+        )
     };
     let (name, rest) = t.split_once('=').ok_or_else(not_setting)?;
     if name.is_empty()
