@@ -50,6 +50,7 @@ impl Scratch {
         std::os::unix::fs::symlink(s.path("data"), s.path("link-to-data")).unwrap();
         std::os::unix::fs::symlink(s.path("tiny"), s.path("link-to-tiny")).unwrap();
         std::os::unix::fs::symlink(s.path("nowhere"), s.path("dangling")).unwrap();
+        std::os::unix::fs::symlink(s.path("loop"), s.path("loop")).unwrap();
         let ok = Command::new("mkfifo")
             .arg(s.path("fifo"))
             .status()

@@ -112,6 +112,7 @@ pub fn device_options() -> Vec<Case> {
             "--backing-dev /proc/self/status",
             "kernel interface under /proc",
         ),
+        ("--backing-dev @loop", "is a loop of symbolic links"),
         ("--backing-dev @tiny --force", "@tiny"),
         ("--streams 0", "streams"),
         ("--streams 70000", "70000"),
@@ -464,6 +465,11 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
             "zram-size",
         ),
         ("zram-generator.conf", &gen("zram-size = banana"), "banana"),
+        (
+            "zram-generator.conf",
+            "[zram0]\n; x\n  # an indented note\nzram-size = 64\n",
+            "a comment, # or ;, starts its line",
+        ),
         (
             "zram-generator.conf",
             &gen("fs-type ="),

@@ -268,6 +268,11 @@ fn ini_error(e: &ini::ParseError) -> String {
     } else if e.msg.contains("'='") {
         "a line that is neither [section] nor key = value (a key needs = before its value)"
             .to_string()
+    } else if e.msg.contains("inline comment") {
+        format!(
+            "{} (a comment, # or ;, starts its line, with no blank before it)",
+            e.msg
+        )
     } else {
         e.msg.to_string()
     };

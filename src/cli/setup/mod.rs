@@ -473,7 +473,7 @@ pub fn load_plan(config: Option<&Path>, host: &Host) -> Result<Loaded, SetupErro
     }
     Err(err(
         "configuration",
-        "none found: no zram-generator.conf (/etc/systemd, /run/systemd, /usr/lib/systemd) and no /etc/default/zramswap; give --config FILE",
+        "none found: no zram-generator.conf (/etc/systemd, /run/systemd, /usr/local/lib/systemd, /usr/lib/systemd) and no /etc/default/zramswap; give --config FILE",
     ))
 }
 

@@ -221,8 +221,13 @@ pub(super) fn resolve(path: &Path) -> Result<Option<Target>, BackingError> {
     };
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => {
-            let real =
-                std::fs::canonicalize(path).map_err(|_| refuse("is a symbolic link to nothing"))?;
+            let real = std::fs::canonicalize(path).map_err(|e| {
+                refuse(if e.raw_os_error() == Some(libc::ELOOP) {
+                    "is a loop of symbolic links"
+                } else {
+                    "is a symbolic link to nothing"
+                })
+            })?;
             if std::fs::metadata(&real).is_ok_and(|m| m.file_type().is_block_device()) {
                 Ok(Some(Target {
                     path: real,
