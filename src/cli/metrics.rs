@@ -1,8 +1,9 @@
 //! `uzram metrics`: every figure of each device's `mm_stat`, `io_stat`, `bd_stat`,
 //! `policy_stat` and `uzram_stat`, in Prometheus' text format (for node_exporter's textfile
 //! collector: `--output FILE` replaces the file whole, a new one readable by all as that
-//! collector expects, a replaced one keeping its mode) or as JSON. The figures are the attributes' own numbers; the names of zram's
-//! positional fields are those of the kernel's zram documentation.
+//! collector expects, a replaced one keeping its mode) or as JSON. The figures are the
+//! attributes' own numbers; the names of zram's positional fields are those of the kernel's
+//! zram documentation.
 
 use std::fmt::Write as _;
 

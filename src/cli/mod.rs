@@ -391,7 +391,10 @@ fn plan(
     )?;
     let loaded = setup::load_plan(config, &host)?;
     for note in &loaded.notes {
-        warn(format_args!("uzram: warning: {note}"));
+        match note.strip_prefix(setup::INFO) {
+            Some(info) => warn(format_args!("uzram: note: {info}")),
+            None => warn(format_args!("uzram: warning: {note}")),
+        }
     }
     for device in &loaded.plan {
         for w in &device.warnings {

@@ -27,16 +27,24 @@ pub(super) fn note_memory_thread() {
         .ok()
         .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok())
         .unwrap_or(0);
-    MEMORY_TID.store(tid, Ordering::Relaxed);
+    MEMORY_TID.store(tid, Ordering::Release);
 }
 
-/// Samples and logs the memory thread's stack; its file opened once, its text kept in fixed
-/// buffers, so that a sample allocates nothing.
+/// Function names of a stack kept for a record: a /dev/kmsg record longer than the kernel's
+/// limit (1024 bytes from Linux 6.2, 976 before with the caller's id) is refused with EINVAL,
+/// and the line's words around them take 120 bytes at most.
+const NAMES: usize = 820;
+
+/// Samples and logs the memory thread's stack. Its file is opened, and its buffers touched,
+/// before any stall (a stall is when memory is short, and an allocation or a first touch of a
+/// page would wait for it then): a sample allocates nothing and faults nothing in.
 pub(super) struct StallStacks {
     file: Option<std::fs::File>,
-    opened: bool,
-    last: [u8; 1024],
+    raw: [u8; 4096],
+    names: [u8; NAMES],
+    last: [u8; NAMES],
     last_len: usize,
+    line: [u8; 1024],
     logged: u32,
 }
 
@@ -44,10 +52,24 @@ impl StallStacks {
     pub(super) fn new() -> StallStacks {
         StallStacks {
             file: None,
-            opened: false,
-            last: [0; 1024],
+            raw: [0; 4096],
+            names: [0; NAMES],
+            last: [0; NAMES],
             last_len: 0,
+            line: [0; 1024],
             logged: 0,
+        }
+    }
+
+    /// Opens the memory thread's stack file once the thread has said who it is: call it on
+    /// every look, stalled or not (it does nothing once the file is open).
+    pub(super) fn prepare(&mut self) {
+        if self.file.is_some() {
+            return;
+        }
+        let tid = MEMORY_TID.load(Ordering::Acquire);
+        if tid != 0 {
+            self.file = std::fs::File::open(format!("/proc/self/task/{tid}/stack")).ok();
         }
     }
 
@@ -58,43 +80,30 @@ impl StallStacks {
         if phase == Phase::Waiting || ms < STALL_MS || self.logged >= MAX_LOGGED {
             return;
         }
-        if !self.opened {
-            self.opened = true;
-            let tid = MEMORY_TID.load(Ordering::Relaxed);
-            if tid != 0 {
-                self.file = std::fs::File::open(format!("/proc/self/task/{tid}/stack")).ok();
-            }
-        }
         let Some(file) = self.file.as_ref() else {
             return;
         };
-        let mut raw = [0u8; 4096];
-        let Ok(n) = file.read_at(&mut raw, 0) else {
+        let Ok(n) = file.read_at(&mut self.raw, 0) else {
             return;
         };
-        // The kernel takes a /dev/kmsg record of at most 1024 bytes, and drops a longer one.
-        let mut names = [0u8; 880];
-        let len = function_names(&raw[..n], &mut names);
-        if len == 0 || names[..len] == self.last[..self.last_len] {
+        let len = function_names(&self.raw[..n], &mut self.names);
+        if len == 0 || self.names[..len] == self.last[..self.last_len] {
             return;
         }
-        self.last[..len].copy_from_slice(&names[..len]);
-        self.last_len = len;
-        self.logged += 1;
-        let mut line = [0u8; 1024];
-        let mut w = std::io::Cursor::new(&mut line[..]);
+        let mut w = std::io::Cursor::new(&mut self.line[..]);
         let _ = write!(
             w,
             "<3>uzram: memory thread {} for {ms} ms, in the kernel: ",
             phase.name()
         );
-        let _ = w.write_all(&names[..len]);
+        let _ = w.write_all(&self.names[..len]);
         let _ = w.write_all(b"\n");
         let end = w.position() as usize;
-        if kmsg.write_all(&line[..end]).is_err() {
-            // Not logged: the next sample tries again.
-            self.last_len = 0;
-            self.logged -= 1;
+        // Not written (refused, or a full log): the next sample tries again.
+        if kmsg.write_all(&self.line[..end]).is_ok() {
+            self.last[..len].copy_from_slice(&self.names[..len]);
+            self.last_len = len;
+            self.logged += 1;
         }
     }
 }
@@ -131,6 +140,7 @@ fn function_names(stack: &[u8], out: &mut [u8]) -> usize {
 mod tests {
     use super::{function_names, note_memory_thread, StallStacks};
     use crate::daemon::threads::Phase;
+    use std::os::unix::fs::FileExt;
 
     /// A thread asleep in the kernel stands in for the memory thread: its stack is logged once
     /// it has been in a phase long enough, and not again while it stays the same. Reading a
@@ -141,31 +151,49 @@ mod tests {
             eprintln!("not root: /proc/self/stack cannot be read here, nothing to sample");
             return;
         }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sleeper = std::thread::spawn(move || {
+        let (told, said) = std::sync::mpsc::channel();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let waiter = std::thread::spawn(move || {
             note_memory_thread();
-            tx.send(()).unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(1500));
+            told.send(()).unwrap();
+            // Blocked in the kernel (a futex) until the test lets it go.
+            let _ = held.recv();
         });
-        rx.recv().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        said.recv().unwrap();
+        let mut stacks = StallStacks::new();
+        stacks.prepare();
+        let file = stacks.file.as_ref().expect("the thread's stack file");
+        // Until the thread is in its wait (a loaded machine may take a while to get it there).
+        let mut raw = [0u8; 4096];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let n = file.read_at(&mut raw, 0).unwrap();
+            if String::from_utf8_lossy(&raw[..n]).contains("futex") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never in a futex wait"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let path = std::env::temp_dir().join(format!("uzram-stallstack-{}", std::process::id()));
         let mut log = std::fs::File::create(&path).unwrap();
-        let mut stacks = StallStacks::new();
         // Not yet a stall, and waiting is never one.
         stacks.sample(&mut log, Phase::MappingArena, 100);
         stacks.sample(&mut log, Phase::Waiting, 5000);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
         stacks.sample(&mut log, Phase::MappingArena, 400);
         stacks.sample(&mut log, Phase::MappingArena, 500);
-        sleeper.join().unwrap();
+        release.send(()).unwrap();
+        waiter.join().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(
             text.starts_with("<3>uzram: memory thread mapping an arena")
                 && text.contains("for 400 ms, in the kernel: ")
-                && text.contains("nanosleep"),
+                && text.contains("futex"),
             "{text}"
         );
     }

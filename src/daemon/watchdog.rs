@@ -1,5 +1,6 @@
 //! The progress log (`UZRAM_PROGRESS_SECS`): request counters, pool and RSS figures written to
-//! the kernel log, without locks or allocation in its loop.
+//! the kernel log, without locks or allocation in its loop (but the one open of the memory
+//! thread's stack file as it starts: see `stallstack`).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +18,8 @@ pub static SERVING: AtomicBool = AtomicBool::new(false);
 
 /// With `UZRAM_PROGRESS_SECS=N`, a thread that writes the request counters to the kernel log
 /// every N seconds: a diagnostic for stalls, readable even when user space is stuck on memory
-/// (it takes no lock and allocates nothing in its loop, and /dev/kmsg lands in the console).
+/// (it takes no lock and allocates nothing in its loop once the memory thread's stack file is
+/// open, and /dev/kmsg lands in the console).
 /// With `UZRAM_STALL_SYSRQ=1` as well, a request that makes no progress for 20 s, or a memory
 /// thread that stays 20 s in one phase (a fault it takes loops in reclaim: it is an I/O flusher,
 /// for which the kernel never calls the OOM killer), makes it ask the kernel for the memory's
@@ -54,6 +56,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
             // a second or two.
             for _ in 0..secs.saturating_mul(10) {
                 std::thread::sleep(std::time::Duration::from_millis(100));
+                stacks.prepare();
                 let (phase, ms) = memory_phase();
                 stacks.sample(&mut kmsg, phase, ms);
             }

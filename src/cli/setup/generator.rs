@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
-use super::{apply_algorithms, err, DevicePlan, SetupError};
+use super::{apply_algorithms, err, note_text, DevicePlan, SetupError, INFO};
 
 /// What the kernel command line says (`systemd.zram`, `=1`, `=0`, `=yes`, ...): the last word
 /// zram-generator recognises wins; others are skipped. `None`: nothing said.
@@ -40,8 +40,7 @@ pub fn files(root: &Path) -> Vec<PathBuf> {
         .iter()
         .rev()
         .map(|d| root.join(d).join("zram-generator.conf"))
-        // There even as a link that leads nowhere: reading it then says why.
-        .find(|p| std::fs::symlink_metadata(p).is_ok())
+        .find(|p| p.exists())
         .into_iter()
         .collect();
     let mut dropins: BTreeMap<OsString, PathBuf> = BTreeMap::new();
@@ -61,12 +60,8 @@ pub fn files(root: &Path) -> Vec<PathBuf> {
                 continue;
             };
             if meta.is_symlink() {
-                // A link to /dev/null masks the name; any other link is followed (reading one
-                // that leads nowhere then says why).
                 if std::fs::read_link(&path).is_ok_and(|t| t == Path::new("/dev/null")) {
                     dropins.remove(&name);
-                } else if !std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
-                    dropins.insert(name, path);
                 }
             } else if meta.is_file() {
                 dropins.insert(name, path);
@@ -103,8 +98,18 @@ pub fn plan(
     let mut sections: BTreeMap<u32, Section> = BTreeMap::new();
     let mut vars: BTreeMap<String, f64> = BTreeMap::new();
     let mut notes = Vec::new();
+    // An error ends the plan, and the lines said before it may be why (a set! line left out,
+    // then its name used): they go with it.
+    let with_notes = |mut e: SetupError, notes: &[String]| {
+        let said: Vec<&str> = notes.iter().map(|n| note_text(n)).collect();
+        if !said.is_empty() {
+            e.message = format!("{} (read before it: {})", e.message, said.join("; "));
+        }
+        e
+    };
     for (file, text) in files {
-        read_file(file, text, ram, &mut sections, &mut vars, &mut notes)?;
+        read_file(file, text, ram, &mut sections, &mut vars, &mut notes)
+            .map_err(|e| with_notes(e, &notes))?;
     }
     if kernel == Some(true) {
         sections
@@ -113,7 +118,7 @@ pub fn plan(
     }
     let mut plans = Vec::new();
     for (_, s) in sections {
-        match finish(s, ram, &vars)? {
+        match finish(s, ram, &vars).map_err(|e| with_notes(e, &notes))? {
             Some(Ok(p)) => plans.push(p),
             Some(Err(why)) => notes.push(why),
             None => {}
@@ -393,8 +398,8 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
     Ok(())
 }
 
-/// The section's plan; `None` when `host-memory-limit` is below `ram`, or why a size of 0 makes
-/// no device (zram-generator skips both).
+/// The section's plan, or why it makes no device: `host-memory-limit` below `ram`, or a size
+/// of 0 (zram-generator skips both).
 fn finish(
     s: Section,
     ram: u64,
@@ -418,10 +423,14 @@ fn finish(
             .cloned()
             .unwrap_or_default()
     };
-    // zram-generator says this only at its info level: a machine above a distribution's limit
-    // would otherwise be warned at every boot.
-    if host_limit.is_some_and(|limit| limit < ram) {
-        return Ok(None);
+    // zram-generator says this only at its info level: a note (see [`INFO`]), which the
+    // generator keeps to itself, since a machine above a distribution's limit would otherwise be
+    // told at every boot.
+    if let Some(limit) = host_limit.filter(|&limit| limit < ram) {
+        return Ok(Some(Err(format!(
+            "{INFO}[{section}] makes no device: host-memory-limit = {limit} is below this \
+             machine's {ram} MiB of RAM (zram-generator's rule)"
+        ))));
     }
     plan.fs = fs_type.unwrap_or_else(|| {
         if plan.mount.is_some() {

@@ -8,6 +8,15 @@
 //! a size expression means the same thing to both.
 
 mod generator;
+
+/// What begins a note that is information, not a warning (zram-generator's info level): setup
+/// says it, the generator does not.
+pub const INFO: &str = "info: ";
+
+/// A note's text without [`INFO`].
+pub fn note_text(note: &str) -> &str {
+    note.strip_prefix(INFO).unwrap_or(note)
+}
 mod setvar;
 pub mod units;
 mod zramswap;

@@ -576,34 +576,6 @@ fn a_priority_in_the_list_is_left_out_and_an_unclosed_parenthesis_said() {
     assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);
 }
 
-/// A drop-in that is a link to a file is read (systemd's drop-in directories follow links; one
-/// to /dev/null masks the name), and a main file that is a link leading nowhere is not taken
-/// for no configuration: reading it says why.
-#[test]
-fn linked_configuration_files_are_followed() {
-    let dir = root(
-        "links",
-        &[
-            (MAIN, "[zram0]\n"),
-            ("elsewhere/size.conf", "[zram0]\nzram-size = 100\n"),
-        ],
-        MEM_782,
-        None,
-    );
-    let d = dir.join("etc/systemd/zram-generator.conf.d");
-    std::fs::create_dir_all(&d).unwrap();
-    std::os::unix::fs::symlink(dir.join("elsewhere/size.conf"), d.join("50-size.conf")).unwrap();
-    let (p, _) = plan_root(&dir).unwrap();
-    assert_eq!(p[0].size_bytes, 100 * MIB, "the linked drop-in's size");
-
-    let dir = root("loop", &[], MEM_782, None);
-    let etc = dir.join(ETC);
-    std::fs::create_dir_all(etc.parent().unwrap()).unwrap();
-    std::os::unix::fs::symlink(&etc, &etc).unwrap();
-    let e = plan_root(&dir).unwrap_err();
-    assert!(e.file.ends_with(ETC), "{e}");
-}
-
 /// A recompression algorithm that is not known is left out, said, and no other stands in for
 /// it; the next one keeps its own priority.
 #[test]
@@ -637,4 +609,38 @@ fn a_zramswap_device_too_large_for_ram_fails() {
     );
     let p = zramswap::plan("zramswap", "PERCENT=200\n", 4 << 20).unwrap();
     assert_eq!(p[0].failed, None);
+}
+
+/// A section above host-memory-limit makes no device and is said as information (the
+/// generator keeps it to itself); an error says the lines read before it, which may be why.
+#[test]
+fn a_skipped_section_is_said_and_an_error_keeps_what_came_before() {
+    let (p, notes) = generator::plan(
+        &[(
+            "t.conf".into(),
+            "[zram0]\nhost-memory-limit = 1024\n".into(),
+        )],
+        4096,
+        None,
+    )
+    .unwrap();
+    assert!(p.is_empty());
+    assert_eq!(
+        notes,
+        ["info: [zram0] makes no device: host-memory-limit = 1024 is below this machine's 4096 MiB of RAM (zram-generator's rule)"]
+    );
+    let e = generator::plan(
+        &[(
+            "t.conf".into(),
+            "set! x = echo 1\n[zram0]\nzram-size = x\n".into(),
+        )],
+        4096,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        e.message
+            .contains("(read before it: t.conf: set! x: no expression can name \" x\""),
+        "{e}"
+    );
 }

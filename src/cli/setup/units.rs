@@ -321,7 +321,9 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
         // configuration to plan (as zram-generator fails), nothing to say where there is none.
         Err(e) => {
             let generator_files = !super::generator::files(root).is_empty();
-            if generator_files || root.join("etc/default/zramswap").exists() {
+            let cmdline = std::fs::read_to_string(root.join("proc/cmdline")).unwrap_or_default();
+            let off = super::generator::kernel_option(&cmdline) == Some(false);
+            if !off && (generator_files || root.join("etc/default/zramswap").exists()) {
                 out.said.push(format!("{e}: nothing written"));
                 out.config_failed = stand_down(root, generator_files).is_none();
             }
@@ -345,7 +347,9 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
         loaded
             .notes
             .iter()
-            .filter(|n| !n.starts_with("zram-generator is installed"))
+            .filter(|n| {
+                !n.starts_with("zram-generator is installed") && !n.starts_with(super::INFO)
+            })
             .cloned(),
     );
     if loaded.plan.is_empty() {

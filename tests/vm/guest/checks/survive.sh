@@ -82,7 +82,7 @@ check_kill() {
 # supervisor hands the device to a successor that adopts its pages and takes it over (its I/O
 # held meanwhile): the program must finish with every page verified, no process may be killed,
 # no task may hang (the hung-task watchdog at 30 s, panic on), each takeover must end within
-# 2 s of the death (each time is printed: under TCG they take 0.2-0.7 s; a kernel holding the
+# 2 s of the supervisor seeing the death (each time is printed: under TCG they take 0.2-0.7 s; a kernel holding the
 # dead worker's requests for its default request timeout, or a successor waiting for reclaim
 # before it serves, takes tens of seconds), the device must count KILLS restarts, and the
 # worker's memory cgroup (or one above it) must forbid swap.

@@ -322,7 +322,7 @@ check_churn() {
 # writes, writes put off while the pool's reserve was dry, the slowest arena the memory thread
 # mapped); while the memory thread stalls, its daemon logs the thread's kernel stack.
 check_stormstart() {
-    local name=stormstart log=$UZ_TMP/stormstart.log f r fill rc e0 e wfail putoff slow
+    local name=stormstart log=$UZ_TMP/stormstart.log f r fill rc l0 e wfail putoff slow
     local swapsize bad= runs= avail
     note "$name: a fresh device, then at once a fill of MemAvailable x (${UZRAM_VM_STORM_FACTORS:-13 20})/10, ${UZRAM_VM_STORM_RUNS:-3} run(s) each"
     swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
@@ -332,16 +332,19 @@ check_stormstart() {
             uzram_setup lz4 $swapsize || return
             swap_begin "$UZRAM_DEV" --discard=pages || return
             fill=$((avail * f / 10))
-            e0=$(dmesg | grep -c 'Write-error on swap-device')
+            # the kernel's log from here on (counted by lines: a sysrq dump may make it wrap,
+            # and a count before and after would then hide what this run logged)
+            l0=$(dmesg | wc -l)
             "$TOOL" swapfill $fill $((SEED + r)) 1 >>"$log" 2>&1
             rc=$?
-            e=$(($(dmesg | grep -c 'Write-error on swap-device') - e0))
-            [ $e -lt 0 ] && e=0
+            dmesg | tail -n +$((l0 + 1)) >"$log.kmsg"
+            e=$(grep -c 'Write-error on swap-device' "$log.kmsg")
+            grep 'in the kernel:' "$log.kmsg" >>"$log"
             wfail=$(dev_failed_writes "$UZRAM_DEV") putoff=$(dev_writes_put_off "$UZRAM_DEV")
-            slow=$(dmesg | grep -o 'slowest [0-9]* ms' | tail -n 1)
+            slow=$(grep -o 'slowest [0-9]* ms' "$log.kmsg" | tail -n 1)
             swapoff "$UZRAM_DEV" >>"$log" 2>&1
             SWAP_DEV=
-            echo "x$f/10 run $r: $fill MiB, vmtool exit $rc, failed writes $wfail (kernel log $e), put off $putoff, ${slow:-no refill}" | tee -a "$log" | sed 's/^/VM: stormstart: /'
+            echo "x$f/10 run $r: $fill MiB, vmtool exit $rc, failed writes $wfail (kernel log $e), put off $putoff, ${slow:-no progress line}" | tee -a "$log" | sed 's/^/VM: stormstart: /'
             runs="$runs; x$f/10 #$r: failed $wfail, put off $putoff"
             if [ $rc != 0 ]; then
                 [ $rc -gt 128 ] && dmesg | tail -n 15 >>"$log"
