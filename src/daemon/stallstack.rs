@@ -35,11 +35,14 @@ pub(super) fn note_memory_thread() {
 /// and the line's words around them take 120 bytes at most.
 const NAMES: usize = 820;
 
-/// Samples and logs the memory thread's stack. Its file is opened, and its buffers touched,
-/// before any stall (a stall is when memory is short, and an allocation or a first touch of a
-/// page would wait for it then): a sample allocates nothing and faults nothing in.
+/// Samples and logs the memory thread's stack. Its file is opened and read once, and its
+/// buffers touched, before any stall (a stall is when memory is short, and an allocation or a
+/// first touch of a page would wait for it then): a sample allocates nothing in the daemon and
+/// faults nothing in (the kernel allocates a little for each read of the stack).
 pub(super) struct StallStacks {
     file: Option<std::fs::File>,
+    /// The open was tried (it is not tried again: a kernel without stack traces, or no root).
+    tried: bool,
     raw: [u8; 4096],
     names: [u8; NAMES],
     last: [u8; NAMES],
@@ -52,6 +55,7 @@ impl StallStacks {
     pub(super) fn new() -> StallStacks {
         StallStacks {
             file: None,
+            tried: false,
             raw: [0; 4096],
             names: [0; NAMES],
             last: [0; NAMES],
@@ -62,14 +66,19 @@ impl StallStacks {
     }
 
     /// Opens the memory thread's stack file once the thread has said who it is: call it on
-    /// every look, stalled or not (it does nothing once the file is open).
+    /// every look, stalled or not (it does nothing once it has tried).
     pub(super) fn prepare(&mut self) {
-        if self.file.is_some() {
+        if self.tried {
             return;
         }
         let tid = MEMORY_TID.load(Ordering::Acquire);
         if tid != 0 {
+            self.tried = true;
             self.file = std::fs::File::open(format!("/proc/self/task/{tid}/stack")).ok();
+            // A first read sets up the kernel's side of the file (its buffer stays while open).
+            if let Some(f) = &self.file {
+                let _ = f.read_at(&mut self.raw, 0);
+            }
         }
     }
 
@@ -168,13 +177,10 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let n = file.read_at(&mut raw, 0).unwrap();
-            if String::from_utf8_lossy(&raw[..n]).contains("futex") {
+            if String::from_utf8_lossy(&raw[..n]).contains("futex_wait") {
                 break;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never in a futex wait"
-            );
+            assert!(std::time::Instant::now() < deadline, "never in futex_wait");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let path = std::env::temp_dir().join(format!("uzram-stallstack-{}", std::process::id()));
@@ -193,7 +199,7 @@ mod tests {
         assert!(
             text.starts_with("<3>uzram: memory thread mapping an arena")
                 && text.contains("for 400 ms, in the kernel: ")
-                && text.contains("futex"),
+                && text.contains("futex_wait"),
             "{text}"
         );
     }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
-use super::{apply_algorithms, err, note_text, DevicePlan, SetupError, INFO};
+use super::{apply_algorithms, err, DevicePlan, SetupError, INFO};
 
 /// What the kernel command line says (`systemd.zram`, `=1`, `=0`, `=yes`, ...): the last word
 /// zram-generator recognises wins; others are skipped. `None`: nothing said.
@@ -101,7 +101,12 @@ pub fn plan(
     // An error ends the plan, and the lines said before it may be why (a set! line left out,
     // then its name used): they go with it.
     let with_notes = |mut e: SetupError, notes: &[String]| {
-        let said: Vec<&str> = notes.iter().map(|n| note_text(n)).collect();
+        // (Information is left out: the generator keeps it to itself.)
+        let said: Vec<&str> = notes
+            .iter()
+            .filter(|n| !n.starts_with(INFO))
+            .map(String::as_str)
+            .collect();
         if !said.is_empty() {
             e.message = format!("{} (read before it: {})", e.message, said.join("; "));
         }

@@ -13,10 +13,6 @@ mod generator;
 /// says it, the generator does not.
 pub const INFO: &str = "info: ";
 
-/// A note's text without [`INFO`].
-pub fn note_text(note: &str) -> &str {
-    note.strip_prefix(INFO).unwrap_or(note)
-}
 mod setvar;
 pub mod units;
 mod zramswap;
@@ -404,7 +400,8 @@ fn is_zramswap(path: &Path, text: &str) -> bool {
 pub struct Loaded {
     /// The devices.
     pub plan: Vec<DevicePlan>,
-    /// Warnings about the files as a whole (ignored sections, `set!` commands that failed).
+    /// Warnings about the files as a whole (ignored sections, `set!` commands that failed),
+    /// and information (beginning with [`INFO`]: a section that makes no device).
     pub notes: Vec<String>,
     /// The plan is the system's zram-generator configuration, which zram-generator itself acts
     /// on too.

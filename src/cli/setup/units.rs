@@ -322,8 +322,11 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
         Err(e) => {
             let generator_files = !super::generator::files(root).is_empty();
             let cmdline = std::fs::read_to_string(root.join("proc/cmdline")).unwrap_or_default();
-            let off = super::generator::kernel_option(&cmdline) == Some(false);
-            if !off && (generator_files || root.join("etc/default/zramswap").exists()) {
+            let kernel = super::generator::kernel_option(&cmdline);
+            let configured = generator_files
+                || kernel == Some(true)
+                || root.join("etc/default/zramswap").exists();
+            if kernel != Some(false) && configured {
                 out.said.push(format!("{e}: nothing written"));
                 out.config_failed = stand_down(root, generator_files).is_none();
             }

@@ -237,7 +237,7 @@ impl SlotTable {
 
     /// In a region: makes the directory (on the first call) and the next `ahead` leaf pages
     /// resident (each page read once, which faults it in without changing it), so that the
-    /// writes that take them do not fault. Returns the pages faulted in now. Nothing to do
+    /// writes that take them do not fault. Returns the leaf pages faulted in now. Nothing to do
     /// outside a region.
     pub fn prefault(&self, ahead: usize) -> usize {
         let Leaves::Shared(s) = &self.leaves else {
@@ -249,11 +249,9 @@ impl SlotTable {
         // touched read-faulted that page (a page of shared memory, allocated then, while memory
         // was short): in a swap storm both queue threads waited there in reclaim.
         if !s.directory_ready.swap(true, Ordering::Relaxed) {
-            let directory = s.directory();
-            for word in directory.iter().step_by(4096 / 8) {
+            for word in s.directory().iter().step_by(4096 / 8) {
                 std::hint::black_box(word.load(Ordering::Relaxed));
             }
-            done += directory.len().div_ceil(4096 / 8);
         }
         let next = *s.next.lock();
         let from = s.ready.load(Ordering::Relaxed).max(next);

@@ -332,12 +332,13 @@ check_stormstart() {
             uzram_setup lz4 $swapsize || return
             swap_begin "$UZRAM_DEV" --discard=pages || return
             fill=$((avail * f / 10))
-            # the kernel's log from here on (counted by lines: a sysrq dump may make it wrap,
-            # and a count before and after would then hide what this run logged)
-            l0=$(dmesg | wc -l)
+            # the kernel's log from here on, by time stamp (a sysrq dump may make it wrap,
+            # and counts or line numbers before and after would then miss this run's lines)
+            l0=$(dmesg | tail -n 1 | sed -n 's/^\[ *\([0-9.]*\)\].*/\1/p')
             "$TOOL" swapfill $fill $((SEED + r)) 1 >>"$log" 2>&1
             rc=$?
-            dmesg | tail -n +$((l0 + 1)) >"$log.kmsg"
+            dmesg | awk -v t="${l0:-0}" 'match($0, /^\[ *[0-9.]+\]/) {
+                s = substr($0, 2, RLENGTH - 2); gsub(/ /, "", s); if (s + 0 > t + 0) print }' >"$log.kmsg"
             e=$(grep -c 'Write-error on swap-device' "$log.kmsg")
             grep 'in the kernel:' "$log.kmsg" >>"$log"
             wfail=$(dev_failed_writes "$UZRAM_DEV") putoff=$(dev_writes_put_off "$UZRAM_DEV")
