@@ -41,8 +41,6 @@ struct SharedLeaves {
     next: parking_lot::Mutex<usize>,
     /// Leaf pages below this one are resident.
     ready: AtomicUsize,
-    /// The directory's pages are resident (see [`SlotTable::prefault`]).
-    directory_ready: std::sync::atomic::AtomicBool,
     /// Leaf pages handed out before they were made resident (their first write faulted).
     unready: AtomicU64,
     journal: Journal,
@@ -151,7 +149,6 @@ impl SlotTable {
             first_page_word,
             next: parking_lot::Mutex::new(next),
             ready: AtomicUsize::new(next),
-            directory_ready: std::sync::atomic::AtomicBool::new(false),
             unready: AtomicU64::new(0),
             journal,
         })
@@ -235,27 +232,17 @@ impl SlotTable {
         Ok((table, undone))
     }
 
-    /// In a region: makes the directory (on the first call) and the next `ahead` leaf pages
-    /// resident (each page read once, which faults it in without changing it), so that the
-    /// writes that take them do not fault. Returns the leaf pages faulted in now. Nothing to do
-    /// outside a region.
+    /// In a region: makes the next `ahead` leaf pages resident (each page read once, which
+    /// faults it in without changing it), so that the writes that take them do not fault.
+    /// Returns the pages faulted in now. Nothing to do outside a region.
     pub fn prefault(&self, ahead: usize) -> usize {
         let Leaves::Shared(s) = &self.leaves else {
             return 0;
         };
-        let mut done = 0;
-        // The directory first, whole (a word a leaf: 8 KiB a GiB of device): every write reads
-        // its leaf's entry, and the first write of a leaf whose entry lies on a page never
-        // touched read-faulted that page (a page of shared memory, allocated then, while memory
-        // was short): in a swap storm both queue threads waited there in reclaim.
-        if !s.directory_ready.swap(true, Ordering::Relaxed) {
-            for word in s.directory().iter().step_by(4096 / 8) {
-                std::hint::black_box(word.load(Ordering::Relaxed));
-            }
-        }
         let next = *s.next.lock();
         let from = s.ready.load(Ordering::Relaxed).max(next);
         let to = next.saturating_add(ahead).min(s.leaves);
+        let mut done = 0;
         for p in from..to {
             if let Some(leaf) = s.page(p) {
                 std::hint::black_box(leaf[0].meta.load(Ordering::Relaxed));

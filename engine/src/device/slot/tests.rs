@@ -115,32 +115,6 @@ fn region_for(pages: u64) -> Region {
     .unwrap()
 }
 
-/// The first prefault makes the whole directory resident (a write reads its leaf's entry
-/// there), whatever leaf pages it is asked for.
-#[test]
-#[cfg_attr(miri, ignore = "a region is a memfd, which Miri cannot make")]
-fn the_first_prefault_makes_the_directory_resident() {
-    // 4096 leaves: 32 KiB of directory, 8 pages.
-    let pages = 4096 * LEAF_SLOTS as u64;
-    let region = region_for(pages);
-    let table = SlotTable::in_region(pages, region.clone()).unwrap();
-    let before = region.resident_bytes().unwrap();
-    assert_eq!(table.prefault(0), 0, "no leaf page asked for");
-    let after = region.resident_bytes().unwrap();
-    assert!(
-        after >= before + 8 * 4096,
-        "{before} -> {after} bytes resident"
-    );
-    assert_eq!(table.prefault(2), 2, "then leaf pages");
-    let leaves = region.resident_bytes().unwrap();
-    assert_eq!(table.prefault(0), 0);
-    assert_eq!(
-        region.resident_bytes().unwrap(),
-        leaves,
-        "the directory is read once, and it is resident already"
-    );
-}
-
 /// A table in a region, against a model: a successor finds every slot written (leaves
 /// taken out of order), and refuses a directory that gives one page to two leaves.
 #[test]
