@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
-use super::{apply_algorithms, err, DevicePlan, SetupError, INFO};
+use super::{apply_algorithms, err, table_too_large, DevicePlan, SetupError, INFO};
 
 /// What the kernel command line says (`systemd.zram`, `=1`, `=0`, `=yes`, ...): the last word
 /// zram-generator recognises wins; others are skipped. `None`: nothing said.
@@ -480,9 +480,8 @@ fn finish(
     };
     // What the device would refuse at start (its slot table, all of it in RAM when full), said
     // now with the key's name; this device fails, the others are set up.
-    if uzram_engine::Device::full_table_bytes(plan.size_bytes) > ram.saturating_mul(MIB) {
-        let b = plan.size_bytes;
-        plan.failed = Some(format!("zram-size: a device of {b} bytes needs a slot table larger than this machine's {ram} MiB of RAM when full (units may be wrong: the size is in MiB)"));
+    if let Some(why) = table_too_large("zram-size", plan.size_bytes, ram.saturating_mul(MIB)) {
+        plan.failed = Some(format!("{why} (units may be wrong: the size is in MiB)"));
     }
     if let Some(dev) = &plan.writeback {
         // zram-generator's setup fails the device when the kernel refuses its backing_dev, as

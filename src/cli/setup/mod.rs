@@ -145,6 +145,17 @@ impl DevicePlan {
     }
 }
 
+/// Why a device of `size_bytes` (set by `key`) would be refused at start on a machine of
+/// `ram_bytes`: its slot table, all of it in RAM once the device is full, would not fit.
+fn table_too_large(key: &str, size_bytes: u64, ram_bytes: u64) -> Option<String> {
+    (uzram_engine::Device::full_table_bytes(size_bytes) > ram_bytes).then(|| {
+        format!(
+            "{key}: a device of {size_bytes} bytes needs a slot table larger than this machine's {} MiB of RAM when full",
+            ram_bytes >> 20
+        )
+    })
+}
+
 /// Whether `name` is one of zram's algorithms (uzram maps each to one of its own).
 fn known_algorithm(name: &str) -> bool {
     matches!(

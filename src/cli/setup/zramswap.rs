@@ -8,7 +8,7 @@
 //! arithmetic reads them (a leading 0 is octal, with a warning). Anything else (a command, a
 //! `$(substitution)`) is refused by line number: uzram does not run the file.
 
-use super::{err, map_algorithm, DevicePlan, SetupError};
+use super::{err, map_algorithm, table_too_large, DevicePlan, SetupError};
 
 /// Plans the file `name` of `text` on a machine of `mem_total_kb` (MemTotal as /proc/meminfo
 /// says it).
@@ -92,14 +92,7 @@ pub fn plan(name: &str, text: &str, mem_total_kb: u64) -> Result<Vec<DevicePlan>
                 format!("{which}: a device of {bytes} bytes (zramswap would fail to set it)"),
             )
         })?;
-    // What the device would refuse at start (its slot table, all of it in RAM when full).
-    if uzram_engine::Device::full_table_bytes(plan.size_bytes) > mem_total_kb.saturating_mul(1024) {
-        plan.failed = Some(format!(
-            "{which}: a device of {} bytes needs a slot table larger than this machine's {} MiB of RAM when full",
-            plan.size_bytes,
-            mem_total_kb / 1024
-        ));
-    }
+    plan.failed = table_too_large(&which, plan.size_bytes, mem_total_kb.saturating_mul(1024));
     if let Some(p) = get("PRIORITY") {
         // swapon -p takes it as a decimal number.
         plan.priority = p
