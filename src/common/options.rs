@@ -125,6 +125,35 @@ fn backing_identity(path: &std::path::Path) -> (u64, u64, PathBuf) {
 /// ublk's most queues per device (`UBLK_MAX_NR_QUEUES`).
 pub const MAX_QUEUES: u16 = 4096;
 
+/// A value parser for a whole number option in `min..=max` (clap's own says "number too large to
+/// fit in target type" past the type's range, and "unexpected argument" for a negative one):
+/// any number out of range, however large or negative, is "N is not in MIN..=MAX".
+pub fn whole_in<T>(
+    min: i128,
+    max: i128,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<i128> + Clone + Send + Sync + 'static,
+{
+    move |text: &str| {
+        let t = text.trim();
+        let digits = t.strip_prefix(['-', '+']).unwrap_or(t);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("{text:?} is not a whole number"));
+        }
+        // Past i128, a number is out of any range here: its sign says which side.
+        let n = t.parse::<i128>().unwrap_or(if t.starts_with('-') {
+            i128::MIN
+        } else {
+            i128::MAX
+        });
+        match T::try_from(n) {
+            Ok(v) if (min..=max).contains(&n) => Ok(v),
+            _ => Err(format!("{t} is not in {min}..={max}")),
+        }
+    }
+}
+
 /// Checks a new device's size, options and stream (queue) count, and returns the engine's setup
 /// with its disksize: the one validation path of `uzram --find`, `uzram serve` and `uzram setup`.
 pub fn check(
@@ -343,7 +372,42 @@ impl DeviceArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use clap::Parser;
+
+    #[test]
+    fn a_whole_number_out_of_range_names_the_range_however_large() {
+        let queues = whole_in::<u16>(1, 4096);
+        assert_eq!(queues("4096"), Ok(4096));
+        assert_eq!(queues("+1"), Ok(1));
+        for bad in [
+            "0",
+            "4097",
+            "65536",
+            "99999999999999999999",
+            "-1",
+            "-99999999999999999999999999999999999999999",
+        ] {
+            assert_eq!(
+                queues(bad),
+                Err(format!("{bad} is not in 1..=4096")),
+                "{bad}"
+            );
+        }
+        for bad in ["", "x", "1.5", "1e3", "--", "0x10"] {
+            assert_eq!(
+                queues(bad),
+                Err(format!("{bad:?} is not a whole number")),
+                "{bad}"
+            );
+        }
+        let id = whole_in::<i32>(-1, 1 << 20);
+        assert_eq!(id("-1"), Ok(-1));
+        assert!(id("-2").is_err());
+        let mib = whole_in::<u64>(0, u64::MAX.into());
+        assert_eq!(mib("18446744073709551615"), Ok(u64::MAX));
+        assert!(mib("18446744073709551616").is_err());
+    }
 
     #[derive(Parser)]
     struct Cmd {

@@ -106,16 +106,18 @@ pub struct ServeArgs {
     pub device: DeviceArgs,
     /// Queues (one thread each); default 2 (1 on a one-CPU machine)
     #[arg(long, allow_negative_numbers = true,
-          value_parser = clap::value_parser!(u16).range(1..=i64::from(crate::common::options::MAX_QUEUES)))]
+          value_parser = crate::common::options::whole_in::<u16>(1, crate::common::options::MAX_QUEUES.into()))]
     pub queues: Option<u16>,
     /// Queue depth
-    #[arg(long, default_value_t = DEFAULT_DEPTH, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, default_value_t = DEFAULT_DEPTH, allow_negative_numbers = true,
+          value_parser = crate::common::options::whole_in::<u16>(1, u16::MAX.into()))]
     pub depth: u16,
     /// The most pool memory kept mapped (and locked) ahead of writes, so that swap-out does not
     /// have to ask the kernel for memory while it is short of it: the reserve starts at
     /// --reserve-min, is all of this while the host's memory is short (MemAvailable under a third
-    /// of MemTotal, PSI stalls, or swap writing), doubles under a burst of writes up to this,
-    /// and halves back after each 10 s without either (default: 1/64 of the size, 8M..16M)
+    /// of MemTotal, PSI stalls, or swap writing; for a swap device, under half or falling
+    /// fast), doubles under a burst of writes up to this, and halves back after each 10 s
+    /// without either (default: 1/64 of the size, 8M..16M)
     #[arg(long, value_name = "SIZE")]
     pub reserve: Option<String>,
     /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: 0,
@@ -123,7 +125,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE")]
     pub reserve_min: Option<String>,
     /// Device id N for /dev/ublkbN (default, or -1: the first free one)
-    #[arg(long, allow_hyphen_values = true, value_parser = clap::value_parser!(i32).range(-1..1 << 20))]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::common::options::whole_in::<i32>(-1, (1 << 20) - 1))]
     pub id: Option<i32>,
     /// Append the daemon's messages to this file (default: stderr; with --detached, syslog)
     #[arg(long, value_name = "FILE")]
@@ -509,7 +511,8 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     device.set_evict_hand_off(device.backing().is_some_and(|b| !b.all_block_devices()));
     // Sized for the memory as it is now: a daemon started under pressure starts with the whole
     // reserve and margin, not a second later.
-    let short = threads::note_pressure(&device, &mut None);
+    // (Not yet known as swap: the swap watcher has not looked.)
+    let short = threads::note_pressure(&device, &mut threads::LastReading::default(), false);
     // In a region: the first leaves and metadata chunks resident before the first write.
     device.prefault_region(short);
     if heap::refill() == 0 {

@@ -21,14 +21,40 @@ const HEAP_TRIM_AFTER: Duration = Duration::from_secs(10);
 /// (and the I/O heap) again: well under the 1 s a swap write put off waits for its progress.
 const FREED_STEP: Duration = Duration::from_millis(50);
 
+/// What the memory thread read of the host's memory last time: swap's writes so far and
+/// `MemAvailable`.
+#[derive(Debug, Default)]
+pub(super) struct LastReading {
+    swap_outs: Option<u64>,
+    available: Option<u64>,
+    /// `MemTotal` (0 before the first reading).
+    total: u64,
+}
+
+/// Whether a swap storm is near, for a swap device: `MemAvailable` under half of `MemTotal`, or
+/// fallen by an eighth of it since the last reading (at most a second ago). The reserve must be
+/// mapped before the storm, not in it: once swap writes wait for an arena, the memory thread
+/// maps it from free memory under the kernel's minimum, which its reclaim (an I/O flusher's:
+/// it cannot write swap) cannot raise, and in the VM it then waited for minutes while every
+/// swap write failed. Half leaves it the memory of a sixth of the machine to map in.
+pub(super) fn storm_near(p: &Pressure, last_available: Option<u64>) -> bool {
+    let total = p.mem_total;
+    let fell = last_available.map_or(0, |a| a.saturating_sub(p.mem_available));
+    total > 0 && (p.mem_available.saturating_mul(2) < total || fell.saturating_mul(8) >= total)
+}
+
 /// Whether the host's memory is short, for the pool's reserve and the I/O heap's margin:
-/// [`Pressure::short`], or swap writing since `swap_outs` (the last reading, updated). Tells
-/// both, and returns it.
-pub(super) fn note_pressure(device: &Device, swap_outs: &mut Option<u64>) -> bool {
+/// [`Pressure::short`], swap writing since the `last` reading, or, for a swap device (`swap`),
+/// a storm near ([`storm_near`]). Tells both, updates `last`, and returns it.
+pub(super) fn note_pressure(device: &Device, last: &mut LastReading, swap: bool) -> bool {
     let now = Pressure::swap_outs();
-    let swapping = matches!((*swap_outs, now), (Some(a), Some(b)) if b != a);
-    *swap_outs = now;
-    let short = swapping || Pressure::read().short();
+    let swapping = matches!((last.swap_outs, now), (Some(a), Some(b)) if b != a);
+    last.swap_outs = now;
+    let p = Pressure::read();
+    let near = swap && storm_near(&p, last.available);
+    last.available = Some(p.mem_available);
+    last.total = p.mem_total;
+    let short = swapping || near || p.short();
     device.set_memory_short(short);
     heap::set_memory_short(short);
     short
@@ -146,13 +172,24 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
             let mut last_pressure: Option<Instant> = None;
             let mut calm_since: Option<Instant> = Some(Instant::now());
             let mut last_commit: Option<Instant> = None;
-            let mut swap_outs = Pressure::swap_outs();
+            let mut last = LastReading {
+                swap_outs: Pressure::swap_outs(),
+                available: None,
+                total: 0,
+            };
             let mut short = false;
             let mut more_freed = false;
             loop {
                 enter(Phase::Waiting);
+                // A swap device reads the host's memory four times a second: a storm that
+                // starts at once must find the reserve mapped (see `storm_near`).
+                let swap = super::swapwatch::in_use_as_swap();
                 if !more_freed {
-                    device.wait_for_maintenance(Duration::from_secs(1));
+                    device.wait_for_maintenance(if swap {
+                        PRESSURE_EVERY
+                    } else {
+                        Duration::from_secs(1)
+                    });
                 }
                 // Pages of swap's freed slots first: what they free may spare the refill. At
                 // most FREED_STEP of them a round: a program that exits frees its whole swap at
@@ -168,7 +205,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 // swap writes then come in a storm, and each arena is slow to map.
                 if !last_pressure.is_some_and(|p| t.duration_since(p) < PRESSURE_EVERY) {
                     enter(Phase::ReadingPressure);
-                    short = note_pressure(&device, &mut swap_outs);
+                    short = note_pressure(&device, &mut last, swap);
                     last_pressure = Some(t);
                     calm_since = if short { None } else { calm_since.or(Some(t)) };
                 }
@@ -184,6 +221,9 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 // the region's by 2 MiB when memory turns short, and a memory thread that
                 // faulted those in before the first arena would leave writes failing.
                 let mut committed = false;
+                // A swap device's whole slot table while memory is short, up to 1/64 of the
+                // host's memory (see `Device::prefault_table`).
+                let table_most = if swap { last.total / 64 } else { 0 };
                 let mut progress = |pages: u64| device.note_upkeep_progress(pages);
                 let mut top_up = |memory_short: bool| {
                     enter(Phase::RefillingHeap);
@@ -198,7 +238,10 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
                     // within a second, and a leaf faulted in then waits for reclaim, which
                     // waits for swap writes to this very device (the memory thread and a queue
                     // thread would both wait in shmem_fault, swap's bios all held).
-                    device.prefault_region(memory_short || super::swapwatch::in_use_as_swap());
+                    device.prefault_region(memory_short || swap);
+                    if memory_short {
+                        device.prefault_table(table_most);
+                    }
                 };
                 enter(Phase::MappingArena);
                 // Counted per arena, not per round: a storm's round maps dozens, and the
@@ -305,4 +348,33 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
             what: "start the policy thread",
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(total_mib: u64, available_mib: u64) -> Pressure {
+        Pressure {
+            mem_total: total_mib << 20,
+            mem_available: available_mib << 20,
+            psi_some_avg10: None,
+        }
+    }
+
+    #[test]
+    fn a_storm_is_near_under_half_of_memory_available_or_after_a_fast_fall() {
+        // Plenty, and steady or falling slowly: not near.
+        assert!(!storm_near(&reading(800, 600), None));
+        assert!(!storm_near(&reading(800, 600), Some(650 << 20)));
+        assert!(!storm_near(&reading(800, 401), Some(420 << 20)));
+        // Under half: near, whatever the fall.
+        assert!(storm_near(&reading(800, 399), None));
+        assert!(storm_near(&reading(800, 399), Some(300 << 20)));
+        // An eighth of the machine gone since the last reading: near, with most still free.
+        assert!(storm_near(&reading(800, 600), Some(700 << 20)));
+        assert!(!storm_near(&reading(800, 600), Some(699 << 20)));
+        // Unknown total (no MemTotal): never.
+        assert!(!storm_near(&reading(0, 0), Some(100 << 20)));
+    }
 }

@@ -165,9 +165,21 @@ impl SlotTable {
                 )
             })?;
         let journal = Journal::create(&region).map_err(|e| e.to_string())?;
+        let shared = Self::shared(pages, &region, journal, 0)?;
+        // The directory made resident whole now, while the device is new (a word a leaf: 8 KiB
+        // a GiB of device). Every request reads its leaf's entry, and swap writes its first
+        // pages at random places of a device: a read of a directory page never touched faults
+        // it in (shared memory is allocated on a read too), and in a swap storm both queue
+        // threads waited there in reclaim, which waited for their own writes. Not later, in
+        // `prefault`: a successor's first call comes before it serves, while the kernel holds
+        // the device's I/O, and its faults then hung the takeover. A successor finds the
+        // directory resident (its `adopt` reads it all).
+        for word in shared.directory().iter().step_by(4096 / 8) {
+            std::hint::black_box(word.load(Ordering::Relaxed));
+        }
         Ok(SlotTable {
             pages,
-            leaves: Leaves::Shared(Self::shared(pages, &region, journal, 0)?),
+            leaves: Leaves::Shared(shared),
             allocated: AtomicUsize::new(0),
         })
     }
@@ -251,6 +263,17 @@ impl SlotTable {
         }
         s.ready.fetch_max(to, Ordering::Relaxed);
         done
+    }
+
+    /// In a region: leaf pages not yet made resident, none of them handed out (0 outside one).
+    pub fn leaves_not_ready(&self) -> usize {
+        match &self.leaves {
+            Leaves::Local(_) => 0,
+            Leaves::Shared(s) => {
+                let from = s.ready.load(Ordering::Relaxed).max(*s.next.lock());
+                s.leaves.saturating_sub(from)
+            }
+        }
     }
 
     /// In a region: leaf pages a write took before they were made resident (0 outside one).

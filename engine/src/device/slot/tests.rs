@@ -115,6 +115,37 @@ fn region_for(pages: u64) -> Region {
     .unwrap()
 }
 
+/// A new table in a region has its whole directory resident (every request reads its leaf's
+/// entry), and a successor's adoption faults nothing more in; prefaulting leaves does not touch
+/// the directory again.
+#[test]
+#[cfg_attr(miri, ignore = "a region is a memfd, which Miri cannot make")]
+fn a_new_table_has_its_directory_resident_and_adopting_it_faults_nothing_in() {
+    // 4096 leaves: 32 KiB of directory, 8 pages.
+    let pages = 4096 * LEAF_SLOTS as u64;
+    let region = region_for(pages);
+    let before = region.resident_bytes().unwrap();
+    let table = SlotTable::in_region(pages, region.clone()).unwrap();
+    let made = region.resident_bytes().unwrap();
+    assert!(
+        made >= before + 8 * 4096,
+        "{before} -> {made} bytes resident"
+    );
+    assert_eq!(table.prefault(2), 2);
+    let leaves = region.resident_bytes().unwrap();
+    assert_eq!(leaves, made + 2 * 4096, "two leaf pages, nothing else");
+    drop(table);
+    let again = Region::adopt(region.fd().try_clone_to_owned().unwrap()).unwrap();
+    let (adopted, undone) = SlotTable::adopt(pages, again).unwrap();
+    assert_eq!(undone, 0);
+    assert_eq!(
+        region.resident_bytes().unwrap(),
+        leaves,
+        "adopt faulted pages in"
+    );
+    drop(adopted);
+}
+
 /// A table in a region, against a model: a successor finds every slot written (leaves
 /// taken out of order), and refuses a directory that gives one page to two leaves.
 #[test]
