@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 #[path = "bad_input/cases.rs"]
 mod cases;
+#[path = "bad_input/numbers.rs"]
+mod numbers;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -232,6 +234,14 @@ fn what_zram_generator_ignores_is_warned_about_by_name() {
             "[zram0]\nzram-size = ram - ram\n",
             "[zram0] makes no device: its size",
         ),
+        (
+            "[zram0]\nzram-size\nswap-priority = 5\n",
+            "\"zram-size\\nswap-priority\", ignoring (a line without = was read with the next one",
+        ),
+        (
+            "[zram0]\nzram-size = 100\nzram-fraction = 0.5\n",
+            "zram-size=100 is ignored: the obsolete zram-fraction set the size",
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -252,6 +262,8 @@ fn every_bad_input_is_refused_by_name_and_changes_nothing() {
     let mut cases = cases::device_options();
     cases.extend(cases::subcommands());
     cases.extend(cases::configs(&scratch));
+    cases.extend(numbers::numbers());
+    cases.extend(numbers::mangled(&scratch));
     assert!(cases.len() >= 150, "{} cases", cases.len());
     let before = scratch.snapshot();
     let mut failures = Vec::new();

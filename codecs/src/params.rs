@@ -233,7 +233,9 @@ pub enum ParamsError {
     #[error(transparent)]
     UnknownAlgorithm(#[from] UnknownAlgorithm),
     /// A token without `=`, or with an empty key.
-    #[error("parameter {token:?} is not of the form key=value")]
+    #[error(
+        "parameter {token:?} is not of the form key=value (a value with blanks goes in quotes: dict=\"/my dir/d\")"
+    )]
     MalformedParam {
         /// The offending token.
         token: String,

@@ -73,7 +73,7 @@ pub struct CtlArgs {
     #[command(flatten)]
     device: DeviceArgs,
     /// Number of compression streams (the daemon's I/O queues; default 2, 1 on a one-CPU machine)
-    #[arg(short = 't', long, value_name = "NUMBER", value_parser = clap::value_parser!(u16).range(1..=i64::from(crate::common::options::MAX_QUEUES)), allow_negative_numbers = true)]
+    #[arg(short = 't', long, value_name = "NUMBER", value_parser = crate::common::options::whole_in::<u16>(1, crate::common::options::MAX_QUEUES.into()), allow_negative_numbers = true)]
     streams: Option<u16>,
     /// The new device's daemon appends its messages here (default: syslog)
     #[arg(long, value_name = "FILE")]

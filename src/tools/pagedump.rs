@@ -330,14 +330,16 @@ fn open_error(pid: u32, path: &Path, source: io::Error) -> DumpError {
 #[derive(Debug, Clone, clap::Args)]
 pub struct DumpPagesArgs {
     /// Process to dump (needs ptrace access: run as root)
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = crate::common::options::whole_in::<u32>(1, i32::MAX.into()))]
     pub pid: u32,
     /// File to write the pages to: written beside it under a temporary name and renamed over
     /// it once the dump is complete (a regular file, or a new name)
     #[arg(long, short)]
     pub output: PathBuf,
     /// Stop after this many MiB
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = crate::common::options::whole_in::<u64>(0, u64::MAX.into()))]
     pub max_mib: Option<u64>,
     /// Also dump pages that were never touched (by default pagemap filters them out)
     #[arg(long)]

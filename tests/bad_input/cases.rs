@@ -395,7 +395,7 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         (
             "zram-generator.conf",
             "[zram0\n",
-            "line 2, column 1: a section's name opened with [ is not closed",
+            "line 1 (\"[zram0\"): a section's name opened with [ is not closed",
         ),
         (
             "zram-generator.conf",
@@ -584,7 +584,7 @@ pub fn configs(s: &Scratch) -> Vec<Case> {
         (
             "zram-generator.conf",
             "[zram0\nzram-size = 1\n",
-            "line 3, column 1",
+            "line 1 (\"[zram0\")",
         ),
         (
             "zram-generator.conf",

@@ -185,7 +185,7 @@ fn read_file(
     // A byte-order mark is no part of the first line: rust-ini's file loader, which
     // zram-generator reads with, skips it too.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let ini = ini::Ini::load_from_str(text).map_err(|e| err(file, ini_error(&e)))?;
+    let ini = ini::Ini::load_from_str(text).map_err(|e| err(file, ini_error(&e, text)))?;
     for (section, props) in ini.iter() {
         let Some(name) = section else {
             for (k, v) in props.iter() {
@@ -271,22 +271,40 @@ fn normalise(key: &str, value: &str) -> Result<String, String> {
 }
 
 /// rust-ini's syntax error in words: the line and column, and what was expected where the
-/// parser's own text is a Rust debug form.
-fn ini_error(e: &ini::ParseError) -> String {
-    let what = if e.msg.contains("']'") {
-        "a section's name opened with [ is not closed with ]".to_string()
+/// parser's own text is a Rust debug form. rust-ini reports an unclosed `[` or a line without
+/// `=` where it gave up (often the end of the file): the first such line of `text` is named
+/// instead, quoted, where there is one.
+fn ini_error(e: &ini::ParseError, text: &str) -> String {
+    let comment = |l: &str| l.starts_with(['#', ';']);
+    let culprit = |wrong: &dyn Fn(&str) -> bool| {
+        text.lines()
+            .enumerate()
+            .map(|(n, l)| (n + 1, l.trim()))
+            .find(|&(_, l)| !l.is_empty() && !comment(l) && wrong(l))
+            .map(|(n, l)| format!("line {n} ({l:?})"))
+    };
+    let (what, at) = if e.msg.contains("']'") {
+        (
+            "a section's name opened with [ is not closed with ]".to_string(),
+            culprit(&|l| l.starts_with('[') && !l.contains(']')),
+        )
     } else if e.msg.contains("'='") {
-        "a line that is neither [section] nor key = value (a key needs = before its value)"
-            .to_string()
+        (
+            "a line that is neither [section] nor key = value (a key needs = before its value)"
+                .to_string(),
+            culprit(&|l| !l.starts_with('[') && !l.contains('=')),
+        )
     } else if e.msg.contains("inline comment") {
-        format!(
+        let what = format!(
             "{} (a comment, # or ;, starts its line, with no blank before it)",
             e.msg
-        )
+        );
+        (what, None)
     } else {
-        e.msg.to_string()
+        (e.msg.to_string(), None)
     };
-    format!("line {}, column {}: {what}", e.line, e.col)
+    let at = at.unwrap_or_else(|| format!("line {}, column {}", e.line, e.col));
+    format!("{at}: {what}")
 }
 
 /// A mount point, normalised. zram-generator would plan one over `/` or a system directory; an
@@ -393,6 +411,9 @@ fn apply(s: &mut Section, file: &str, section: &str, k: &str, v: &str) -> Result
                 "{file}: unknown key {other:?}, ignoring{}",
                 match other {
                     o if o.starts_with("set!") => " (set! lines go before the first section)",
+                    // The INI reader joins a line without = to the key of the next line.
+                    o if o.contains('\n') =>
+                        " (a line without = was read with the next one: both are ignored)",
                     _ => "",
                 }
             ));
@@ -452,7 +473,18 @@ fn finish(
         )
     };
     plan.size_bytes = if fraction.is_some() || max_size.is_some() {
-        // The obsolete pair: whole MiB of a fraction of RAM, at most max-zram-size.
+        // The obsolete pair: whole MiB of a fraction of RAM, at most max-zram-size. It wins
+        // over zram-size, as in zram-generator, which says nothing of it.
+        if let Some(expr) = &size {
+            let pair = match (fraction.is_some(), max_size.is_some()) {
+                (true, true) => "zram-fraction and max-zram-size",
+                (true, false) => "zram-fraction",
+                _ => "max-zram-size",
+            };
+            plan.warnings.push(format!(
+                "zram-size={expr} is ignored: the obsolete {pair} set the size instead (as zram-generator reads it); give zram-size alone"
+            ));
+        }
         let f = fraction.unwrap_or(0.5) * ram as f64;
         let max = max_size.flatten().unwrap_or(u64::MAX);
         if !f.is_finite() && max == u64::MAX {

@@ -30,7 +30,13 @@ pub(super) fn set_var(
         ));
         return Ok(());
     }
-    let bad = |m: String| err(file, format!("{k} = {v}: {m}"));
+    // A command with control characters (a NUL, an escape) is shown quoted, not raw.
+    let shown = if v.chars().any(char::is_control) {
+        format!("{v:?}")
+    } else {
+        v.to_string()
+    };
+    let bad = |m: String| err(file, format!("{k} = {shown}: {m}"));
     if var.is_empty() {
         return Err(bad(
             "set! needs a variable's name (set!NAME = COMMAND)".into()
@@ -121,6 +127,13 @@ pub(super) fn run_set(
 ) -> Result<(std::process::ExitStatus, Vec<u8>), String> {
     use std::io::Read;
     use std::os::unix::process::CommandExt;
+    if command.contains('\0') {
+        // The INI reader turns \0 into a NUL byte, which no command line can carry.
+        return Err(
+            "the command holds a NUL byte (the configuration's \\0 is read as one: write \\\\0 for a backslash and 0)"
+                .into(),
+        );
+    }
     let mut child = std::process::Command::new("/bin/sh")
         .args(["-c", "--", command])
         .env(SET_ENV, "1")

@@ -327,6 +327,16 @@ fn zram_generator_11_obsolete_keys() {
         .map(|d| (d.device.as_str(), d.size_bytes))
         .collect();
     assert_eq!(got, [("/dev/ublkb0", 78 * MIB), ("/dev/ublkb1", 78 * MIB)]);
+    // With zram-size as well, the obsolete pair wins, and says so.
+    let both = plan_text("[zram0]\nzram-size=100\nzram-fraction=0.5\n", 1000).unwrap();
+    assert_eq!(both[0].size_bytes, 500 * MIB);
+    assert!(
+        both[0].warnings.iter().any(|w| w.contains("zram-size=100 is ignored")
+            && w.contains("obsolete zram-fraction")),
+        "{:?}",
+        both[0].warnings
+    );
+    assert!(p[0].warnings.iter().all(|w| !w.contains("ignored")));
     // zram-fraction alone has no cap (the man page says 4096; the code has none).
     assert_eq!(
         plan_text("[zram0]\nzram-fraction=1\n", 10000).unwrap()[0].size_bytes,

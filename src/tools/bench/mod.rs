@@ -35,16 +35,19 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "pid")]
     pub corpus: Option<PathBuf>,
     /// Dump this live process's anonymous memory and use it as the corpus (needs root)
-    #[arg(long, value_name = "PID", allow_negative_numbers = true)]
+    #[arg(long, value_name = "PID", allow_negative_numbers = true,
+          value_parser = crate::common::options::whole_in::<u32>(1, i32::MAX.into()))]
     pub pid: Option<u32>,
     /// The algorithm and its parameters
     #[command(flatten)]
     pub device: crate::common::options::DeviceArgs,
     /// Threads for the multi-thread figures (default: the CPUs available)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = crate::common::options::whole_in::<usize>(1, MAX_THREADS as i128))]
     pub threads: Option<usize>,
     /// Rounds; each figure is the median
-    #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true,
+          value_parser = crate::common::options::whole_in::<usize>(1, MAX_RUNS as i128))]
     pub runs: usize,
     /// Print one JSON object (one line) instead of the table
     #[arg(long)]
