@@ -161,6 +161,20 @@ pub fn check(
     device: &DeviceArgs,
     streams: Option<u16>,
 ) -> Result<(DeviceSetup, u64), OptionsError> {
+    let (setup, disksize) = check_held(size, device, streams)?;
+    setup.check_backing()?;
+    Ok((setup, disksize))
+}
+
+/// [`check`] for a device that exists already, held by a supervisor (its worker, a standby, an
+/// upgrade's check): its backing files are not checked here, since the worker serving the
+/// device holds them (their lock refuses another device); the store's own opening checks them
+/// when the device is taken over.
+pub fn check_held(
+    size: &str,
+    device: &DeviceArgs,
+    streams: Option<u16>,
+) -> Result<(DeviceSetup, u64), OptionsError> {
     let disksize = parse_size_option("--size", size)?;
     if disksize == 0 {
         return Err(OptionsError::ZeroSize);
@@ -177,7 +191,6 @@ pub fn check(
         _ => {}
     }
     let setup = device.setup()?;
-    setup.check_backing()?;
     Ok((setup, disksize))
 }
 
@@ -407,6 +420,25 @@ mod tests {
         let mib = whole_in::<u64>(0, u64::MAX.into());
         assert_eq!(mib("18446744073709551615"), Ok(u64::MAX));
         assert!(mib("18446744073709551616").is_err());
+    }
+
+    /// A device its supervisor holds (a worker, a standby, an upgrade's check) is not refused
+    /// for the lock its serving worker holds on its backing file; a new device is.
+    #[test]
+    fn only_a_new_device_is_refused_a_backing_file_another_holds() {
+        let path = std::env::temp_dir().join(format!("uzram-held-{}.img", std::process::id()));
+        let holder = std::fs::File::create(&path).unwrap();
+        holder.lock().unwrap();
+        let device = DeviceArgs {
+            backing_dev: vec![path.clone()],
+            ..DeviceArgs::default()
+        };
+        let new = check("1G", &device, None).unwrap_err().to_string();
+        assert!(new.contains("another uzram device"), "{new}");
+        assert!(check_held("1G", &device, None).is_ok());
+        drop(holder);
+        assert!(check("1G", &device, None).is_ok());
+        let _ = std::fs::remove_file(&path);
     }
 
     #[derive(Parser)]

@@ -302,7 +302,13 @@ pub fn check_new(args: &ServeArgs) -> Result<(), ServeError> {
 /// [`options::check`]), plus the daemon's pool settings (a reserve, kept filled by the memory
 /// thread).
 pub fn configure(args: &ServeArgs) -> Result<(DeviceSetup, u64), ServeError> {
-    let (mut setup, disksize) = options::check(&args.size, &args.device, args.queues)?;
+    // A worker (first or successor), a standby or an upgrade's check: the supervisor made the
+    // device, and the worker serving it holds its backing files.
+    let (mut setup, disksize) = if args.worker_region_fd.is_some() {
+        options::check_held(&args.size, &args.device, args.queues)?
+    } else {
+        options::check(&args.size, &args.device, args.queues)?
+    };
     let reserve = match &args.reserve {
         Some(r) => options::parse_size_option("--reserve", r)?,
         // The most is at least 8 MiB: a burst (a filesystem's writes, a swap storm) where
