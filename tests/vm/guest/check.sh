@@ -160,6 +160,7 @@ if [ "$UZRAM_VM_MODE" = guest ] && uzram_begin; then
         done
     fi
     want stormstart && check_stormstart
+    want soak && check_soak
     if want churn; then
         uzram_setup lz4 1024M && check_churn "$UZRAM_DEV" ""
     fi
