@@ -32,7 +32,8 @@ pub(super) struct LastReading {
 }
 
 /// Whether a swap storm is near, for a swap device: `MemAvailable` under half of `MemTotal`, or
-/// fallen by an eighth of it since the last reading (at most a second ago). The reserve must be
+/// fallen by an eighth of it since the last reading (a quarter of a second ago, or a round of
+/// the memory thread's: longer while it maps arenas slowly, when memory is short anyway). The reserve must be
 /// mapped before the storm, not in it: once swap writes wait for an arena, the memory thread
 /// maps it from free memory under the kernel's minimum, which its reclaim (an I/O flusher's:
 /// it cannot write swap) cannot raise, and in the VM it then waited for minutes while every

@@ -557,12 +557,12 @@ impl Device {
         (leaves, chunks)
     }
 
-    /// In a region: makes every slot-table leaf resident that is not yet, if they take at
-    /// most `most_bytes` (4 KiB a leaf, a leaf 1 MiB of device: what kernel zram's table takes
-    /// from the start); otherwise nothing. For a swap device while memory is short: swap
-    /// writes land anywhere on a device, and a storm takes new leaves faster than a margin
-    /// ahead is kept while the thread keeping it waits for memory. Returns the leaves made
-    /// resident now.
+    /// In a region: makes the slot-table leaves not yet resident resident, 1024 (4 MiB) a
+    /// call, if all of them take at most `most_bytes` (4 KiB a leaf, a leaf 1 MiB of device:
+    /// what kernel zram's table takes from the start); otherwise nothing. Call it until it
+    /// returns 0. For a swap device while memory is short: swap writes land anywhere on a
+    /// device, and a storm takes new leaves faster than a margin ahead is kept while the thread
+    /// keeping it waits for memory. Returns the leaves made resident now.
     pub fn prefault_table(&self, most_bytes: u64) -> usize {
         if self.region().is_none() {
             return 0;
@@ -571,7 +571,7 @@ impl Device {
         if left as u64 * 4096 > most_bytes {
             return 0;
         }
-        let leaves = self.slots.prefault(left);
+        let leaves = self.slots.prefault_more(1024);
         self.pool.note_progress(leaves as u64);
         leaves
     }

@@ -170,10 +170,9 @@ impl SlotTable {
         // a GiB of device). Every request reads its leaf's entry, and swap writes its first
         // pages at random places of a device: a read of a directory page never touched faults
         // it in (shared memory is allocated on a read too), and in a swap storm both queue
-        // threads waited there in reclaim, which waited for their own writes. Not later, in
-        // `prefault`: a successor's first call comes before it serves, while the kernel holds
-        // the device's I/O, and its faults then hung the takeover. A successor finds the
-        // directory resident (its `adopt` reads it all).
+        // threads waited there in reclaim, which waited for their own writes. Made resident
+        // here, a successor's `adopt`, which reads it all before the successor serves (the
+        // kernel holding the device's I/O), finds it resident and allocates nothing for it.
         for word in shared.directory().iter().step_by(4096 / 8) {
             std::hint::black_box(word.load(Ordering::Relaxed));
         }
@@ -263,6 +262,18 @@ impl SlotTable {
         }
         s.ready.fetch_max(to, Ordering::Relaxed);
         done
+    }
+
+    /// In a region: makes the next `pages` leaf pages resident after those made resident
+    /// already (whatever was handed out), so that a caller can make the whole table resident
+    /// in steps. Returns the pages faulted in now; nothing outside a region.
+    pub fn prefault_more(&self, pages: usize) -> usize {
+        let Leaves::Shared(s) = &self.leaves else {
+            return 0;
+        };
+        let next = *s.next.lock();
+        let from = s.ready.load(Ordering::Relaxed).max(next);
+        self.prefault(from.saturating_add(pages).saturating_sub(next))
     }
 
     /// In a region: leaf pages not yet made resident, none of them handed out (0 outside one).

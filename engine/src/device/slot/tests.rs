@@ -146,6 +146,35 @@ fn a_new_table_has_its_directory_resident_and_adopting_it_faults_nothing_in() {
     drop(adopted);
 }
 
+/// The whole table is made resident in steps, beyond the margin made ready ahead, up to its
+/// last leaf, and no further.
+#[test]
+#[cfg_attr(miri, ignore = "a region is a memfd, which Miri cannot make")]
+fn the_whole_table_is_made_resident_in_steps() {
+    let pages = 3000 * LEAF_SLOTS as u64;
+    let region = region_for(pages);
+    let table = SlotTable::in_region(pages, region.clone()).unwrap();
+    table.get_or_alloc(5 * LEAF_SLOTS as u64).unwrap();
+    assert_eq!(
+        table.prefault(256),
+        256,
+        "the margin ahead of the leaf handed out"
+    );
+    assert_eq!(table.leaves_not_ready(), 3000 - 257);
+    let before = region.resident_bytes().unwrap();
+    let mut steps = Vec::new();
+    loop {
+        match table.prefault_more(1024) {
+            0 => break,
+            n => steps.push(n),
+        }
+    }
+    assert_eq!(steps, [1024, 1024, 3000 - 257 - 2048]);
+    assert_eq!(table.leaves_not_ready(), 0);
+    let after = region.resident_bytes().unwrap();
+    assert_eq!(after - before, (3000 - 257) * 4096, "every leaf page, once");
+}
+
 /// A table in a region, against a model: a successor finds every slot written (leaves
 /// taken out of order), and refuses a directory that gives one page to two leaves.
 #[test]
