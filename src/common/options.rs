@@ -427,12 +427,14 @@ mod tests {
     #[test]
     fn only_a_new_device_is_refused_a_backing_file_another_holds() {
         let path = std::env::temp_dir().join(format!("uzram-held-{}.img", std::process::id()));
-        let holder = std::fs::File::create(&path).unwrap();
-        holder.lock().unwrap();
+        let _ = std::fs::remove_file(&path);
         let device = DeviceArgs {
             backing_dev: vec![path.clone()],
             ..DeviceArgs::default()
         };
+        // A device serving with it: its backing store holds the file's lock.
+        let (setup, disksize) = check("16M", &device, None).unwrap();
+        let holder = setup.init(disksize).unwrap();
         let new = check("1G", &device, None).unwrap_err().to_string();
         assert!(new.contains("another uzram device"), "{new}");
         assert!(check_held("1G", &device, None).is_ok());

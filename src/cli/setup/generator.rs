@@ -272,15 +272,16 @@ fn normalise(key: &str, value: &str) -> Result<String, String> {
 
 /// rust-ini's syntax error in words: the line and column, and what was expected where the
 /// parser's own text is a Rust debug form. rust-ini reports an unclosed `[` or a line without
-/// `=` where it gave up (often the end of the file): the first such line of `text` is named
-/// instead, quoted, where there is one.
+/// `=` where it gave up (the end of the file, having read on from the line at fault): the last
+/// such line of `text` is named instead, quoted, where there is one.
 fn ini_error(e: &ini::ParseError, text: &str) -> String {
     let comment = |l: &str| l.starts_with(['#', ';']);
     let culprit = |wrong: &dyn Fn(&str) -> bool| {
         text.lines()
             .enumerate()
             .map(|(n, l)| (n + 1, l.trim()))
-            .find(|&(_, l)| !l.is_empty() && !comment(l) && wrong(l))
+            .filter(|&(_, l)| !l.is_empty() && !comment(l) && wrong(l))
+            .last()
             .map(|(n, l)| format!("line {n} ({l:?})"))
     };
     let (what, at) = if e.msg.contains("']'") {
@@ -292,7 +293,8 @@ fn ini_error(e: &ini::ParseError, text: &str) -> String {
         (
             "a line that is neither [section] nor key = value (a key needs = before its value)"
                 .to_string(),
-            culprit(&|l| !l.starts_with('[') && !l.contains('=')),
+            // (rust-ini takes `:` for `=` too)
+            culprit(&|l| !l.starts_with('[') && !l.contains(['=', ':'])),
         )
     } else if e.msg.contains("inline comment") {
         let what = format!(

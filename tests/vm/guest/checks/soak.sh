@@ -17,7 +17,7 @@
 check_soak() {
     local name=soak log=$UZ_TMP/soak.log bin=$UZ_TMP/uzram-installed min=${UZRAM_VM_SOAK_MIN:-5}
     local gap=${UZRAM_VM_SOAK_GAP:-20} age=${UZRAM_VM_SOAK_AGE:-20} stop=$UZ_TMP/soak.stop
-    local swapdev fsdev cg t0 end pids= p rc bad= k=0 kinds faults= kind l0 oom0 swapsize hpid
+    local swapdev fsdev cg t0 end pids= p rc bad= k=0 kinds faults= kind l0 ts0 swapsize hpid
     note "$name: $min min of programs swapping through uzram, fio verify on uzram and kernel zram, a fault every ~$gap s"
     : >"$log"
     rm -f "$stop" "$log".*
@@ -50,7 +50,9 @@ check_soak() {
     fi
     swap_begin "$swapdev" --discard=pages || { soak_cleanup "$swapdev" "$fsdev"; return; }
     cg=$(workload_cgroup)
-    oom0=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
+    # the kernel's log from here on, by time stamp (counts before and after would miss lines
+    # the ring dropped meanwhile)
+    ts0=$(dmesg | tail -n 1 | sed -n 's/^\[ *\([0-9.]*\)\].*/\1/p')
     # a program that holds a quarter of MemAvailable in swap all along (the others come and go),
     # verified at the end: what the faults find there
     in_cgroup "${cg:-/sys/fs/cgroup}" "$TOOL" swaphold $((avail / 4)) $((SEED + 999)) >"$log.hold" 2>&1 &
@@ -113,7 +115,9 @@ soak_programs() {
         n=$((n + 1))
         mib=$(($(meminfo_kb MemAvailable) / 1024 * (lo + $(below $((hi - lo + 1))))) / 10))
         [ $mib -lt 16 ] && mib=16
-        in_cgroup "${cg:-/sys/fs/cgroup}" "$TOOL" swapfill $mib $((SEED + n)) 1 >"$log.$tag" 2>&1
+        # (in_cgroup execs: in the background, or it would replace this loop)
+        in_cgroup "${cg:-/sys/fs/cgroup}" "$TOOL" swapfill $mib $((SEED + n)) 1 >"$log.$tag" 2>&1 &
+        wait $!
         rc=$?
         cat "$log.$tag" >>"$log"
         if [ $rc != 0 ]; then
@@ -197,6 +201,11 @@ soak_fault() {
         [ $rc = 0 ] && { "$bin" attr "$swapdev" mem_limit 0 >/dev/null 2>&1; rc=$?; }
         ;;
     freeze)
+        if [ ! -w /sys/power/pm_test ]; then
+            # without it, this would be a real suspend
+            echo "fault $n $kind: skipped: no /sys/power/pm_test here (CONFIG_PM_DEBUG)" | tee -a "$log.faults" >>"$log"
+            return 0
+        fi
         out=$("$bin" sleep pre suspend 2>&1)
         rc=$?
         if [ $rc = 0 ]; then
@@ -221,8 +230,10 @@ soak_fault() {
 soak_summary() {
     local wfail ffail e oom pages
     wfail=$(dev_failed_writes "$swapdev") ffail=$(dev_failed_writes "$fsdev")
-    e=$(dmesg | grep -c -e 'Write-error on swap-device' -e 'I/O error, dev ublkb' -e 'I/O error, dev zram')
-    oom=$(($(dmesg | grep -c -e 'Killed process' -e 'SIGBUS') - oom0))
+    dmesg | awk -v t="${ts0:-0}" 'match($0, /^\[ *[0-9.]+\]/) {
+        s = substr($0, 2, RLENGTH - 2); gsub(/ /, "", s); if (s + 0 > t + 0) print }' >"$log.kmsg"
+    e=$(grep -c -e 'Write-error on swap-device' -e 'I/O error, dev ublkb' -e 'I/O error, dev zram' "$log.kmsg")
+    oom=$(grep -c -e 'Killed process' -e 'SIGBUS' "$log.kmsg")
     pages=$(awk '{ s += $1 } END { print s + 0 }' "$log.verified" 2>/dev/null)
     [ "$wfail" = 0 ] && [ "$ffail" = 0 ] && [ "$e" = 0 ] || bad="$bad; failed writes: swap device $wfail, file system device $ffail, $e in the kernel's log"
     [ "$oom" = 0 ] || bad="$bad; $oom process(es) killed"
@@ -234,10 +245,12 @@ soak_summary() {
 soak_cleanup() {
     swapoff "$1" 2>/dev/null
     SWAP_DEV=
-    umount /mnt/soakfs /mnt/soakref /mnt/soakwb 2>/dev/null
+    umount /mnt/soakfs /mnt/soakref 2>/dev/null
     zram_reset
     for d in "$1" "$2"; do
         [ -b "$d" ] && "$UZRAM_BIN" --reset "$d" >>"$log" 2>&1
     done
     UZRAM_DEV=
+    # the backing file's file system last: the swap device's daemon held the file
+    umount /mnt/soakwb >>"$log" 2>&1
 }
