@@ -320,6 +320,24 @@ pub fn kill_group(pgid: u32, signal: libc::c_int) {
     unsafe { libc::kill(-pgid, signal) };
 }
 
+/// Takes `flock(LOCK_EX | LOCK_NB)` on `file`: `Ok(false)` when another open file holds it.
+/// Released when `file` is closed (or its process ends).
+pub fn try_flock(file: &std::fs::File) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor `file` keeps open for the call, with integer arguments
+    // only; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
 /// Sends `signal` to process `pid`; the kernel's error if it refuses (ESRCH, EPERM).
 pub fn send_signal(pid: u32, signal: libc::c_int) -> io::Result<()> {
     let pid = libc::pid_t::try_from(pid)

@@ -329,69 +329,6 @@ pub fn attr(id: u32, name: &str, value: Option<&str>) -> Result<String, CtlError
     })
 }
 
-/// How long `uzram upgrade` waits for the new worker to serve.
-const UPGRADE_PATIENCE: Duration = Duration::from_secs(180);
-
-/// `uzram upgrade DEV`: asks the device's supervisor (SIGUSR1) to hand the device to the binary
-/// now at its path, and waits until a new worker serves it. What it says on success names both
-/// workers.
-pub fn upgrade(id: u32) -> Result<String, CtlError> {
-    let dev = block_path(id);
-    let row = |what: &str| -> Result<DeviceRow, CtlError> {
-        let info = control::call(id, &Request::Info).map_err(|e| match e {
-            CallError::NoDaemon { .. } if kernel_knows(id) => err(format!(
-                "{dev}: its daemon is dead (killed?): nothing to upgrade"
-            )),
-            CallError::NoDaemon { .. } => err(format!("{dev}: no such device")),
-            e => err(format!("{dev}: {what}: {e}")),
-        })?;
-        DeviceRow::parse(&info).map_err(|e| err(format!("{dev}: {what}: {e}")))
-    };
-    let before = row("ask its daemon")?;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", before.pid))
-        .map_err(|e| err(format!("{dev}: its worker {}: {e}", before.pid)))?;
-    let sup = status
-        .lines()
-        .find_map(|l| l.strip_prefix("PPid:"))
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .unwrap_or(0);
-    // The supervisor runs `uzram serve` without --worker-region-fd; a daemon without one (an
-    // older uzram served a device with a backing store so) has no successor to hand over to.
-    let args_of = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let has = |cmdline: &[u8], arg: &[u8]| cmdline.split(|&b| b == 0).any(|a| a == arg);
-    let (worker_args, sup_args) = (args_of(before.pid), args_of(sup));
-    let supervised = sup > 1
-        && has(&worker_args, b"--worker-region-fd")
-        && has(&sup_args, b"serve")
-        && !has(&sup_args, b"--worker-region-fd");
-    if !supervised {
-        return Err(err(format!(
-            "{dev}: its daemon (pid {}) has no supervisor to hand the device over (uzram before 2026-12 served a device with a backing store by one process: it does not survive it)",
-            before.pid
-        )));
-    }
-    crate::sys::send_signal(sup, libc::SIGUSR1)
-        .map_err(|e| err(format!("{dev}: cannot signal its supervisor {sup}: {e}")))?;
-    let deadline = Instant::now() + UPGRADE_PATIENCE;
-    while Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-        // A daemon between workers does not answer: asked again.
-        let Ok(now) = row("ask its daemon") else {
-            continue;
-        };
-        if now.pid != before.pid && now.restarts > before.restarts {
-            return Ok(format!(
-                "{dev}: upgraded: worker {} handed the device over to worker {} ({} restarts, the last: {})",
-                before.pid, now.pid, now.restarts, now.last_restart
-            ));
-        }
-    }
-    Err(err(format!(
-        "{dev}: no new worker serves it after {} s: its daemon's log says why (a binary that cannot take the device over is refused before the worker stops)",
-        UPGRADE_PATIENCE.as_secs()
-    )))
-}
-
 /// Runs a system command for `uzram setup`, with its error output in the error.
 fn run(cmd: &str, args: &[&str]) -> Result<(), CtlError> {
     run_program(cmd, args)

@@ -7,13 +7,14 @@ pub mod metrics;
 pub mod setup;
 mod size;
 pub mod sleep;
+mod upgrade;
 
 use clap::{Args, Parser, Subcommand};
 
 use self::ctl::{CreateArgs, CtlError};
 use crate::common::block_path;
 use crate::common::options::DeviceArgs;
-use crate::common::output::{out, outln, warn};
+use crate::common::output::{out, outln, shown, warn};
 
 const ABOUT: &str =
     "Set up and control uzram devices: compressed RAM block devices served from userspace through \
@@ -250,7 +251,7 @@ pub fn run(cli: Cli) -> Outcome {
             Ok(())
         }
         Some(Command::Upgrade { device }) => ctl::parse_device(&device)
-            .and_then(ctl::upgrade)
+            .and_then(upgrade::upgrade)
             .map_err(Box::<dyn std::error::Error>::from)
             .and_then(|text| Ok(outln(&text)?)),
         Some(Command::Bench(args)) => {
@@ -273,6 +274,18 @@ pub type Outcome = Result<(), Box<dyn std::error::Error>>;
 /// Whether none of a new device's options (what it is made of, its streams, its log) is given.
 fn alone_args(a: &CtlArgs) -> bool {
     a.device == DeviceArgs::default() && a.streams.is_none() && a.log.is_none()
+}
+
+/// A `--size` in zramctl's syntax, in bytes for the daemon; one that rounds to nothing is
+/// named as given.
+fn size_bytes(size: &str) -> Result<u64, CtlError> {
+    let bytes = size::strtosize(size).map_err(CtlError)?;
+    if bytes == 0 {
+        return Err(CtlError(format!(
+            "--size {size} is 0 bytes: a device needs at least one page (4096 bytes)"
+        )));
+    }
+    Ok(bytes)
 }
 
 pub fn zramctl(a: CtlArgs) -> Outcome {
@@ -327,8 +340,7 @@ pub fn zramctl(a: CtlArgs) -> Outcome {
             return Err(CtlError("give either --find or one device name to create".into()).into());
         }
         let path = ctl::create(&CreateArgs {
-            // zramctl's size syntax, in bytes for the daemon.
-            size: size::strtosize(&size).map_err(CtlError)?.to_string(),
+            size: size_bytes(&size)?.to_string(),
             device: a.device,
             streams: a.streams,
             id: ids.first().copied(),
@@ -414,7 +426,7 @@ fn setup(
         return Err(CtlError("--root plans another system: use it with --dry-run".into()).into());
     }
     if let Some(r) = root.filter(|r| !r.is_dir()) {
-        return Err(CtlError(format!("--root {}: no such directory", r.display())).into());
+        return Err(CtlError(format!("--root {}: no such directory", shown(r))).into());
     }
     let setup::Loaded {
         plan,

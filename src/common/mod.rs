@@ -28,6 +28,18 @@ pub fn socket_path(id: u32) -> PathBuf {
     Path::new(RUN_DIR).join(format!("ublkb{id}.sock"))
 }
 
+/// Where a device's supervisor answers `uzram upgrade` (its pid's file, one line written whole:
+/// [`UPGRADE_ACCEPTED`], or [`UPGRADE_REFUSED`] and the reason after ": "), so that a refused
+/// upgrade is told at once, not after the command's whole wait.
+pub fn upgrade_note_path(supervisor: u32) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("upgrade-{supervisor}"))
+}
+
+/// The supervisor's answer when it stopped the worker for the new binary.
+pub const UPGRADE_ACCEPTED: &str = "accepted";
+/// The start of the supervisor's answer when it will not hand the device over now.
+pub const UPGRADE_REFUSED: &str = "refused";
+
 /// Removes the control socket at `path` (one a killed daemon left). Anything else there is not
 /// uzram's and stays (binding then fails with a message naming the path).
 pub fn remove_socket(path: &Path) {

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::workers::{check_binary, Held, SPAWNING};
+use crate::common::{upgrade_note_path, RUN_DIR, UPGRADE_ACCEPTED, UPGRADE_REFUSED};
 use crate::daemon::{fdstore, log, ServeError};
 
 /// What the signal thread and the main loop share.
@@ -93,7 +94,7 @@ fn stop(sig: libc::c_int, flags: &Flags, exe: &std::path::Path, held: &Held) {
 fn upgrade(flags: &Flags, exe: &std::path::Path, held: &Held) {
     let pid = flags.serving.load(Ordering::SeqCst);
     if pid == 0 || flags.upgrading.load(Ordering::SeqCst) || flags.stopping.load(Ordering::SeqCst) {
-        log("upgrade: not now (a worker is starting, the device is stopping, or an upgrade is under way)");
+        refuse("not now: a worker is starting, the device is stopping, or an upgrade is under way; try again in a few seconds");
         return;
     }
     match check_binary(exe, held, true) {
@@ -107,14 +108,51 @@ fn upgrade(flags: &Flags, exe: &std::path::Path, held: &Held) {
             flags.upgrading.store(true, Ordering::SeqCst);
             if let Err(e) = crate::sys::send_signal(pid, libc::SIGKILL) {
                 flags.upgrading.store(false, Ordering::SeqCst);
-                log(&format!("upgrade: cannot stop worker {pid}: {e}"));
+                refuse(&format!("cannot stop worker {pid}: {e}"));
+            } else {
+                answer(UPGRADE_ACCEPTED);
             }
         }
-        Ok(()) => log(&format!(
-            "upgrade: worker {pid} ended while the new binary was asked; not now"
+        Ok(()) => refuse(&format!(
+            "not now: worker {pid} ended while the new binary was asked"
         )),
-        Err(why) => log(&format!(
-            "upgrade refused, worker {pid} goes on serving: {why}"
-        )),
+        Err(why) => refuse(&why),
+    }
+}
+
+/// Logs why an upgrade is refused, and answers `uzram upgrade` so.
+fn refuse(why: &str) {
+    log(&format!(
+        "upgrade refused, the worker goes on serving: {why}"
+    ));
+    // One line, short enough for the command to read whole (a new binary's whole stderr may
+    // be the reason).
+    let mut why = why.replace('\n', " ");
+    if why.len() > 1024 {
+        let mut end = 1024;
+        while !why.is_char_boundary(end) {
+            end -= 1;
+        }
+        why.truncate(end);
+        why.push_str(" ...");
+    }
+    answer(&format!("{UPGRADE_REFUSED}: {why}"));
+}
+
+/// Answers `uzram upgrade` (see `common::upgrade_note_path`): one line, written beside and
+/// renamed, so that the command never reads half of it. A failure is only logged: the command
+/// then waits for a new worker as it would for an older supervisor.
+fn answer(line: &str) {
+    let path = upgrade_note_path(std::process::id());
+    let tmp = path.with_extension("tmp");
+    let written = std::fs::create_dir_all(RUN_DIR)
+        .and_then(|()| std::fs::write(&tmp, format!("{line}\n")))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        log(&format!(
+            "upgrade: cannot answer in {}: {e}",
+            path.display()
+        ));
     }
 }

@@ -248,6 +248,11 @@ pub(super) fn check_binary(exe: &Path, held: &Held, probe: bool) -> Result<(), S
             .trim_start_matches("uzram: ")
             .to_string(),
     };
+    let why = if why.is_empty() {
+        "it printed nothing".to_string()
+    } else {
+        why
+    };
     Err(format!(
         "{} ({}): {why}",
         exe.display(),

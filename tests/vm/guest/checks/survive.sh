@@ -277,7 +277,20 @@ check_upgrade() {
         fail_log "$name" "$log" "last_restart is $(uzram_stat_field "$dev" last_restart), not upgrade"
         return
     fi
-    pass "$name" "worker $pid0 handed $dev to $pid1 (the new file) in $(elapsed "$t0") s while fio wrote and verified (2 jobs, qd32): fio exit 0, no I/O error, no mismatch; $(grep -o 'serves it again, [0-9]* ms after the last one ended' "$UZRAM_LOG" | tail -n 1)"
+    local took=$(elapsed "$t0") served pid2 t1
+    served=$(grep -o 'serves it again, [0-9]* ms after the last one ended' "$UZRAM_LOG" | tail -n 1)
+    # A binary that cannot take the device over: refused, said at once, the worker goes on.
+    printf '#!/bin/sh\nexit 3\n' >"$bin.new" && chmod +x "$bin.new" && mv "$bin.new" "$bin"
+    t1=$(uptime_s)
+    out=$(timeout 60 "$UZRAM_BIN" upgrade "$dev" 2>&1)
+    rc=$?
+    echo "uzram upgrade to a binary that exits 3: exit $rc in $(elapsed "$t1") s: $out" >>"$log"
+    pid2=$("$UZRAM_BIN" --raw --noheadings -o PID "$dev" 2>>"$log")
+    if [ $rc != 1 ] || ! printf '%s' "$out" | grep -q 'refused the upgrade.*exit status 3' || [ "$pid2" != "$pid1" ]; then
+        fail_log "$name" "$log" "an upgrade to a broken binary: exit $rc in $(elapsed "$t1") s, worker $pid1 then $pid2: $out"
+        return
+    fi
+    pass "$name" "worker $pid0 handed $dev to $pid1 (the new file) in $took s while fio wrote and verified (2 jobs, qd32): fio exit 0, no I/O error, no mismatch; $served; an upgrade to a broken binary refused in $(elapsed "$t1") s, worker $pid1 serving on"
 }
 
 # check_corrupt: a state corrupted on purpose. 8 MiB of random bytes written to a fresh device
