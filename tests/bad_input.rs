@@ -242,6 +242,10 @@ fn what_zram_generator_ignores_is_warned_about_by_name() {
             "[zram0]\nzram-size = 100\nzram-fraction = 0.5\n",
             "zram-size=100 is ignored: the obsolete zram-fraction set the size",
         ),
+        (
+            "[zram0]\nzram-resident-limit = 4G\n",
+            "more than this machine's 4096 MiB of RAM: in effect no limit",
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -264,6 +268,7 @@ fn every_bad_input_is_refused_by_name_and_changes_nothing() {
     cases.extend(cases::configs(&scratch));
     cases.extend(numbers::numbers());
     cases.extend(numbers::mangled(&scratch));
+    cases.extend(numbers::others(&scratch));
     assert!(cases.len() >= 150, "{} cases", cases.len());
     let before = scratch.snapshot();
     let mut failures = Vec::new();

@@ -193,3 +193,50 @@ fn the_generator_fails_on_a_configuration_error_and_writes_the_rest() {
     assert!(!out.join("uzram@zram1.service.d").exists());
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A root whose proc/cmdline never ends (a FIFO with no writer, a link to /dev/zero) is
+/// planned as one without a kernel option, at once: never a hang, never a read without end.
+#[test]
+fn a_proc_cmdline_that_never_ends_is_not_read() {
+    let root = std::env::temp_dir().join(format!("uzram-cli-cmdline-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("proc")).unwrap();
+    std::fs::create_dir_all(root.join("etc/systemd")).unwrap();
+    std::fs::write(root.join("proc/meminfo"), "MemTotal: 4194304 kB\n").unwrap();
+    std::fs::write(root.join("etc/systemd/zram-generator.conf"), "[zram0]\n").unwrap();
+    let made = Command::new("mkfifo")
+        .arg(root.join("proc/cmdline"))
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(made, "mkfifo");
+    for round in 0..2 {
+        if round == 1 {
+            std::fs::remove_file(root.join("proc/cmdline")).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", root.join("proc/cmdline")).unwrap();
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uzram"))
+            .args(["setup", "--dry-run", "--root", root.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run uzram setup");
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if start.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(0),
+            "round {round}: still running after 20 s, or failed"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

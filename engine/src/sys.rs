@@ -32,6 +32,12 @@ pub(crate) fn allocate(file: &File, bytes: u64) -> std::io::Result<()> {
     }
 }
 
+/// The process's effective user id.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid takes no argument, touches no memory and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Takes `flock(LOCK_EX | LOCK_NB)` on `file`: `Ok(false)` when another open file holds it (a
 /// backing file another uzram device is using). Released when `file` is closed.
 pub(crate) fn try_lock(file: &File) -> std::io::Result<bool> {

@@ -26,9 +26,9 @@ pub enum OptionsError {
         #[source]
         source: Error,
     },
-    /// `--size 0`.
-    #[error("invalid size 0: a device needs at least one page")]
-    ZeroSize,
+    /// `--size 0` (as given).
+    #[error("--size {0} is 0 pages: a device needs at least one page (4096 bytes)")]
+    ZeroSize(String),
     /// More backing devices than a device stripes over.
     #[error("at most {max} backing devices, not {given}")]
     TooManyBackingDevs {
@@ -177,7 +177,7 @@ pub fn check_held(
 ) -> Result<(DeviceSetup, u64), OptionsError> {
     let disksize = parse_size_option("--size", size)?;
     if disksize == 0 {
-        return Err(OptionsError::ZeroSize);
+        return Err(OptionsError::ZeroSize(size.to_string()));
     }
     if device.backing_dev.len() > MAX_FILES {
         return Err(OptionsError::TooManyBackingDevs {
@@ -205,7 +205,8 @@ pub struct DeviceArgs {
     #[arg(short = 'p', long, value_name = "PARAMS")]
     pub algorithm_params: Option<String>,
     /// zram's recomp_algorithm: a secondary algorithm for recompression, e.g.
-    /// "algo=zstd priority=1" or just "zstd" (repeat for priorities 2 and 3)
+    /// "algo=zstd priority=1" or just "zstd" (priority 1); repeat with "algo=lz4 priority=2"
+    /// and priority=3 for more
     #[arg(long, value_name = "SPEC")]
     pub recomp_algorithm: Vec<String>,
     /// zram's backing_dev: a file (created 0600, sized to the device if empty) or a block device

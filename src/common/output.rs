@@ -144,7 +144,20 @@ impl Replacing {
                     "it exists and is not a regular file; uzram replaces only regular files",
                 ))
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => path.to_path_buf(),
+            // A dangling link: renaming over it would replace the link, not make its target.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match std::fs::read_link(path) {
+                Ok(to) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!(
+                            "it is a symbolic link to {}, which does not exist; name the file \
+                             itself",
+                            shown(&to)
+                        ),
+                    ))
+                }
+                Err(_) => path.to_path_buf(),
+            },
             Err(e) => return Err(e),
         };
         let dir = match target.parent() {

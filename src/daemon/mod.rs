@@ -118,11 +118,11 @@ pub struct ServeArgs {
     /// of MemTotal, PSI stalls, or swap writing; for a swap device, under half or falling
     /// fast), doubles under a burst of writes up to this, and halves back after each 10 s
     /// without either (default: 1/64 of the size, 8M..16M)
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_negative_numbers = true)]
     pub reserve: Option<String>,
     /// The reserve a fresh or idle device keeps, and shrinks back to after a burst (default: 0,
     /// none; set it to --reserve to map the whole reserve up front and keep it)
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_negative_numbers = true)]
     pub reserve_min: Option<String>,
     /// Device id N for /dev/ublkbN (default, or -1: the first free one)
     #[arg(long, allow_hyphen_values = true, value_parser = crate::common::options::whole_in::<i32>(-1, (1 << 20) - 1))]

@@ -90,8 +90,8 @@ pub enum DumpError {
     Usage(String),
     #[error("no process with pid {pid}")]
     NoSuchProcess { pid: u32 },
-    #[error("process {pid} has no memory of its own to dump (a kernel thread?)")]
-    NoMemory { pid: u32 },
+    #[error("process {pid} has no memory of its own to dump: {why}")]
+    NoMemory { pid: u32, why: &'static str },
     #[error(
         "permission denied opening {}: reading another process's memory needs ptrace access, {hint}",
         shown(path)
@@ -128,6 +128,29 @@ pub enum DumpError {
     },
 }
 
+/// Why process `pid`'s maps read empty: it has exited and waits for its parent (a zombie), or
+/// it is a kernel thread (`PF_KTHREAD` in the flags of `/proc/PID/stat`).
+fn no_memory_why(pid: u32) -> &'static str {
+    let stat = fs::read_to_string(proc_path(pid, "stat")).unwrap_or_default();
+    // After the command's name, which may hold blanks and parentheses: the state, ppid, pgrp,
+    // session, tty and tpgid, then the flags.
+    let mut after = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .unwrap_or("")
+        .split_whitespace();
+    let state = after.next().unwrap_or("");
+    let flags: u64 = after.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    if state == "Z" || state == "X" {
+        "it has exited (a zombie its parent has not reaped yet)"
+    } else if flags & PF_KTHREAD != 0 {
+        "it is a kernel thread"
+    } else {
+        "its maps read empty (it may be exiting)"
+    }
+}
+
 /// Writes the dumpable pages of process `pid` to `out`, in address order, as raw 4 KiB pages.
 ///
 /// The process keeps running: stop it (SIGSTOP) first for a consistent picture. Pages that
@@ -141,7 +164,10 @@ pub fn dump_process(
     let maps = fs::read_to_string(&maps_path).map_err(|e| open_error(pid, &maps_path, e))?;
     if maps.is_empty() {
         // A kernel thread's maps read empty, and its mem does not open (ESRCH): say which.
-        return Err(DumpError::NoMemory { pid });
+        return Err(DumpError::NoMemory {
+            pid,
+            why: no_memory_why(pid),
+        });
     }
     let mut entries = Vec::new();
     for (i, line) in maps.lines().enumerate() {
@@ -349,6 +375,12 @@ pub struct DumpPagesArgs {
 /// Runs `uzram dump-pages` and prints a one-line summary to stderr. The output appears only
 /// once complete; on failure what was there before is left as it was.
 pub fn run(args: &DumpPagesArgs) -> Result<(), DumpError> {
+    if args.output.as_os_str() == "-" {
+        return Err(DumpError::Usage(
+            "-o -: a dump is written to a file, not to standard output (name a file; ./- for one named -)"
+                .into(),
+        ));
+    }
     if args.max_mib == Some(0) {
         return Err(DumpError::Usage(
             "--max-mib 0: a dump of nothing (give at least 1, or leave it out for no limit)".into(),

@@ -91,3 +91,83 @@ pub fn mangled(s: &Scratch) -> Vec<Case> {
     .map(|(n, (text, names))| conf(s, 900 + n, "mangled.conf", text, names))
     .collect()
 }
+
+/// Files that are not uzram's to write (read-only, another user's), outputs through a dangling
+/// link, values that round to nothing, and configuration lines the reader would take apart.
+pub fn others(s: &Scratch) -> Vec<Case> {
+    use std::os::unix::fs::PermissionsExt;
+    s.write("zeros-ro", &vec![0u8; 1 << 20]);
+    std::fs::set_permissions(s.path("zeros-ro"), std::fs::Permissions::from_mode(0o444)).unwrap();
+    std::fs::create_dir_all(s.path("root-bad/proc")).unwrap();
+    s.write("root-bad/proc/meminfo", b"MemTotal: abc kB\n");
+    let mut v: Vec<Case> = [
+        ("metrics -o @dangling", "symbolic link to"),
+        (
+            "dump-pages --pid 1 -o -",
+            "-o -: a dump is written to a file",
+        ),
+        ("--find --size 0.0001K", "--size 0.0001K is 0 bytes"),
+        (
+            "bench --runs 1 --threads 1 --mem-limit 1",
+            "--mem-limit 1 (4096 bytes) is full after",
+        ),
+        (
+            "--find --size 64M --policy budget=4G/day/day",
+            "budget=4G/day/day",
+        ),
+        (
+            "setup --dry-run --root @root-bad",
+            "MemTotal \"abc kB\" is not a number of kB",
+        ),
+    ]
+    .into_iter()
+    .map(|(args, names)| case(args, names))
+    .collect();
+    if cfg!(feature = "ublk") {
+        v.push(case(
+            "serve --size 64M --reserve -1",
+            "--reserve: invalid size \"-1\"",
+        ));
+        v.push(case(
+            "serve --size 64M --reserve-min -1",
+            "--reserve-min: invalid size \"-1\"",
+        ));
+    }
+    // Where the tests run as root, a file of another user's, and a read-only one.
+    if std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0) {
+        s.write("zeros-other", &vec![0u8; 1 << 20]);
+        std::os::unix::fs::chown(s.path("zeros-other"), Some(65534), Some(65534)).unwrap();
+        v.push(case(
+            "bench --runs 1 --threads 1 --backing-dev @zeros-other",
+            "belongs to another user",
+        ));
+        // (Only root opens a read-only file for writing at all.)
+        v.push(case(
+            "bench --runs 1 --threads 1 --backing-dev @zeros-ro",
+            "is read-only (its owner may not write it)",
+        ));
+    }
+    let loop_path = s.path("loop");
+    let loop_path = loop_path.to_str().unwrap();
+    for (n, (text, names)) in [
+        (
+            "[zram0]]\nzram-size = 64\n".to_string(),
+            "line 1 (\"[zram0]]\"): text after the section's closing ]".to_string(),
+        ),
+        (
+            "[zram0]\nmount-point = /tmp/x\\x2dy\nfs-type = ext4\n".to_string(),
+            "line 2 (\"mount-point = /tmp/x\\\\x2dy\"): an escape \\x takes four hex digits"
+                .to_string(),
+        ),
+        (
+            format!("[zram0]\nwriteback-device = {loop_path}\n"),
+            "it cannot be reached".to_string(),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        v.push(conf(s, 920 + n, "others.conf", &text, &names));
+    }
+    v
+}

@@ -185,6 +185,12 @@ fn read_file(
     // A byte-order mark is no part of the first line: rust-ini's file loader, which
     // zram-generator reads with, skips it too.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    if let Some(at) = text_after_section(text) {
+        return Err(err(
+            file,
+            format!("{at}: text after the section's closing ] (the reader would take it for the start of a key, with the next line)"),
+        ));
+    }
     let ini = ini::Ini::load_from_str(text).map_err(|e| err(file, ini_error(&e, text)))?;
     for (section, props) in ini.iter() {
         let Some(name) = section else {
@@ -270,6 +276,16 @@ fn normalise(key: &str, value: &str) -> Result<String, String> {
     Ok(p.to_string_lossy().into_owned())
 }
 
+/// The first section line with more than a comment after its `]`, as "line N (\"LINE\")".
+fn text_after_section(text: &str) -> Option<String> {
+    text.lines().enumerate().find_map(|(n, l)| {
+        let line = l.trim();
+        let rest = line.strip_prefix('[')?.split_once(']')?.1.trim();
+        (!rest.is_empty() && !rest.starts_with(['#', ';']))
+            .then(|| format!("line {} ({line:?})", n + 1))
+    })
+}
+
 /// rust-ini's syntax error in words: the line and column, and what was expected where the
 /// parser's own text is a Rust debug form. rust-ini reports an unclosed `[` or a line without
 /// `=` where it gave up (the end of the file, having read on from the line at fault): the last
@@ -295,6 +311,12 @@ fn ini_error(e: &ini::ParseError, text: &str) -> String {
                 .to_string(),
             // (rust-ini takes `:` for `=` too)
             culprit(&|l| !l.starts_with('[') && !l.contains(['=', ':'])),
+        )
+    } else if e.msg.contains("\\xHH") {
+        (
+            "an escape \\x takes four hex digits (\\x002d for -), or write the character itself"
+                .to_string(),
+            culprit(&|l| l.contains("\\x")),
         )
     } else if e.msg.contains("inline comment") {
         let what = format!(
@@ -517,20 +539,18 @@ fn finish(
     if let Some(why) = table_too_large("zram-size", plan.size_bytes, ram.saturating_mul(MIB)) {
         plan.failed = Some(format!("{why} (units may be wrong: the size is in MiB)"));
     }
-    if let Some(dev) = &plan.writeback {
-        // zram-generator's setup fails the device when the kernel refuses its backing_dev, as
-        // it refuses a path that does not exist; the other devices are set up.
-        if plan.failed.is_none() && !Path::new(dev).exists() {
-            plan.failed = Some(format!(
-                "writeback-device={dev}: it does not exist, so this device is not set up (as \
-                 zram-generator's setup fails it); uzram makes backing files only from its own \
-                 option, --backing-dev"
-            ));
-        }
+    if plan.failed.is_none() {
+        plan.failed = plan.writeback.as_deref().and_then(unreachable_writeback);
     }
     if let Some(expr) = &resident {
         plan.mem_limit = mib_to_bytes(&section, "zram-resident-limit", expr, ram, vars)
             .map_err(|m| err(&from("zram-resident-limit"), m))?;
+        if plan.mem_limit > ram.saturating_mul(MIB) {
+            plan.warnings.push(format!(
+                "zram-resident-limit={expr} is {} MiB, more than this machine's {ram} MiB of RAM: in effect no limit (units may be wrong: the limit is in MiB)",
+                plan.mem_limit / MIB
+            ));
+        }
     }
     if plan.size_bytes == 0 {
         return Ok(Some(Err(format!(
@@ -538,6 +558,22 @@ fn finish(
         ))));
     }
     Ok(Some(Ok(plan)))
+}
+
+/// Why writeback-device `dev` fails its device, if it does: zram-generator's setup fails the
+/// device when the kernel refuses its backing_dev, as it refuses a path that does not exist
+/// (the other devices are set up). A loop of links, or a directory on the way that cannot be
+/// searched, is not "it does not exist".
+fn unreachable_writeback(dev: &str) -> Option<String> {
+    let why = match std::fs::metadata(dev) {
+        Ok(_) => return None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "it does not exist".to_string(),
+        Err(e) => format!("it cannot be reached: {e}"),
+    };
+    Some(format!(
+        "writeback-device={dev}: {why}, so this device is not set up (as zram-generator's \
+         setup fails it); uzram makes backing files only from its own option, --backing-dev"
+    ))
 }
 
 /// An expression in MiB as bytes: NaN and negative values are errors (as zram-generator's);

@@ -344,14 +344,21 @@ impl Host {
                 mem_total_kb(&text)
                     .filter(|&kb| (1024..=1u64 << 50).contains(&kb))
                     .ok_or_else(|| {
-                        err(
-                            &shown(&path).to_string(),
-                            "no MemTotal line of 1 MiB to 2^40 MiB",
-                        )
+                        let said = match text
+                            .lines()
+                            .find_map(|l| l.trim_start().strip_prefix("MemTotal:"))
+                        {
+                            Some(value) => format!(
+                                "MemTotal {:?} is not a number of kB from 1 MiB to 2^40 MiB",
+                                value.trim()
+                            ),
+                            None => "no MemTotal line".to_string(),
+                        };
+                        err(&shown(&path).to_string(), said)
                     })?
             }
         };
-        let cmdline = std::fs::read_to_string(root.join("proc/cmdline")).unwrap_or_default();
+        let cmdline = kernel_cmdline(root);
         Ok(Host {
             root: root.to_path_buf(),
             mem_total_kb,
@@ -363,6 +370,12 @@ impl Host {
     pub fn ram_mib(&self) -> u64 {
         self.mem_total_kb / 1024
     }
+}
+
+/// `root`'s `proc/cmdline`, empty where it cannot be read whole: a kernel's command line is at
+/// most a few KiB, and under `--root` it may be anything (a FIFO, a link to /dev/zero).
+pub(super) fn kernel_cmdline(root: &Path) -> String {
+    crate::common::read_text(&root.join("proc/cmdline"), 64 << 10).unwrap_or_default()
 }
 
 /// MemTotal in KiB: the first line whose first field is `MemTotal:` (as zram-generator).

@@ -321,7 +321,7 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
         // configuration to plan (as zram-generator fails), nothing to say where there is none.
         Err(e) => {
             let generator_files = !super::generator::files(root).is_empty();
-            let cmdline = std::fs::read_to_string(root.join("proc/cmdline")).unwrap_or_default();
+            let cmdline = super::kernel_cmdline(root);
             let kernel = super::generator::kernel_option(&cmdline);
             let configured = generator_files
                 || kernel == Some(true)
@@ -384,14 +384,10 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
                 },
             );
         let done = units.and_then(|units| {
-            for (path, entry) in &units {
-                written.insert(path.clone());
-                write_entry(&dir.join(path), entry).map_err(|e| {
-                    out.write_failed = true;
-                    e.to_string()
-                })?;
-            }
-            Ok(())
+            write_units(dir, &units, &mut written).map_err(|e| {
+                out.write_failed = true;
+                e.to_string()
+            })
         });
         match done {
             Ok(()) => {
@@ -470,6 +466,31 @@ fn check_device(d: &DevicePlan, accepted: &[DevicePlan]) -> Result<(), String> {
     ctl::check_plan(&with).map_err(|e| e.to_string())
 }
 
+/// Writes a device's `units` into `dir`, noting their paths in `written`. If one cannot be
+/// written, those this call made are removed again: "no units written for it" stays true.
+fn write_units(
+    dir: &Path,
+    units: &[(PathBuf, Entry)],
+    written: &mut std::collections::BTreeSet<PathBuf>,
+) -> std::io::Result<()> {
+    let mut made: Vec<PathBuf> = Vec::new();
+    for (path, entry) in units {
+        written.insert(path.clone());
+        let full = dir.join(path);
+        let existed = full.symlink_metadata().is_ok();
+        if let Err(e) = write_entry(&full, entry) {
+            for p in made.iter().rev() {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
+        }
+        if !existed {
+            made.push(full);
+        }
+    }
+    Ok(())
+}
+
 fn write_entry(path: &Path, entry: &Entry) -> std::io::Result<()> {
     let named = |e: std::io::Error| {
         std::io::Error::new(
@@ -481,7 +502,25 @@ fn write_entry(path: &Path, entry: &Entry) -> std::io::Result<()> {
         std::fs::create_dir_all(parent).map_err(named)?;
     }
     match entry {
-        Entry::File(text) => std::fs::write(path, text).map_err(named),
+        // Under a temporary name, renamed once whole: a full disk leaves no empty unit.
+        Entry::File(text) => {
+            use std::io::Write as _;
+            use std::os::unix::fs::PermissionsExt as _;
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let mut tmp = tempfile::Builder::new()
+                .prefix(".uzram-")
+                .suffix(".tmp")
+                .tempfile_in(dir)
+                .map_err(named)?;
+            tmp.write_all(text.as_bytes())
+                .and_then(|()| tmp.as_file().sync_all())
+                .and_then(|()| {
+                    tmp.as_file()
+                        .set_permissions(std::fs::Permissions::from_mode(0o644))
+                })
+                .map_err(named)?;
+            tmp.persist(path).map(drop).map_err(|e| named(e.error))
+        }
         Entry::Link(target) => std::os::unix::fs::symlink(target, path).map_err(named),
     }
 }

@@ -151,6 +151,20 @@ pub enum BenchError {
     /// The raw zstd context could not be made.
     #[error("cannot set up the raw zstd context")]
     RawCodec(#[source] std::io::Error),
+    /// `--mem-limit` below what the corpus takes: the bench stores all of it.
+    #[error(
+        "--mem-limit {given} ({limit_bytes} bytes) is full after {stored} of the corpus's {pages} pages: the bench stores them all (give a larger limit, or none)"
+    )]
+    MemLimit {
+        /// The option's value as given.
+        given: String,
+        /// The limit it made.
+        limit_bytes: u64,
+        /// Pages stored before it was reached.
+        stored: u64,
+        /// The corpus's pages.
+        pages: u64,
+    },
     /// `--runs 0` or `--threads 0`.
     #[error("--{what} must be at least 1")]
     Zero {
@@ -260,7 +274,19 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         times,
         fills,
         first_stats,
-    } = timed_rounds(&config, &codec, &pages, &thread_counts, args.runs)?;
+    } = timed_rounds(&config, &codec, &pages, &thread_counts, args.runs).map_err(|e| {
+        match (&e, &args.device.mem_limit) {
+            (BenchError::Io(uzram_engine::IoError::MemLimit { index, limit_bytes }), Some(l)) => {
+                BenchError::MemLimit {
+                    given: l.clone(),
+                    limit_bytes: *limit_bytes,
+                    stored: index.0,
+                    pages: n as u64,
+                }
+            }
+            _ => e,
+        }
+    })?;
     let by_threads = |phase: usize| -> Vec<(usize, f64)> {
         thread_counts
             .iter()

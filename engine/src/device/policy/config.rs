@@ -192,7 +192,7 @@ impl PolicyConfig {
                         None
                     } else {
                         Some(
-                            crate::size::parse_size(v.trim_end_matches("/day")).map_err(|e| {
+                            crate::size::parse_size(v.strip_suffix("/day").unwrap_or(v)).map_err(|e| {
                                 bad(match e {
                                     Error::SizeTooLarge { .. } => {
                                         "too large a budget: at most 15E a day, or off"

@@ -137,6 +137,33 @@ pub(super) fn check_mode(meta: &std::fs::Metadata, path: &Path) -> Result<(), Ba
     Ok(())
 }
 
+/// Refuses, unless `force`, an existing regular file that another user owns (what uzram writes,
+/// pages of memory, would be kept in their file) or that its owner may not write (read-only
+/// on purpose): uzram's own backing files are its user's, mode 0600.
+pub(super) fn check_owner(
+    meta: &std::fs::Metadata,
+    path: &Path,
+    force: bool,
+) -> Result<(), BackingError> {
+    use std::os::unix::fs::MetadataExt;
+    if force || !meta.file_type().is_file() {
+        return Ok(());
+    }
+    let why = if meta.uid() != crate::sys::euid() {
+        "belongs to another user: what uzram writes, pages of memory, would be kept in their \
+         file (chown it, name another file, or give --force)"
+    } else if meta.mode() & 0o200 == 0 {
+        "is read-only (its owner may not write it): chmod u+w it, name another file, or give \
+         --force"
+    } else {
+        return Ok(());
+    };
+    Err(BackingError::NotUsable {
+        path: path.to_path_buf(),
+        why,
+    })
+}
+
 /// A regular file another uzram device holds (its `flock`) is refused: two stores in one file
 /// would overwrite each other's records.
 pub(super) fn check_unshared(file: &File, path: &Path) -> Result<(), BackingError> {
@@ -187,6 +214,7 @@ pub fn check(path: &Path, force: bool) -> Result<(), BackingError> {
     };
     let meta = file.metadata().map_err(io)?;
     check_mode(&meta, path)?;
+    check_owner(&meta, path, force)?;
     if !block {
         check_unshared(&file, path)?;
     }

@@ -221,6 +221,11 @@ fn prepare(
         label::check_label(file, path)?;
         return Ok(bytes);
     }
+    // A file this call made is uzram's, whoever the file system says owns it (root_squash,
+    // a uid= mount option).
+    if !undo.created {
+        label::check_owner(&meta, path, force)?;
+    }
     // What is there is judged before anything is written, sized or allocated.
     if bytes > 0 || block {
         label::check_contents(file, path, bytes, force)?;
