@@ -153,16 +153,23 @@ fn setup_dry_run_plans_both_formats() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A fresh root for `--root` or `ZRAM_GENERATOR_ROOT`: `proc/meminfo` (4 GiB) and an empty
+/// `etc/systemd`.
+fn fake_root(tag: &str) -> std::path::PathBuf {
+    let root = std::env::temp_dir().join(format!("uzram-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("proc")).unwrap();
+    std::fs::create_dir_all(root.join("etc/systemd")).unwrap();
+    std::fs::write(root.join("proc/meminfo"), "MemTotal: 4194304 kB\n").unwrap();
+    root
+}
+
 /// The generator as systemd runs it: a configuration error is said on stderr and fails it
 /// (exit 1, as zram-generator's), the sections it could plan still written; no configuration
 /// at all is a quiet success.
 #[test]
 fn the_generator_fails_on_a_configuration_error_and_writes_the_rest() {
-    let root = std::env::temp_dir().join(format!("uzram-cli-gen-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join("proc")).unwrap();
-    std::fs::create_dir_all(root.join("etc/systemd")).unwrap();
-    std::fs::write(root.join("proc/meminfo"), "MemTotal: 4194304 kB\n").unwrap();
+    let root = fake_root("gen");
     let out = root.join("out");
     let run = || {
         let o = Command::new(env!("CARGO_BIN_EXE_uzram"))
@@ -198,11 +205,7 @@ fn the_generator_fails_on_a_configuration_error_and_writes_the_rest() {
 /// planned as one without a kernel option, at once: never a hang, never a read without end.
 #[test]
 fn a_proc_cmdline_that_never_ends_is_not_read() {
-    let root = std::env::temp_dir().join(format!("uzram-cli-cmdline-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join("proc")).unwrap();
-    std::fs::create_dir_all(root.join("etc/systemd")).unwrap();
-    std::fs::write(root.join("proc/meminfo"), "MemTotal: 4194304 kB\n").unwrap();
+    let root = fake_root("cmdline");
     std::fs::write(root.join("etc/systemd/zram-generator.conf"), "[zram0]\n").unwrap();
     let made = Command::new("mkfifo")
         .arg(root.join("proc/cmdline"))

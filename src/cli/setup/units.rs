@@ -505,21 +505,11 @@ fn write_entry(path: &Path, entry: &Entry) -> std::io::Result<()> {
         // Under a temporary name, renamed once whole: a full disk leaves no empty unit.
         Entry::File(text) => {
             use std::io::Write as _;
-            use std::os::unix::fs::PermissionsExt as _;
-            let dir = path.parent().unwrap_or(Path::new("."));
-            let mut tmp = tempfile::Builder::new()
-                .prefix(".uzram-")
-                .suffix(".tmp")
-                .tempfile_in(dir)
-                .map_err(named)?;
-            tmp.write_all(text.as_bytes())
-                .and_then(|()| tmp.as_file().sync_all())
-                .and_then(|()| {
-                    tmp.as_file()
-                        .set_permissions(std::fs::Permissions::from_mode(0o644))
-                })
-                .map_err(named)?;
-            tmp.persist(path).map(drop).map_err(|e| named(e.error))
+            let mut unit = crate::common::output::Replacing::new(path)
+                .map_err(named)?
+                .new_file_mode(0o644);
+            unit.write_all(text.as_bytes()).map_err(named)?;
+            unit.commit().map_err(named)
         }
         Entry::Link(target) => std::os::unix::fs::symlink(target, path).map_err(named),
     }
