@@ -124,7 +124,10 @@ pub fn plan(
     let mut plans = Vec::new();
     for (_, s) in sections {
         match finish(s, ram, &vars).map_err(|e| with_notes(e, &notes))? {
-            Some(Ok(p)) => plans.push(p),
+            Some(Ok(mut p)) => {
+                warn_writeback_only(&mut p);
+                plans.push(p);
+            }
             Some(Err(why)) => notes.push(why),
             None => {}
         }
@@ -604,4 +607,25 @@ fn mib_to_bytes(
         ));
     }
     Ok(bytes as u64)
+}
+
+/// Warns of the settings of the plan's `uzram-policy` that only act on a writeback device,
+/// where it has none.
+fn warn_writeback_only(plan: &mut DevicePlan) {
+    if plan.writeback.is_some() {
+        return;
+    }
+    let Some(policy) = plan.policy.as_deref() else {
+        return;
+    };
+    let words: Vec<&str> = policy
+        .split_whitespace()
+        .filter(|w| w.starts_with("writeback_after=") || w.starts_with("budget="))
+        .collect();
+    if !words.is_empty() {
+        let unused = words.join(" ");
+        plan.warnings.push(format!(
+            "uzram-policy {unused} does nothing without a writeback-device: pages are never written back"
+        ));
+    }
 }

@@ -457,6 +457,17 @@ fn uzram_policy_is_planned_and_checked() {
         p[0].line()
     );
     assert!(plan_text("[zram0]\nuzram-policy = writeback_after=soon\n", 4096).is_err());
+    assert!(p[0].warnings.is_empty(), "{:?}", p[0].warnings);
+    // Settings that act on a writeback device, with none: planned, and said.
+    let p = plan_text(
+        "[zram0]\nuzram-policy = recompress_after=1h writeback_after=2h budget=1G/day\n",
+        4096,
+    )
+    .unwrap();
+    assert_eq!(
+        p[0].warnings,
+        ["uzram-policy writeback_after=2h budget=1G/day does nothing without a writeback-device: pages are never written back"]
+    );
 }
 
 /// zramswap's rules: defaults lz4, 256 MiB, priority 100; PERCENT (of MemTotal in KiB, in
