@@ -8,6 +8,9 @@
 //! - `dev-ublkbN.swap` (wanted by `swap.target`), or the mount point's `.mount` unit (wanted by
 //!   `local-fs.target`), with the section's priority and options.
 //!
+//! With at least one swap device, the packaged sleep units are pulled in where systemd sleeps
+//! (`sleep_hooks`): swap on uzram needs them for a hibernation or a suspend under pressure.
+//!
 //! The swap or mount unit requires the prepare unit, which only wants the service. So a restart
 //! of the service (which hands the device and its pages to the next supervisor) does not reach
 //! the swap unit, whose restart would be a swapoff pulling every page back into RAM; and a
@@ -404,6 +407,97 @@ pub fn generate(dir: &Path, root: &Path, exe: &str) -> Generated {
                 ));
                 out.config_failed = true;
             }
+        }
+    }
+    if accepted.iter().any(|d| d.fs == "swap" && d.mount.is_none()) {
+        write_sleep_hooks(dir, root, &mut written, &mut out);
+    }
+    out
+}
+
+/// Writes the sleep hooks' links (`sleep_hooks`) into `dir`, and says which, or why not.
+fn write_sleep_hooks(
+    dir: &Path,
+    root: &Path,
+    written: &mut std::collections::BTreeSet<PathBuf>,
+    out: &mut Generated,
+) {
+    let hooks = sleep_hooks(root);
+    if hooks.is_empty() {
+        return;
+    }
+    match write_units(dir, &hooks, written) {
+        Ok(()) => {
+            let mut names: Vec<&str> = hooks
+                .iter()
+                .filter_map(|(p, _)| p.file_name()?.to_str())
+                .collect();
+            names.dedup();
+            out.said.push(format!(
+                "sleep hooks pulled in where systemd sleeps: {}",
+                names.join(" ")
+            ));
+        }
+        Err(e) => {
+            out.write_failed = true;
+            out.said.push(format!("sleep hooks: {e}"));
+        }
+    }
+}
+
+/// The sleep units that make a system sleep safe with swap on uzram, and the sleep services
+/// that pull them in: before a hibernation uzram is swapped off (the image is made with the
+/// daemon frozen, and a swap write to it would hang), so that one is required; before a
+/// suspend the processes holding swap are frozen first, which is only wanted.
+const SLEEP_HOOKS: [(&str, &str, &[&str]); 2] = [
+    (
+        "uzram-hibernate.service",
+        "requires",
+        &[
+            "systemd-hibernate.service",
+            "systemd-hybrid-sleep.service",
+            "systemd-suspend-then-hibernate.service",
+        ],
+    ),
+    (
+        "uzram-suspend.service",
+        "wants",
+        &["systemd-suspend.service"],
+    ),
+];
+
+/// systemd's search path for system units, first match wins (`man systemd.unit`), less the
+/// generators' own directories.
+const UNIT_DIRS: [&str; 5] = [
+    "etc/systemd/system",
+    "run/systemd/system",
+    "usr/local/lib/systemd/system",
+    "usr/lib/systemd/system",
+    "lib/systemd/system",
+];
+
+/// The links that enable the sleep hooks for this boot, as `systemctl enable` would for good:
+/// a user with swap on uzram gets a hibernation that works without a step of their own. A
+/// hook not installed under `root`, or masked (its first file in the search path a link to
+/// /dev/null), is left out: a requirement on it would fail every hibernation.
+pub fn sleep_hooks(root: &Path) -> Vec<(PathBuf, Entry)> {
+    let mut out = Vec::new();
+    for (hook, kind, sleeps) in SLEEP_HOOKS {
+        let first = UNIT_DIRS
+            .iter()
+            .find(|d| root.join(d).join(hook).symlink_metadata().is_ok());
+        let Some(dir) = first else { continue };
+        let path = root.join(dir).join(hook);
+        let masked = std::fs::read_link(&path).is_ok_and(|t| t == Path::new("/dev/null"))
+            || std::fs::metadata(&path).map_or(true, |m| m.len() == 0);
+        if masked {
+            continue;
+        }
+        for sleep in sleeps {
+            out.push((
+                PathBuf::from(format!("{sleep}.{kind}/{hook}")),
+                Entry::Link(format!("/{dir}/{hook}")),
+            ));
         }
     }
     out

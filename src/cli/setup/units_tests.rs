@@ -487,3 +487,76 @@ fn a_directory_that_cannot_be_written_fails_after_naming_each_device() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A swap device pulls the installed sleep hooks in where systemd sleeps, as `systemctl enable`
+/// would for this boot; a masked or missing hook is left out (a requirement on it would fail
+/// every hibernation), and a system with no swap on uzram gets none.
+#[test]
+fn a_swap_device_pulls_in_the_installed_sleep_hooks_unless_masked() {
+    let hooks: [Written; 2] = [
+        ("usr/lib/systemd/system/uzram-hibernate.service", "[Unit]\n"),
+        ("usr/lib/systemd/system/uzram-suspend.service", "[Unit]\n"),
+    ];
+    let conf = (
+        "etc/systemd/zram-generator.conf",
+        "[zram0]\nzram-size = 64\n",
+    );
+    let dir = root("sleep", &[conf, hooks[0], hooks[1]]);
+    let out = dir.join("out");
+    let done = generate(&out, &dir, EXE);
+    assert!(!done.config_failed && !done.write_failed, "{done:?}");
+    for sleep in [
+        "systemd-hibernate",
+        "systemd-hybrid-sleep",
+        "systemd-suspend-then-hibernate",
+    ] {
+        assert_eq!(
+            std::fs::read_link(
+                out.join(format!("{sleep}.service.requires/uzram-hibernate.service"))
+            )
+            .unwrap(),
+            Path::new("/usr/lib/systemd/system/uzram-hibernate.service")
+        );
+    }
+    assert!(out
+        .join("systemd-suspend.service.wants/uzram-suspend.service")
+        .symlink_metadata()
+        .is_ok());
+    assert!(
+        done.said
+            .iter()
+            .any(|l| l.starts_with("sleep hooks pulled in")),
+        "{:?}",
+        done.said
+    );
+
+    // Masked in /etc (a link to /dev/null, or an empty file): not pulled in; the other is.
+    let masked = root("sleep-masked", &[conf, hooks[0], hooks[1]]);
+    let etc = masked.join("etc/systemd/system");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::os::unix::fs::symlink("/dev/null", etc.join("uzram-hibernate.service")).unwrap();
+    std::fs::write(etc.join("uzram-suspend.service"), "").unwrap();
+    let out2 = masked.join("out");
+    generate(&out2, &masked, EXE);
+    assert!(out2.join("dev-ublkb0.swap").is_file());
+    assert!(!out2.join("systemd-hibernate.service.requires").exists());
+    assert!(!out2.join("systemd-suspend.service.wants").exists());
+
+    // Not installed, or no swap device: no link.
+    let bare = root("sleep-bare", &[conf]);
+    generate(&bare.join("out"), &bare, EXE);
+    assert!(!bare.join("out/systemd-hibernate.service.requires").exists());
+    let fs_only = (
+        "etc/systemd/zram-generator.conf",
+        "[zram0]\nzram-size = 64\nfs-type = ext4\nmount-point = /mnt/z\n",
+    );
+    let mounted = root("sleep-fs", &[fs_only, hooks[0], hooks[1]]);
+    generate(&mounted.join("out"), &mounted, EXE);
+    assert!(mounted.join("out/mnt-z.mount").is_file());
+    assert!(!mounted
+        .join("out/systemd-hibernate.service.requires")
+        .exists());
+    for d in [dir, masked, bare, mounted] {
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
