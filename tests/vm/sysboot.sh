@@ -3,8 +3,9 @@
 # booted with systemd as PID 1. The root file system is made by mmdebstrap from this machine's
 # own apt source (bookworm, minbase, systemd), with the package installed by dpkg -i, the guest
 # kernel's ublk_drv (loaded by the package's modules-load.d), a stock zram-generator.conf
-# ([zram0], ram / 2, zstd) and guest/sysboot/'s checks, which run at each of three boots and
-# print their PASS/FAIL lines on the console (see guest/sysboot/vmboot.sh).
+# ([zram0], ram / 2, zstd) and guest/sysboot/'s checks, which run at each of three boots (and a
+# resume from hibernation) and print their PASS/FAIL lines on the console (see
+# guest/sysboot/vmboot.sh).
 
 SYSBOOT_PACKAGES=systemd-sysv,udev,kmod,util-linux,procps,bash-completion,man-db,e2fsprogs
 
@@ -67,13 +68,27 @@ run_sysboot() {
         case $deb in /*) ;; *) deb=$root/$deb ;; esac
     fi
     build_sysroot "$deb"
+    # /dev/vdb: the disk swap a laptop hibernates to (empty; boot 1 makes it swap), resumed
+    # from by the initramfs (uzram.resume=vdb) before it mounts the root, as a distribution's does
+    rm -f "$CACHE/sysswap.img"
+    truncate -s 2G "$CACHE/sysswap.img"
     QARGS=(-machine "q35,accel=$ACCEL" -cpu max -smp "$CPUS" -m "${MEM_BOOT:-1G}"
         -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$CACHE/initramfs.cpio.gz"
-        -append "console=ttyS0 loglevel=4 edd=off rdinit=/init panic=-1 uzram.mode=sysboot systemd.show_status=error"
+        -append "console=ttyS0 loglevel=4 edd=off rdinit=/init panic=-1 uzram.mode=sysboot uzram.resume=vdb systemd.show_status=error"
         -nographic -nodefaults
-        -drive "file=$CACHE/sysroot.img,format=raw,if=virtio,cache=unsafe")
+        -drive "file=$CACHE/sysroot.img,format=raw,if=virtio,cache=unsafe"
+        -drive "file=$CACHE/sysswap.img,format=raw,if=virtio,cache=unsafe")
     say "booting $KVER into the Debian root three times (accel=$ACCEL, $CPUS cpus, ${MEM_BOOT:-1G}, timeout ${TIMEOUT_USER:-1500}s); console log: $log"
     check_boot "$log" "${TIMEOUT_USER:-1500}"
+    # boot 1 hibernates: QEMU ends once the image is written; the same disks boot again and
+    # the guest goes on from the image (at most twice, and 15 minutes each)
+    local resumes=0
+    while [ "$qrc" = 0 ] && [ "$resumes" -lt 2 ] && ! grep -q '^UZRAM-VM-RESULT: ' "$log" &&
+        [ "$(grep -c '^UZRAM-VM-HIBERNATING' "$log")" -gt "$resumes" ]; do
+        resumes=$((resumes + 1))
+        say "booting again to resume the hibernated guest ($resumes)"
+        check_boot "$log" 900 -a
+    done
     # what the guest's own checks cannot see: a panic (the guest reboots and goes on), and a
     # shutdown that waited for uzram's processes
     if grep -E 'Kernel panic|systemd-shutdown.*Waiting for process' "$log"; then
