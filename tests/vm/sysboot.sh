@@ -3,7 +3,7 @@
 # booted with systemd as PID 1. The root file system is made by mmdebstrap from this machine's
 # own apt source (bookworm, minbase, systemd), with the package installed by dpkg -i, the guest
 # kernel's ublk_drv (loaded by the package's modules-load.d), a stock zram-generator.conf
-# ([zram0], ram / 2, zstd) and guest/sysboot/'s checks, which run at each of three boots (and a
+# ([zram0], ram / 2, zstd) and guest/sysboot/'s checks, which run at each of four boots (and a
 # resume from hibernation) and print their PASS/FAIL lines on the console (see
 # guest/sysboot/vmboot.sh).
 
@@ -67,6 +67,7 @@ run_sysboot() {
         deb=$(cat "$root/target/debian/last")
         case $deb in /*) ;; *) deb=$root/$deb ;; esac
     fi
+    case $deb in /*) ;; *) deb=$PWD/$deb ;; esac
     build_sysroot "$deb"
     # /dev/vdb: the disk swap a laptop hibernates to (empty; boot 1 makes it swap), resumed
     # from by the initramfs (uzram.resume=vdb) before it mounts the root, as a distribution's does
@@ -78,16 +79,17 @@ run_sysboot() {
         -nographic -nodefaults
         -drive "file=$CACHE/sysroot.img,format=raw,if=virtio,cache=unsafe"
         -drive "file=$CACHE/sysswap.img,format=raw,if=virtio,cache=unsafe")
-    say "booting $KVER into the Debian root three times (accel=$ACCEL, $CPUS cpus, ${MEM_BOOT:-1G}, timeout ${TIMEOUT_USER:-1500}s); console log: $log"
+    say "booting $KVER into the Debian root four times, with a resume (accel=$ACCEL, $CPUS cpus, ${MEM_BOOT:-1G}, timeout ${TIMEOUT_USER:-1500}s); console log: $log"
     check_boot "$log" "${TIMEOUT_USER:-1500}"
     # boot 1 hibernates: QEMU ends once the image is written; the same disks boot again and
-    # the guest goes on from the image (at most twice, and 15 minutes each)
+    # the guest goes on from the image (at most twice). What is left must fit in that run: the
+    # rest of boot 1 and boots 2 to 4 (about 2.5 minutes under TCG), at most 15 minutes.
     local resumes=0
     while [ "$qrc" = 0 ] && [ "$resumes" -lt 2 ] && ! grep -q '^UZRAM-VM-RESULT: ' "$log" &&
         [ "$(grep -c '^UZRAM-VM-HIBERNATING' "$log")" -gt "$resumes" ]; do
         resumes=$((resumes + 1))
         say "booting again to resume the hibernated guest ($resumes)"
-        check_boot "$log" 900 -a
+        check_boot "$log" "$((${TIMEOUT_USER:-1500} < 900 ? ${TIMEOUT_USER:-1500} : 900))" -a
     done
     # what the guest's own checks cannot see: a panic (the guest reboots and goes on), and a
     # shutdown that waited for uzram's processes

@@ -609,8 +609,9 @@ fn mib_to_bytes(
     Ok(bytes as u64)
 }
 
-/// Warns of the settings of the plan's `uzram-policy` that only act on a writeback device,
-/// where it has none.
+/// Warns of the settings of the plan's `uzram-policy` whose only effect is writing pages back
+/// (the others act on the pool as well), where it has no writeback device; `off` or `0` asks
+/// for nothing and is not warned of.
 fn warn_writeback_only(plan: &mut DevicePlan) {
     if plan.writeback.is_some() {
         return;
@@ -621,6 +622,7 @@ fn warn_writeback_only(plan: &mut DevicePlan) {
     let words: Vec<&str> = policy
         .split_whitespace()
         .filter(|w| w.starts_with("writeback_after=") || w.starts_with("budget="))
+        .filter(|w| !w.ends_with("=off") && !w.ends_with("=0"))
         .collect();
     if !words.is_empty() {
         let unused = words.join(" ");

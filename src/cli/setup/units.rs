@@ -467,7 +467,8 @@ const SLEEP_HOOKS: [(&str, &str, &[&str]); 2] = [
 ];
 
 /// systemd's search path for system units, first match wins (`man systemd.unit`), less the
-/// generators' own directories.
+/// generators' own directories and those of `systemctl set-property` and transient units,
+/// where no sleep hook's file or mask is found.
 const UNIT_DIRS: [&str; 5] = [
     "etc/systemd/system",
     "run/systemd/system",
@@ -479,8 +480,9 @@ const UNIT_DIRS: [&str; 5] = [
 /// The links that enable the sleep hooks for this boot, as `systemctl enable` would for good:
 /// a user with swap on uzram gets a hibernation that works without a step of their own. A
 /// hook not installed under `root`, or masked (its first file in the search path a link to
-/// /dev/null), is left out: a requirement on it would fail every hibernation.
-pub fn sleep_hooks(root: &Path) -> Vec<(PathBuf, Entry)> {
+/// /dev/null, an empty file, or a link that leads nowhere), is left out: a requirement on it
+/// would fail every hibernation.
+fn sleep_hooks(root: &Path) -> Vec<(PathBuf, Entry)> {
     let mut out = Vec::new();
     for (hook, kind, sleeps) in SLEEP_HOOKS {
         let first = UNIT_DIRS

@@ -530,7 +530,7 @@ fn a_swap_device_pulls_in_the_installed_sleep_hooks_unless_masked() {
         done.said
     );
 
-    // Masked in /etc (a link to /dev/null, or an empty file): not pulled in; the other is.
+    // Both masked in /etc (one a link to /dev/null, one an empty file): neither pulled in.
     let masked = root("sleep-masked", &[conf, hooks[0], hooks[1]]);
     let etc = masked.join("etc/systemd/system");
     std::fs::create_dir_all(&etc).unwrap();

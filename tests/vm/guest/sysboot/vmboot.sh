@@ -120,7 +120,8 @@ boot1() {
     systemctl reboot
 }
 
-# since_mark TEXT: the lines of stdin (dmesg) after the last one that holds TEXT
+# since_mark TEXT: the lines of stdin (dmesg) after the last one that holds TEXT (the same as
+# guest/checks/sleep.sh's: this script runs in the guest's own root, without the host's tree)
 since_mark() {
     awk -v m="$1" 'index($0, m) { n = 0; delete l; next } { l[++n] = $0 } END { for (i = 1; i <= n; i++) print l[i] }'
 }
@@ -160,6 +161,14 @@ hibernate() {
         i=$((i + 1))
     done
     on_uzram=$(awk '$1 == "/dev/ublkb0" { print int($4 / 1024) }' /proc/swaps)
+    # with no page on uzram the hook would swap off an empty device: nothing proved
+    if ! grep -q held /tmp/hib-hold.log || [ "${on_uzram:-0}" -lt $((hold / 2)) ]; then
+        cat /tmp/hib-hold.log
+        kill $hpid 2>/dev/null
+        swapoff /dev/vdb
+        fail "hibernate: not tried: the program's pages are not on /dev/ublkb0 (${on_uzram:-0} MiB there, $hold MiB held)"
+        return
+    fi
     mark="uzram-vmboot: hibernating at $(uptime_s)"
     echo "$mark" >/dev/kmsg
     echo 1 >/sys/power/pm_debug_messages 2>/dev/null
@@ -168,16 +177,21 @@ hibernate() {
     # tests/vm/run's cue: the guest powers off once the image is written; boot it again
     echo "UZRAM-VM-HIBERNATING boot1"
     systemctl hibernate >/tmp/hib-systemctl.log 2>&1 || local_bad="$local_bad; systemctl hibernate: $(cat /tmp/hib-systemctl.log)"
-    # back from the image (the kernel says so), and uzram's post hook done (its unit stopped)
+    # back from the image (the kernel says so), and uzram's post hook done (its unit stopped);
+    # a hook or a hibernation that failed ends the wait at once
     i=0
     while [ -z "$local_bad" ] && [ $i -lt 3000 ]; do
+        hook=$(systemctl is-active uzram-hibernate.service)
+        sleeping=$(systemctl is-active systemd-hibernate.service)
+        [ "$hook" = failed ] || [ "$sleeping" = failed ] && break
         if dmesg | since_mark "$mark" | grep -qiE 'image restored successfully|hibernation exit'; then
-            [ "$(systemctl is-active uzram-hibernate.service)" = inactive ] &&
-                [ "$(systemctl is-active systemd-hibernate.service)" != activating ] && break
+            [ "$hook" = inactive ] && [ "$sleeping" != activating ] && break
         fi
         sleep 0.2
         i=$((i + 1))
     done
+    [ "$hook" = failed ] && local_bad="$local_bad; uzram-hibernate.service failed"
+    [ "$sleeping" = failed ] && local_bad="$local_bad; systemd-hibernate.service failed"
     t1=$(uptime_s)
     echo 0 >/sys/power/pm_debug_messages 2>/dev/null
     restored=$(dmesg | since_mark "$mark" | grep -ci 'image restored successfully')
