@@ -180,6 +180,7 @@ hibernate() {
     # back from the image (the kernel says so), and uzram's post hook done (its unit stopped);
     # a hook or a hibernation that failed ends the wait at once
     i=0
+    hook= sleeping=
     while [ -z "$local_bad" ] && [ $i -lt 3000 ]; do
         hook=$(systemctl is-active uzram-hibernate.service)
         sleeping=$(systemctl is-active systemd-hibernate.service)
