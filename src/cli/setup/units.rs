@@ -490,8 +490,8 @@ fn sleep_hooks(root: &Path) -> Vec<(PathBuf, Entry)> {
             .find(|d| root.join(d).join(hook).symlink_metadata().is_ok());
         let Some(dir) = first else { continue };
         let path = root.join(dir).join(hook);
-        let masked = std::fs::read_link(&path).is_ok_and(|t| t == Path::new("/dev/null"))
-            || std::fs::metadata(&path).map_or(true, |m| m.len() == 0);
+        // A link to /dev/null reads as empty too; a link that leads nowhere has no metadata.
+        let masked = std::fs::metadata(&path).map_or(true, |m| m.len() == 0);
         if masked {
             continue;
         }
