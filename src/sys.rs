@@ -29,6 +29,12 @@ pub fn set_io_flusher(on: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling thread's id (as /proc/self/task lists it).
+pub fn gettid() -> libc::pid_t {
+    // SAFETY: gettid takes no argument and cannot fail.
+    unsafe { libc::gettid() }
+}
+
 /// Locks every page the process has now, and every page it touches later (`MCL_ONFAULT`: new
 /// mappings are locked as they are faulted in, not populated by `mmap` itself, which would hold
 /// the process's `mmap_lock` while the kernel allocates).

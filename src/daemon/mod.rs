@@ -20,6 +20,7 @@
 #![cfg_attr(not(feature = "ublk"), allow(dead_code))]
 
 mod control;
+mod crew;
 pub mod defer;
 pub mod errno;
 mod fdstore;
@@ -203,6 +204,11 @@ struct Go {
     cause: String,
 }
 
+/// The line a standby writes on its stdout once it is pinned and waits for its `go`: before
+/// it, a takeover would start with the standby's own start-up (exec, locking, stacks), which in
+/// a swap storm waits for memory that only the held device's swap writes would free.
+pub(crate) const STANDBY_READY: &str = "standby";
+
 /// A standby's wait for its `go` line (see `ServeArgs::standby`); `None` when the supervisor
 /// closed the pipe instead (it ended: nothing to take over).
 fn wait_for_go() -> Option<Go> {
@@ -343,50 +349,6 @@ fn io_flusher() -> Result<(), ServeError> {
     })
 }
 
-/// Makes malloc's heap (the `[heap]` mappings of /proc/self/maps) resident whole, as
-/// `mlockall(MCL_CURRENT)` would have: what was allocated after the process locked its memory
-/// with `MCL_ONFAULT` (a device adopted by a successor: its records, vectors with room to grow)
-/// is otherwise faulted in by whichever thread first writes it, an I/O thread included.
-pub(super) fn populate_heap() -> std::io::Result<()> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
-    for line in maps.lines().filter(|l| l.ends_with("[heap]")) {
-        let entry = crate::common::maps::parse_maps_line(line)
-            .map_err(|e| std::io::Error::other(format!("/proc/self/maps: {e}")))?;
-        if entry.pathname == "[heap]" {
-            crate::sys::populate_write(entry.start, entry.len_bytes())?;
-        }
-    }
-    Ok(())
-}
-
-/// Starts a thread and waits for it to end, so that the kernel allocates the process's task
-/// statistics now (it does when the first thread of a process ends): otherwise the first thread
-/// to end when a worker is killed allocates them, and with memory short and the device's I/O
-/// held by the dying worker that allocation can wait for good (the worker never ends, and no
-/// successor can take the device over).
-fn end_a_thread() {
-    let ended = std::thread::Builder::new()
-        .name("uzram-start".into())
-        .stack_size(64 << 10)
-        .spawn(|| {})
-        .map(|t| t.join());
-    if ended.is_err() {
-        log("warning: could not start a thread at startup");
-    }
-}
-
-/// Locks the daemon's memory and keeps the OOM killer away from it.
-fn pin_memory() -> Result<(), ServeError> {
-    crate::sys::lock_all_memory().map_err(|source| ServeError::Setup {
-        what: "lock the daemon's memory (mlockall); raise RLIMIT_MEMLOCK or run as root",
-        source,
-    })?;
-    std::fs::write("/proc/self/oom_score_adj", "-1000").map_err(|source| ServeError::Setup {
-        what: "set oom_score_adj to -1000",
-        source,
-    })
-}
-
 /// What [`start`] hands the rest of serving.
 struct Started {
     device: Arc<Device>,
@@ -402,6 +364,32 @@ struct Started {
     signals: crate::sys::BlockedSignals,
     /// The slot-free probe, loaded for the device to watch once it exists; or why not.
     slot_free: Result<slotfree::Loaded, String>,
+}
+
+/// The slot-free probe a worker uses: its supervisor's, handed over (`inherited`), or one it
+/// loads itself; or why none.
+fn slot_free_for(
+    args: &ServeArgs,
+    pages: u64,
+    inherited: Option<&slotfree::Descriptors>,
+) -> Result<slotfree::Loaded, String> {
+    match (args.device.slot_free, inherited) {
+        (options::SlotFree::Discard, _) => Err("turned off (--slot-free discard)".to_string()),
+        // The supervisor's: loaded once, before its first worker, and held.
+        (options::SlotFree::Probe, Some(probe)) => {
+            let protocol = args.worker_probe_protocol.as_deref().unwrap_or_default();
+            slotfree::adopt(probe, pages, protocol)
+        }
+        // A successor whose supervisor holds none (its own load failed, or systemd restarted
+        // it) starts while the device's I/O waits for it, often with memory short and swap
+        // held up: loading the probe (a helper process parsing the kernel's BTF) could wait
+        // for memory that only swap would free.
+        (options::SlotFree::Probe, None) if args.recover.is_some() || args.standby => Err(
+            "not loaded by a successor whose supervisor holds none (it would need memory while the device waits for it)"
+                .to_string(),
+        ),
+        (options::SlotFree::Probe, None) => slotfree::load(pages),
+    }
 }
 
 /// Everything before the device is added: the slot-free probe loaded, the device built, the
@@ -449,23 +437,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     // is read on this thread, with a deadline).
     let pages = disksize.div_ceil(uzram_engine::PAGE_SIZE as u64);
     let inherited = inherited_probe(args)?;
-    let slot_free = match (args.device.slot_free, &inherited) {
-        (options::SlotFree::Discard, _) => Err("turned off (--slot-free discard)".to_string()),
-        // The supervisor's: loaded once, before its first worker, and held.
-        (options::SlotFree::Probe, Some(probe)) => {
-            let protocol = args.worker_probe_protocol.as_deref().unwrap_or_default();
-            slotfree::adopt(probe, pages, protocol)
-        }
-        // A successor whose supervisor holds none (its own load failed, or systemd restarted
-        // it) starts while the device's I/O waits for it, often with memory short and swap
-        // held up: loading the probe (a helper process parsing the kernel's BTF) could wait
-        // for memory that only swap would free.
-        (options::SlotFree::Probe, None) if args.recover.is_some() || args.standby => Err(
-            "not loaded by a successor whose supervisor holds none (it would need memory while the device waits for it)"
-                .to_string(),
-        ),
-        (options::SlotFree::Probe, None) => slotfree::load(pages),
-    };
+    let slot_free = slot_free_for(args, pages, inherited.as_ref());
     let signals =
         crate::sys::BlockedSignals::block(&[libc::SIGTERM, libc::SIGINT]).map_err(|source| {
             ServeError::Setup {
@@ -473,8 +445,15 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
                 source,
             }
         })?;
-    pin_memory()?;
-    end_a_thread();
+    pin::pin_memory()?;
+    pin::end_a_thread();
+    // The queue threads, ready before the device is built or, in a standby, before it says it
+    // is ready (see `crew`).
+    #[cfg(feature = "ublk")]
+    let prepare: crew::Prepare = ublk::prepare_queue_ring;
+    #[cfg(not(feature = "ublk"))]
+    let prepare: crew::Prepare = |_| {};
+    crew::start(usize::from(queues(args)), args.depth, prepare);
     heap::init(disksize, true).map_err(|source| ServeError::Setup {
         what: "reserve address space for the I/O heap",
         source,
@@ -482,12 +461,15 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     // The device is built (below) after `mlockall(MCL_CURRENT)`: a region's metadata and table
     // areas are mapped whole but hold memory only where written; locked then, they would be
     // populated whole.
-    // A standby has what needs memory done (pinned, its stacks and malloc's heap resident) but
-    // its I/O heap: it waits here, until a worker dies, for the supervisor's word. Its I/O heap
+    // A standby has what needs memory done (pinned, its stacks, its queue threads and malloc's
+    // heap resident) but its I/O heap: it waits here, until a worker dies, for the
+    // supervisor's word. Its I/O heap
     // is committed when it takes over (the refill below, 1 MiB, or 4 MiB with memory short, as
     // a worker's is): held by every standby all along, that step would be 1 MiB of the idle
     // daemon's 10, and a takeover under pressure faults the 3 MiB beyond it then anyway.
     let recover = if args.standby {
+        // Ready: the supervisor knows a death now needs nothing new but the I/O heap's step.
+        let _ = crate::common::output::outln(STANDBY_READY);
         match wait_for_go() {
             Some(go) => Some((go.id, go.restarts, go.cause)),
             None => std::process::exit(0),
@@ -496,6 +478,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
         args.recover
             .map(|id| (id, args.restarts, args.last_restart.clone()))
     };
+    watchdog::step(watchdog::Step::Device);
     let (device, adopted) = device_for(args, recover.as_ref(), setup, disksize)?;
     // The marks before any request is served (see `Loaded::attach`).
     let slot_free = slot_free.and_then(|probe| probe.attach(&device).map(|()| probe));
@@ -505,7 +488,8 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     drop(inherited);
     // Whatever building or adopting the device allocated from malloc after `mlockall`, faulted
     // in now: an I/O thread that wrote a page of it first would fault while memory is short.
-    if let Err(e) = populate_heap() {
+    watchdog::step(watchdog::Step::Heap);
+    if let Err(e) = pin::populate_heap() {
         log(&format!(
             "warning: malloc's heap could not be made resident ({e}): a page fault on the I/O path may wait for memory"
         ));
@@ -521,9 +505,11 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     let short = threads::note_pressure(&device, &mut threads::LastReading::default(), false);
     // In a region: the first leaves and metadata chunks resident before the first write.
     device.prefault_region(short);
+    watchdog::step(watchdog::Step::IoHeap);
     if heap::refill() == 0 {
         log("warning: the I/O heap could not be committed; the I/O path allocates from malloc");
     }
+    watchdog::step(watchdog::Step::Upkeep);
     threads::memory_thread(Arc::clone(&device))?;
     threads::policy_thread(Arc::clone(&device))?;
     watchdog::progress_log(Arc::clone(&device));

@@ -39,3 +39,47 @@ pub fn prefault_stack<const BYTES: usize>() {
     let probe = [1u8; BYTES];
     std::hint::black_box(&probe);
 }
+
+/// Makes malloc's heap (the `[heap]` mappings of /proc/self/maps) resident whole, as
+/// `mlockall(MCL_CURRENT)` would have: what was allocated after the process locked its memory
+/// with `MCL_ONFAULT` (a device adopted by a successor: its records, vectors with room to grow)
+/// is otherwise faulted in by whichever thread first writes it, an I/O thread included.
+pub(crate) fn populate_heap() -> std::io::Result<()> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    for line in maps.lines().filter(|l| l.ends_with("[heap]")) {
+        let entry = crate::common::maps::parse_maps_line(line)
+            .map_err(|e| std::io::Error::other(format!("/proc/self/maps: {e}")))?;
+        if entry.pathname == "[heap]" {
+            crate::sys::populate_write(entry.start, entry.len_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+/// Starts a thread and waits for it to end, so that the kernel allocates the process's task
+/// statistics now (it does when the first thread of a process ends): otherwise the first thread
+/// to end when a worker is killed allocates them, and with memory short and the device's I/O
+/// held by the dying worker that allocation can wait for good (the worker never ends, and no
+/// successor can take the device over).
+pub(crate) fn end_a_thread() {
+    let ended = std::thread::Builder::new()
+        .name("uzram-start".into())
+        .stack_size(64 << 10)
+        .spawn(|| {})
+        .map(|t| t.join());
+    if ended.is_err() {
+        super::log("warning: could not start a thread at startup");
+    }
+}
+
+/// Locks the daemon's memory and keeps the OOM killer away from it.
+pub(crate) fn pin_memory() -> Result<(), super::ServeError> {
+    crate::sys::lock_all_memory().map_err(|source| super::ServeError::Setup {
+        what: "lock the daemon's memory (mlockall); raise RLIMIT_MEMLOCK or run as root",
+        source,
+    })?;
+    std::fs::write("/proc/self/oom_score_adj", "-1000").map_err(|source| super::ServeError::Setup {
+        what: "set oom_score_adj to -1000",
+        source,
+    })
+}

@@ -58,14 +58,8 @@ pub fn for_queue_thread(qid: u16) -> &'static QueueCounts {
         .get()
         .and_then(|q| q.get(usize::from(qid)))
         .unwrap_or(&SPARE);
-    counts.tid.store(own_tid().unwrap_or(0), Ordering::Relaxed);
+    counts.tid.store(crate::sys::gettid(), Ordering::Relaxed);
     counts
-}
-
-/// The calling thread's id (`/proc/thread-self` links to `PID/task/TID`).
-fn own_tid() -> Option<i32> {
-    let link = std::fs::read_link("/proc/thread-self").ok()?;
-    link.file_name()?.to_str()?.parse().ok()
 }
 
 /// The sums over the device's queues, with each queue thread's context switches as the kernel
@@ -125,7 +119,7 @@ mod tests {
         assert_eq!(after.ring_enters - before.ring_enters, 2);
         assert_eq!(after.copies - before.copies, 1);
         // The test thread slept, so the kernel counted a voluntary switch of it.
-        assert_eq!(own_tid(), Some(q.tid.load(Ordering::Relaxed)));
+        assert_eq!(crate::sys::gettid(), q.tid.load(Ordering::Relaxed));
         assert!(after.switches_voluntary > before.switches_voluntary);
     }
 }

@@ -22,11 +22,7 @@ static MEMORY_TID: AtomicU32 = AtomicU32::new(0);
 
 /// Records the calling thread as the memory thread.
 pub(super) fn note_memory_thread() {
-    // "/proc/thread-self" links to "PID/task/TID".
-    let tid = std::fs::read_link("/proc/thread-self")
-        .ok()
-        .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok())
-        .unwrap_or(0);
+    let tid = u32::try_from(crate::sys::gettid()).unwrap_or(0);
     MEMORY_TID.store(tid, Ordering::Release);
 }
 

@@ -317,7 +317,7 @@ pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {
                 // Larger than the heap's margin, they come from malloc, zeroed by the kernel
                 // and not yet faulted in: made resident now, not by the first batch, which
                 // may come with memory short.
-                if let Err(e) = super::populate_heap() {
+                if let Err(e) = super::pin::populate_heap() {
                     log(&format!(
                         "policy: malloc's heap could not be made resident ({e}): its first writeback may wait for memory"
                     ));

@@ -102,7 +102,7 @@ impl io::Transfer for UserCopy<'_> {
 /// Serves queue `qid` with `UBLK_F_USER_COPY`: one request at a time through one buffer of
 /// [`MAX_IO_BYTES`], whatever the depth (the kernel holds the other requests' data until the
 /// thread copies it).
-fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
+fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device, buf: &mut [u8]) {
     let Some(mut ctx) = queue_start(qid, device) else {
         return;
     };
@@ -111,8 +111,6 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
         Ok(f) => f,
         Err(e) => return log(&format!("queue {qid}: the char device: {e}")),
     };
-    // Written, not only allocated: its pages are faulted in (and locked) before serving.
-    let mut buf = vec![0xA5u8; MAX_IO_BYTES as usize];
     let queue = match UblkQueue::new(qid, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(None)))
     {
@@ -129,7 +127,7 @@ fn user_copy_queue(qid: u16, dev: &UblkDev, device: &Device) {
             device,
             &mut ctx,
             request(q.get_iod(tag)),
-            &mut buf,
+            &mut *buf,
             &transfer,
             attempt,
             deferral,
@@ -357,11 +355,14 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
             MAX_IO_BYTES >> 10
         ));
     }
+    super::watchdog::step(super::watchdog::Step::Control);
     let ctrl = new_ctrl(args, recover, queues, user_copy, in_region)?;
     let id = ctrl.dev_info().dev_id;
     if let Some(id) = recover {
+        super::watchdog::step(super::watchdog::Step::Recovery);
         start_recovery(&ctrl, id)?;
     }
+    super::watchdog::step(super::watchdog::Step::Threads);
     // A signal that arrived since `start` blocked them waits, pending, for this thread.
     std::thread::spawn(move || {
         signals.wait();
@@ -376,14 +377,13 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
     super::swapwatch::swap_watch_thread(id, Arc::clone(&device));
     let disksize = device.disksize();
     let detached = args.detached;
-    let served = ctrl.run_target(
-        move |dev: &mut UblkDev| {
-            set_params(dev, disksize);
-            Ok(())
-        },
-        move |qid, dev: &UblkDev| {
+    super::watchdog::step(super::watchdog::Step::Queues);
+    let served = run_target(
+        &ctrl,
+        disksize,
+        move |qid, dev: &UblkDev, buf: &mut [u8]| {
             if user_copy {
-                user_copy_queue(qid, dev, &device)
+                user_copy_queue(qid, dev, &device, buf)
             } else {
                 per_tag_queue(qid, dev, &device)
             }
@@ -403,9 +403,78 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
     let _ = UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev());
     crate::common::remove_socket(&socket_path(id));
     log(&format!("{} deleted", block_path(id)));
-    served
-        .map(|_| ())
-        .map_err(|e| ServeError::Ublk(format!("serving {}: {e}", block_path(id))))
+    served.map_err(|e| ServeError::Ublk(format!("serving {}: {e}", block_path(id))))
+}
+
+/// Makes the calling thread's io_uring as `UblkQueue::new` would for a queue of `depth` tags
+/// (libublk's thread-local ring, which the queue then finds made): a queue thread started
+/// ahead does it, so that a takeover asks the kernel for no ring.
+pub(super) fn prepare_queue_ring(depth: u16) {
+    use io_uring::{cqueue, squeue, IoUring};
+    let made = libublk::ublk_init_task_ring(|cell| {
+        if cell.get().is_none() {
+            let ring = IoUring::<squeue::Entry, cqueue::Entry>::builder()
+                .setup_cqsize(u32::from(depth))
+                .setup_coop_taskrun()
+                .build(u32::from(depth))
+                .map_err(libublk::UblkError::IOError)?;
+            cell.set(std::cell::RefCell::new(ring))
+                .map_err(|_| libublk::UblkError::OtherError(-libc::EEXIST))?;
+        }
+        Ok(())
+    });
+    if let Err(e) = made {
+        log(&format!(
+            "warning: a queue thread's ring could not be made ahead ({e}): it is made when the queue starts"
+        ));
+    }
+}
+
+/// libublk's `UblkCtrl::run_target`, with the queues served by the threads this worker started
+/// ahead (`crew`: a takeover starts no thread and faults in no stack or buffer while the
+/// device's I/O waits), and without libublk's JSON description of the device (written to tmpfs
+/// before a recovery ends, it allocated a page cache page while the device waited; nothing of
+/// uzram reads it). Returns once every queue is down.
+fn run_target(
+    ctrl: &UblkCtrl,
+    disksize: u64,
+    serve: impl Fn(u16, &UblkDev, &mut [u8]) + Send + Sync + Clone + 'static,
+    serving: impl FnOnce(&UblkCtrl),
+) -> Result<(), libublk::UblkError> {
+    let dev = Arc::new(UblkDev::new(
+        ctrl.get_name(),
+        |dev| {
+            set_params(dev, disksize);
+            Ok(())
+        },
+        ctrl,
+    )?);
+    let mut queues = Vec::new();
+    for qid in 0..dev.dev_info.nr_hw_queues {
+        let (dev, serve) = (Arc::clone(&dev), serve.clone());
+        let depth = dev.dev_info.queue_depth;
+        match super::crew::run(Box::new(move |buf| serve(qid, &dev, buf)), depth) {
+            Ok((tid, handle)) => {
+                ctrl.set_thread_affinity(qid, tid);
+                queues.push(handle);
+            }
+            Err(e) => log(&format!("queue {qid}: {e}")),
+        }
+    }
+    // A queue that did not start would leave the kernel waiting for its fetches: the caller
+    // deletes the device instead (as after a failed start: the queues that did start end with
+    // it, and the process after).
+    if queues.len() != usize::from(dev.dev_info.nr_hw_queues) {
+        return Err(libublk::UblkError::OtherError(-libc::EIO));
+    }
+    ctrl.start_dev(&dev)?;
+    serving(ctrl);
+    for q in queues {
+        let _ = q.join();
+    }
+    // The device may have been deleted from elsewhere: ENOENT is normal here.
+    let _ = ctrl.stop_dev();
+    Ok(())
 }
 
 /// The device's control, built (added, or for a successor, `recover`, set to be recovered):
@@ -492,7 +561,10 @@ fn on_serving(
         let _ = crate::sys::redirect_stderr(fd);
     }
     if let Some(said) = adopted {
-        log(said);
+        log(&format!(
+            "{said}; served after {}",
+            super::watchdog::steps_taken()
+        ));
     }
     if in_region {
         // libublk's description of the device, on tmpfs: a successor would read it

@@ -3,7 +3,7 @@
 //! thread's stack file as it starts: see `stallstack`).
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use uzram_engine::Device;
@@ -15,6 +15,117 @@ use super::threads::{memory_phase, Phase, REFILLED_ARENAS, SLOWEST_REFILL_MS};
 /// Whether the device is served: added and started, or, for a successor, taken over. Until
 /// then the progress line says so, and counts as a stall.
 pub static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// What the main thread of a worker is doing before the device is served (a successor's I/O
+/// waits for it), and since when: the progress line names it while the device waits.
+static STEP: AtomicU8 = AtomicU8::new(0);
+/// When [`STEP`] began, in ms after [`clock`]'s start.
+static STEP_SINCE: AtomicU64 = AtomicU64::new(0);
+
+/// The steps of a start, in order (see [`step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Step {
+    /// Building or adopting the device.
+    Device = 0,
+    /// Making malloc's heap resident.
+    Heap,
+    /// Committing the I/O heap's margin.
+    IoHeap,
+    /// Starting the memory, policy and progress threads.
+    Upkeep,
+    /// Opening the device's control.
+    Control,
+    /// `START_USER_RECOVERY`: the kernel quiesces the device (the dead worker's requests).
+    Recovery,
+    /// Starting the control, signal and swap-watch threads.
+    Threads,
+    /// Starting the queues (their threads, buffers and rings) and ending the recovery.
+    Queues,
+}
+
+impl Step {
+    fn name(self) -> &'static str {
+        match self {
+            Step::Device => "building or adopting the device",
+            Step::Heap => "making malloc's heap resident",
+            Step::IoHeap => "committing the I/O heap",
+            Step::Upkeep => "starting the upkeep threads",
+            Step::Control => "opening the device's control",
+            Step::Recovery => "START_USER_RECOVERY (the kernel quiescing the device)",
+            Step::Threads => "starting the control and swap-watch threads",
+            Step::Queues => "starting the queues",
+        }
+    }
+
+    fn short(self) -> &'static str {
+        match self {
+            Step::Device => "device",
+            Step::Heap => "heap",
+            Step::IoHeap => "I/O heap",
+            Step::Upkeep => "upkeep threads",
+            Step::Control => "control",
+            Step::Recovery => "recovery",
+            Step::Threads => "threads",
+            Step::Queues => "queues",
+        }
+    }
+
+    fn from_u8(v: u8) -> Step {
+        [
+            Step::Device,
+            Step::Heap,
+            Step::IoHeap,
+            Step::Upkeep,
+            Step::Control,
+            Step::Recovery,
+            Step::Threads,
+        ]
+        .get(usize::from(v))
+        .copied()
+        .unwrap_or(Step::Queues)
+    }
+}
+
+/// Milliseconds since the first call (a monotonic clock; no allocation).
+fn clock() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis()
+        .try_into()
+        .unwrap_or(u64::MAX)
+}
+
+/// When each step began ([`clock`]), 0 for a step not taken.
+static STEP_AT: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
+const STEPS: usize = Step::Queues as usize + 1;
+
+/// Records that the main thread starts step `s` of a start.
+pub(super) fn step(s: Step) {
+    let now = clock().max(1);
+    STEP_SINCE.store(now, Ordering::Relaxed);
+    STEP.store(s as u8, Ordering::Relaxed);
+    STEP_AT[s as usize].store(now, Ordering::Relaxed);
+}
+
+/// Where the time from [`Step::Device`] to now went, step by step ("device 12 ms, heap 3 ms,
+/// ..."), for a successor's log once it serves (a takeover that took long says why).
+pub(super) fn steps_taken() -> String {
+    let now = clock();
+    let at: Vec<(Step, u64)> = (0..STEPS)
+        .map(|i| (Step::from_u8(i as u8), STEP_AT[i].load(Ordering::Relaxed)))
+        .filter(|&(_, t)| t != 0)
+        .collect();
+    let mut out = String::new();
+    for (i, &(s, t)) in at.iter().enumerate() {
+        let end = at.get(i + 1).map_or(now, |&(_, next)| next);
+        let sep = if out.is_empty() { "" } else { ", " };
+        out.push_str(&format!("{sep}{} {} ms", s.short(), end.saturating_sub(t)));
+    }
+    out
+}
 
 /// With `UZRAM_PROGRESS_SECS=N`, a thread that writes the request counters to the kernel log
 /// every N seconds: a diagnostic for stalls, readable even when user space is stuck on memory
@@ -96,7 +207,7 @@ pub(super) fn progress_log(device: Arc<Device>) {
 /// One progress record into `w`: the requests, the pool, the daemon's memory, the memory
 /// thread's `phase`, whether the device is `stalled` or `waiting` for this process.
 fn progress_line(
-    w: &mut impl Write,
+    w: &mut std::io::Cursor<&mut [u8]>,
     device: &Device,
     rss: u64,
     phase: (Phase, u64),
@@ -153,6 +264,14 @@ fn progress_line(
             (false, _) => "",
         }
     );
+    if waiting {
+        // Before the newline written above: the record is one line.
+        let at = w.position().saturating_sub(1);
+        w.set_position(at);
+        let step = Step::from_u8(STEP.load(Ordering::Relaxed));
+        let ms = clock().saturating_sub(STEP_SINCE.load(Ordering::Relaxed));
+        let _ = writeln!(w, ": {} for {ms} ms", step.name());
+    }
 }
 
 /// The memory thread's phase in the progress line, when it has been in one (other than waiting

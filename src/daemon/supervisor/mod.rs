@@ -155,7 +155,7 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     // Never waits for the device's I/O to reclaim memory: while no worker runs, that I/O
     // waits for the supervisor (and its signal thread, started below, is one too).
     super::io_flusher()?;
-    super::pin_memory()?;
+    super::pin::pin_memory()?;
     let key = match stored_id {
         // The predecessor's (a successor without it refuses the region, saying so).
         Some(_) => stored_key,
@@ -367,6 +367,7 @@ impl Supervised {
             };
             restarts += 1;
             let dead = child.id();
+            let unready = standby.as_ref().is_some_and(|s| !workers::standby_ready(s));
             child = self.successor(standby.take(), id, restarts, &why)?;
             kmsg(&format!(
                 "{path}: worker {dead} ended ({why}); successor {} started",
@@ -382,9 +383,14 @@ impl Supervised {
                 return Err(ServeError::Worker(format!("{path}: {msg}")));
             }
             log(&format!(
-                "{path}: its worker (pid {dead}) ended ({why}); a successor (pid {}, restart {restarts}) serves it again, {} ms after the last one ended",
+                "{path}: its worker (pid {dead}) ended ({why}); a successor (pid {}, restart {restarts}) serves it again, {} ms after the last one ended{}",
                 child.id(),
-                died.elapsed().as_millis()
+                died.elapsed().as_millis(),
+                if unready {
+                    " (the standby was still starting: it started while the device waited)"
+                } else {
+                    ""
+                }
             ));
             flags.upgrading.store(false, Ordering::SeqCst);
             flags.serving.store(child.id(), Ordering::SeqCst);

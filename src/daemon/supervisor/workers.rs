@@ -167,13 +167,24 @@ pub(super) fn first_line(
 ) -> Result<(String, u32), String> {
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
-        if let Some(d) = deadline {
-            // An error of poll reads as ready: the read below reports what is wrong.
-            if !crate::sys::wait_readable(out.as_fd(), d).unwrap_or(true) {
-                return Err(format!("it did not serve within {} s", d.as_secs()));
+        let end = deadline.map(|d| (d, std::time::Instant::now() + d));
+        let mut out = BufReader::new(out);
+        loop {
+            if let Some((d, end)) = end.filter(|_| out.buffer().is_empty()) {
+                let left = end.saturating_duration_since(std::time::Instant::now());
+                // An error of poll reads as ready: the read below reports what is wrong.
+                if !crate::sys::wait_readable(out.get_ref().as_fd(), left).unwrap_or(true) {
+                    return Err(format!("it did not serve within {} s", d.as_secs()));
+                }
+            }
+            line.clear();
+            // A standby's ready line comes first, when it was not read at the death.
+            if !out.read_line(&mut line).is_ok_and(|n| n > 0)
+                || line.trim_end() != daemon::STANDBY_READY
+            {
+                break;
             }
         }
-        let _ = BufReader::new(out).read_line(&mut line);
     }
     let line = line.trim_end().to_string();
     let id = line
@@ -193,6 +204,14 @@ pub(super) fn first_line(
             ),
         }),
     }
+}
+
+/// Whether standby `s` has said it is ready ([`daemon::STANDBY_READY`]): its stdout has
+/// something to read (that line, or its end if it died). The line is left for [`first_line`].
+pub(super) fn standby_ready(s: &Child) -> bool {
+    s.stdout
+        .as_ref()
+        .is_some_and(|o| crate::sys::wait_readable(o.as_fd(), Duration::ZERO).unwrap_or(false))
 }
 
 /// How long a new binary may take to say whether it could take the device over.

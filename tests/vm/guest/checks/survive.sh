@@ -101,6 +101,24 @@ swap_forbidden_in() {
     return 1
 }
 
+# standby_state WORKER: the standby beside WORKER (its supervisor's other child started with
+# --standby) as PID:ready (waiting in read(2) on its stdin for the word to take over) or
+# PID:starting; "none" when there is none.
+standby_state() {
+    local sup c
+    sup=$(awk '$1 == "PPid:" { print $2 }' /proc/"$1"/status 2>/dev/null)
+    for c in $(cat /proc/"$sup"/task/*/children 2>/dev/null); do
+        [ "$c" = "$1" ] && continue
+        tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q -- '--standby' || continue
+        case $(cat "/proc/$c/syscall" 2>/dev/null) in
+        "0 0x0 "*) echo "$c:ready" ;;
+        *) echo "$c:starting" ;;
+        esac
+        return
+    done
+    echo none
+}
+
 # storm_begin: the recover checks' storm, once swap_begin has set avail: the hung-task watchdog
 # at 30 s (its old value in hung0), vmtool filling 2x MemAvailable (fill) and verifying it
 # twice in the background (tpid; ten kills 2 s apart end within the first pass), the kernel's
@@ -119,7 +137,7 @@ storm_begin() {
 
 check_recover() {
     local name=$1 kills=$2 mode=$3 log=$UZ_TMP/$1.log dev swapsize avail fill tpid o0 i k pid
-    local rc oom0 oom1 times worst wfail cg probe freed hung0 moved= l0 wcg
+    local rc oom0 oom1 times worst wfail cg probe freed hung0 moved= l0 wcg sb w
     note "$name: SIGKILL to the worker $kills time(s) while swap holds 2x RAM ($mode)"
     swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
     if [ "$mode" = shell ]; then
@@ -168,6 +186,19 @@ check_recover() {
             kill -STOP $tpid
             sleep 1
         fi
+        # A takeover within 2 s needs the standby ready (pinned, waiting for its word): the
+        # supervisor starts it once a successor serves, and in a storm under emulation that
+        # takes seconds; a death before it is ready waits for the standby's whole start-up
+        # (UZRAM_VM_KILL_UNREADY=1 kills without waiting: the device may be given up).
+        w=0
+        sb=$(standby_state "$pid")
+        while [ "${UZRAM_VM_KILL_UNREADY:-0}" != 1 ] && [ $w -lt 600 ]; do
+            case $sb in *:ready) break ;; esac
+            sleep 0.1
+            w=$((w + 1))
+            sb=$(standby_state "$pid")
+        done
+        sb="$sb after $((w / 10)).$((w % 10)) s"
         kill -KILL "$pid"
         k=$((k + 1))
         for i in $(seq 1 600); do
@@ -182,18 +213,21 @@ check_recover() {
             fail_log "$name" "$log" "no successor served $dev 60 s after SIGKILL $k to worker $pid: $(tail -n 3 "$UZRAM_LOG" | tr '\n' ' ')"
             return
         fi
-        echo "kill $k: worker $pid; now $("$UZRAM_BIN" attr "$dev" uzram_stat | grep restart | tr '\n' ' ')" >>"$log"
-        sleep 2
+        echo "kill $k: worker $pid (standby $sb); now $("$UZRAM_BIN" attr "$dev" uzram_stat | grep restart | tr '\n' ' ')" >>"$log"
+        sleep "${UZRAM_VM_KILL_GAP:-2}"
     done
     wait $tpid
     rc=$?
     echo "$hung0" >/proc/sys/kernel/hung_task_timeout_secs
-    grep '^vmtool' "$log" | sed 's/^/VM: /'
+    grep -e '^vmtool' -e '^kill' "$log" | sed 's/^/VM: /'
     oom1=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
     wfail=$(dev_failed_writes "$dev")
     times=$(grep -o '[0-9]* ms after the last one ended' "$UZRAM_LOG" | tail -n "$k" | awk '{ print $1 }' | tr '\n' ' ')
     worst=$(echo "$times" | tr ' ' '\n' | sort -n | tail -n 1)
     echo "restart times (ms): $times; failed writes $wfail" >>"$log"
+    # where each successor's time went, as it logged once serving
+    grep -o 'served after .*' "$UZRAM_LOG" | tail -n "$k" | sed 's/^/VM: successor /'
+    grep -o 'the standby was still starting' "$UZRAM_LOG" | sort | uniq -c | sed 's/^/VM: /'
     # the last successor's slot-free mode: the probe its supervisor holds, and what it freed
     probe=$("$UZRAM_BIN" attr "$dev" uzram_stat | awk '$1 == "slot_free_probe" { print $2 }')
     freed=$("$UZRAM_BIN" attr "$dev" uzram_stat | awk '$1 == "slot_free_freed" { print $2 }')
