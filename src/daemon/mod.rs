@@ -209,6 +209,12 @@ struct Go {
 /// a swap storm waits for memory that only the held device's swap writes would free.
 pub(crate) const STANDBY_READY: &str = "standby";
 
+/// Set (to 1) in a standby's environment by a supervisor that reads [`STANDBY_READY`]: one
+/// from before it, which starts standbys of the binary now at its path after a package
+/// upgrade, takes the first line for the worker's answer and would give the device up. An
+/// environment variable, not an option, because an older binary ignores it.
+pub(crate) const STANDBY_READY_ENV: &str = "UZRAM_STANDBY_READY";
+
 /// A standby's wait for its `go` line (see `ServeArgs::standby`); `None` when the supervisor
 /// closed the pipe instead (it ended: nothing to take over).
 fn wait_for_go() -> Option<Go> {
@@ -468,8 +474,11 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     // a worker's is): held by every standby all along, that step would be 1 MiB of the idle
     // daemon's 10, and a takeover under pressure faults the 3 MiB beyond it then anyway.
     let recover = if args.standby {
-        // Ready: the supervisor knows a death now needs nothing new but the I/O heap's step.
-        let _ = crate::common::output::outln(STANDBY_READY);
+        // Ready: a death now needs nothing new but the adoption's tables and the I/O heap's
+        // step. Said only to a supervisor that asks (see STANDBY_READY_ENV).
+        if std::env::var_os(STANDBY_READY_ENV).is_some_and(|v| v == "1") {
+            let _ = crate::common::output::outln(STANDBY_READY);
+        }
         match wait_for_go() {
             Some(go) => Some((go.id, go.restarts, go.cause)),
             None => std::process::exit(0),

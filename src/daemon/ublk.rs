@@ -337,6 +337,7 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
     let log_fd = args
         .log_fd
         .and_then(|fd| crate::sys::take_inherited_fd(fd).ok());
+    super::watchdog::step(super::watchdog::Step::Control);
     // A successor serves the device as it was made: the kernel's queue count (libublk needs
     // it to be the builder's), depth and flags.
     let queues = match recover {
@@ -355,7 +356,6 @@ pub fn serve_worker(args: &ServeArgs) -> Result<(), ServeError> {
             MAX_IO_BYTES >> 10
         ));
     }
-    super::watchdog::step(super::watchdog::Step::Control);
     let ctrl = new_ctrl(args, recover, queues, user_copy, in_region)?;
     let id = ctrl.dev_info().dev_id;
     if let Some(id) = recover {
@@ -449,23 +449,19 @@ fn run_target(
         },
         ctrl,
     )?);
-    let mut queues = Vec::new();
-    for qid in 0..dev.dev_info.nr_hw_queues {
+    // Every queue's thread first, then their jobs: a failure leaves nothing holding the device.
+    let nr = dev.dev_info.nr_hw_queues;
+    let members = super::crew::take(usize::from(nr), dev.dev_info.queue_depth)
+        .map_err(libublk::UblkError::IOError)?;
+    let mut queues = Vec::with_capacity(members.len());
+    for (qid, m) in (0..nr).zip(members) {
         let (dev, serve) = (Arc::clone(&dev), serve.clone());
-        let depth = dev.dev_info.queue_depth;
-        match super::crew::run(Box::new(move |buf| serve(qid, &dev, buf)), depth) {
-            Ok((tid, handle)) => {
-                ctrl.set_thread_affinity(qid, tid);
-                queues.push(handle);
-            }
-            Err(e) => log(&format!("queue {qid}: {e}")),
-        }
-    }
-    // A queue that did not start would leave the kernel waiting for its fetches: the caller
-    // deletes the device instead (as after a failed start: the queues that did start end with
-    // it, and the process after).
-    if queues.len() != usize::from(dev.dev_info.nr_hw_queues) {
-        return Err(libublk::UblkError::OtherError(-libc::EIO));
+        // One thread a queue (libublk's io_thread_idx stays 0).
+        let (tid, handle) = m
+            .run(Box::new(move |buf| serve(qid, &dev, buf)))
+            .map_err(libublk::UblkError::IOError)?;
+        ctrl.set_thread_affinity(qid, tid);
+        queues.push(handle);
     }
     ctrl.start_dev(&dev)?;
     serving(ctrl);
@@ -567,9 +563,10 @@ fn on_serving(
         ));
     }
     if in_region {
-        // libublk's description of the device, on tmpfs: a successor would read it
-        // before serving, and its page may be in swap on this very device. The kernel's
-        // own description (GET_DEV_INFO) is what a successor needs.
+        // libublk's description of the device, on tmpfs, as an older uzram left it (this one
+        // writes none: `run_target`): a successor's libublk would read it before serving, and
+        // its page may be in swap on this very device. The kernel's own description
+        // (GET_DEV_INFO) is what a successor needs.
         let _ = std::fs::remove_file(format!(
             "{}/{:04}.json",
             UblkCtrl::run_dir(),

@@ -264,9 +264,9 @@ fn progress_line(
             (false, _) => "",
         }
     );
-    if waiting {
-        // Before the newline written above: the record is one line.
-        let at = w.position().saturating_sub(1);
+    let at = w.position().saturating_sub(1);
+    // Before the newline written above (unless the record was cut short): one line a record.
+    if waiting && w.get_ref().get(at as usize) == Some(&b'\n') {
         w.set_position(at);
         let step = Step::from_u8(STEP.load(Ordering::Relaxed));
         let ms = clock().saturating_sub(STEP_SINCE.load(Ordering::Relaxed));

@@ -360,6 +360,9 @@ impl Supervised {
             })?;
             flags.worker.store(0, Ordering::SeqCst);
             flags.serving.store(0, Ordering::SeqCst);
+            // Whether the standby was ready when the worker died (looked at before anything
+            // else, so that one that became ready meanwhile is not taken for ready then).
+            let unready = standby.as_mut().is_some_and(|s| !workers::standby_ready(s));
             let Some((why, died)) =
                 self.after_death(status, path, id, &mut standby, &mut deaths)?
             else {
@@ -367,7 +370,6 @@ impl Supervised {
             };
             restarts += 1;
             let dead = child.id();
-            let unready = standby.as_ref().is_some_and(|s| !workers::standby_ready(s));
             child = self.successor(standby.take(), id, restarts, &why)?;
             kmsg(&format!(
                 "{path}: worker {dead} ended ({why}); successor {} started",
@@ -387,7 +389,7 @@ impl Supervised {
                 child.id(),
                 died.elapsed().as_millis(),
                 if unready {
-                    " (the standby was still starting: it started while the device waited)"
+                    " (the standby was still starting: it finished starting while the device waited)"
                 } else {
                     ""
                 }

@@ -118,7 +118,9 @@ pub(super) fn spawn(
     let successor = match role {
         Role::First => false,
         Role::Standby => {
-            cmd.arg("--standby").stdin(Stdio::piped());
+            cmd.arg("--standby")
+                .stdin(Stdio::piped())
+                .env(daemon::STANDBY_READY_ENV, "1");
             true
         }
         Role::Successor(id, restarts, last) => {
@@ -167,14 +169,22 @@ pub(super) fn first_line(
 ) -> Result<(String, u32), String> {
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
-        let end = deadline.map(|d| (d, std::time::Instant::now() + d));
+        let end = deadline.map(|d| std::time::Instant::now() + d);
+        let late = || {
+            format!(
+                "it did not serve within {} s",
+                deadline.unwrap_or_default().as_secs()
+            )
+        };
         let mut out = BufReader::new(out);
         loop {
-            if let Some((d, end)) = end.filter(|_| out.buffer().is_empty()) {
+            if let Some(end) = end {
                 let left = end.saturating_duration_since(std::time::Instant::now());
                 // An error of poll reads as ready: the read below reports what is wrong.
-                if !crate::sys::wait_readable(out.get_ref().as_fd(), left).unwrap_or(true) {
-                    return Err(format!("it did not serve within {} s", d.as_secs()));
+                let ready = !out.buffer().is_empty()
+                    || crate::sys::wait_readable(out.get_ref().as_fd(), left).unwrap_or(true);
+                if !ready {
+                    return Err(late());
                 }
             }
             line.clear();
@@ -183,6 +193,10 @@ pub(super) fn first_line(
                 || line.trim_end() != daemon::STANDBY_READY
             {
                 break;
+            }
+            // Nothing but ready lines until the deadline: no answer.
+            if end.is_some_and(|end| std::time::Instant::now() >= end) {
+                return Err(late());
             }
         }
     }
@@ -206,12 +220,13 @@ pub(super) fn first_line(
     }
 }
 
-/// Whether standby `s` has said it is ready ([`daemon::STANDBY_READY`]): its stdout has
-/// something to read (that line, or its end if it died). The line is left for [`first_line`].
-pub(super) fn standby_ready(s: &Child) -> bool {
-    s.stdout
-        .as_ref()
-        .is_some_and(|o| crate::sys::wait_readable(o.as_fd(), Duration::ZERO).unwrap_or(false))
+/// Whether standby `s` is alive and has said it is ready ([`daemon::STANDBY_READY`]): its
+/// stdout has something to read. The line is left for [`first_line`].
+pub(super) fn standby_ready(s: &mut Child) -> bool {
+    s.try_wait().is_ok_and(|ended| ended.is_none())
+        && s.stdout
+            .as_ref()
+            .is_some_and(|o| crate::sys::wait_readable(o.as_fd(), Duration::ZERO).unwrap_or(false))
 }
 
 /// How long a new binary may take to say whether it could take the device over.
@@ -303,3 +318,62 @@ pub fn check_region(args: &ServeArgs) -> Result<(), ServeError> {
 /// asks binaries and systemctl, and neither may start a program while the other has the
 /// descriptors open to inheritance (or closed to it).
 pub(super) static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Child {
+        Command::new("sh")
+            .args(["-c", script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sh runs")
+    }
+
+    #[test]
+    fn a_ready_line_before_the_answer_is_skipped() {
+        let mut c = sh("echo standby; echo /dev/ublkb3");
+        let got = first_line(&mut c, Some(Duration::from_secs(10)));
+        assert_eq!(got, Ok(("/dev/ublkb3".to_string(), 3)));
+        let _ = c.wait();
+        let mut c = sh("echo /dev/ublkb4");
+        assert_eq!(first_line(&mut c, None).map(|(_, id)| id), Ok(4));
+        let _ = c.wait();
+        let mut c = sh("echo 'error: no room'");
+        assert_eq!(first_line(&mut c, None), Err("no room".to_string()));
+        let _ = c.wait();
+    }
+
+    #[test]
+    fn ready_lines_alone_are_no_answer() {
+        let mut c = sh("echo standby; exec sleep 10");
+        let got = first_line(&mut c, Some(Duration::from_millis(300)));
+        assert!(
+            got.as_ref().is_err_and(|e| e.contains("did not serve")),
+            "{got:?}"
+        );
+        let _ = c.kill();
+        let _ = c.wait();
+        let mut c = sh("echo standby");
+        let got = first_line(&mut c, Some(Duration::from_secs(10)));
+        assert!(
+            got.as_ref().is_err_and(|e| e.contains("without serving")),
+            "{got:?}"
+        );
+        let _ = c.wait();
+    }
+
+    #[test]
+    fn a_standby_is_ready_once_it_says_so_and_never_once_dead() {
+        let mut c = sh("sleep 0.3; echo standby; exec sleep 10");
+        assert!(!standby_ready(&mut c));
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(standby_ready(&mut c));
+        let _ = c.kill();
+        let _ = c.wait();
+        let mut c = sh("echo standby");
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!standby_ready(&mut c));
+    }
+}

@@ -110,6 +110,7 @@ standby_state() {
     for c in $(cat /proc/"$sup"/task/*/children 2>/dev/null); do
         [ "$c" = "$1" ] && continue
         tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q -- '--standby' || continue
+        # x86_64's read(2) is syscall 0; fd 0 is its stdin
         case $(cat "/proc/$c/syscall" 2>/dev/null) in
         "0 0x0 "*) echo "$c:ready" ;;
         *) echo "$c:starting" ;;
@@ -140,8 +141,8 @@ check_recover() {
     local rc oom0 oom1 times worst wfail cg probe freed hung0 moved= l0 wcg sb w
     note "$name: SIGKILL to the worker $kills time(s) while swap holds 2x RAM ($mode)"
     swapsize=$((($(meminfo_kb MemTotal) / 1024 * 2 + 1023) / 1024 * 1024))M
+    l0=$(wc -l 2>/dev/null <"$UZRAM_LOG" || echo 0)
     if [ "$mode" = shell ]; then
-        l0=$(wc -l 2>/dev/null <"$UZRAM_LOG" || echo 0)
         uzram_setup lz4 $swapsize || return
         moved=$(tail -n +$((l0 + 1)) "$UZRAM_LOG" | grep -o 'moved into .*' | tail -n 1)
         if [ -z "$moved" ]; then
@@ -226,8 +227,8 @@ check_recover() {
     worst=$(echo "$times" | tr ' ' '\n' | sort -n | tail -n 1)
     echo "restart times (ms): $times; failed writes $wfail" >>"$log"
     # where each successor's time went, as it logged once serving
-    grep -o 'served after .*' "$UZRAM_LOG" | tail -n "$k" | sed 's/^/VM: successor /'
-    grep -o 'the standby was still starting' "$UZRAM_LOG" | sort | uniq -c | sed 's/^/VM: /'
+    tail -n +$((l0 + 1)) "$UZRAM_LOG" | grep -o 'served after .*' | tail -n "$k" | sed 's/^/VM: successor /'
+    tail -n +$((l0 + 1)) "$UZRAM_LOG" | grep -o 'the standby was still starting' | sort | uniq -c | sed 's/^/VM: /'
     # the last successor's slot-free mode: the probe its supervisor holds, and what it freed
     probe=$("$UZRAM_BIN" attr "$dev" uzram_stat | awk '$1 == "slot_free_probe" { print $2 }')
     freed=$("$UZRAM_BIN" attr "$dev" uzram_stat | awk '$1 == "slot_free_freed" { print $2 }')
