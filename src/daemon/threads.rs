@@ -114,8 +114,8 @@ impl Phase {
     }
 }
 
-/// Milliseconds on the daemon's own clock (from its first call).
-fn clock_ms() -> u64 {
+/// Milliseconds on the daemon's own clock (from its first call; no allocation).
+pub(super) fn clock_ms() -> u64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }

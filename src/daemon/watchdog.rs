@@ -3,26 +3,21 @@
 //! thread's stack file as it starts: see `stallstack`).
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use uzram_engine::Device;
 
 use super::io::{FINISHED, STARTED};
 use super::stallstack::StallStacks;
-use super::threads::{memory_phase, Phase, REFILLED_ARENAS, SLOWEST_REFILL_MS};
+use super::threads::{clock_ms, memory_phase, Phase, REFILLED_ARENAS, SLOWEST_REFILL_MS};
 
 /// Whether the device is served: added and started, or, for a successor, taken over. Until
 /// then the progress line says so, and counts as a stall.
 pub static SERVING: AtomicBool = AtomicBool::new(false);
 
-/// What the main thread of a worker is doing before the device is served (a successor's I/O
-/// waits for it), and since when: the progress line names it while the device waits.
-static STEP: AtomicU8 = AtomicU8::new(0);
-/// When [`STEP`] began, in ms after [`clock`]'s start.
-static STEP_SINCE: AtomicU64 = AtomicU64::new(0);
-
-/// The steps of a start, in order (see [`step`]).
+/// The steps of a start, in the order the main thread of a worker takes them before the device
+/// is served (a successor's I/O waits for it; see [`step`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(super) enum Step {
@@ -71,51 +66,47 @@ impl Step {
         }
     }
 
-    fn from_u8(v: u8) -> Step {
-        [
-            Step::Device,
-            Step::Heap,
-            Step::IoHeap,
-            Step::Upkeep,
-            Step::Control,
-            Step::Recovery,
-            Step::Threads,
-        ]
-        .get(usize::from(v))
-        .copied()
-        .unwrap_or(Step::Queues)
-    }
+    /// Every step, in order.
+    const ALL: [Step; STEPS] = [
+        Step::Device,
+        Step::Heap,
+        Step::IoHeap,
+        Step::Upkeep,
+        Step::Control,
+        Step::Recovery,
+        Step::Threads,
+        Step::Queues,
+    ];
 }
 
-/// Milliseconds since the first call (a monotonic clock; no allocation).
-fn clock() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_millis()
-        .try_into()
-        .unwrap_or(u64::MAX)
-}
-
-/// When each step began ([`clock`]), 0 for a step not taken.
+/// When each step began (the daemon's clock, `threads::clock_ms`), 0 for a step not taken.
+/// Steps are taken in order, so the last one taken is the one under way.
 static STEP_AT: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
 const STEPS: usize = Step::Queues as usize + 1;
 
 /// Records that the main thread starts step `s` of a start.
 pub(super) fn step(s: Step) {
-    let now = clock().max(1);
-    STEP_SINCE.store(now, Ordering::Relaxed);
-    STEP.store(s as u8, Ordering::Relaxed);
-    STEP_AT[s as usize].store(now, Ordering::Relaxed);
+    STEP_AT[s as usize].store(clock_ms().max(1), Ordering::Relaxed);
+}
+
+/// The step under way and when it began, if one was taken.
+fn current_step() -> Option<(Step, u64)> {
+    Step::ALL
+        .iter()
+        .zip(&STEP_AT)
+        .map(|(&s, at)| (s, at.load(Ordering::Relaxed)))
+        .filter(|&(_, t)| t != 0)
+        .last()
 }
 
 /// Where the time from [`Step::Device`] to now went, step by step ("device 12 ms, heap 3 ms,
 /// ..."), for a successor's log once it serves (a takeover that took long says why).
 pub(super) fn steps_taken() -> String {
-    let now = clock();
-    let at: Vec<(Step, u64)> = (0..STEPS)
-        .map(|i| (Step::from_u8(i as u8), STEP_AT[i].load(Ordering::Relaxed)))
+    let now = clock_ms();
+    let at: Vec<(Step, u64)> = Step::ALL
+        .iter()
+        .zip(&STEP_AT)
+        .map(|(&s, at)| (s, at.load(Ordering::Relaxed)))
         .filter(|&(_, t)| t != 0)
         .collect();
     let mut out = String::new();
@@ -266,11 +257,12 @@ fn progress_line(
     );
     let at = w.position().saturating_sub(1);
     // Before the newline written above (unless the record was cut short): one line a record.
-    if waiting && w.get_ref().get(at as usize) == Some(&b'\n') {
-        w.set_position(at);
-        let step = Step::from_u8(STEP.load(Ordering::Relaxed));
-        let ms = clock().saturating_sub(STEP_SINCE.load(Ordering::Relaxed));
-        let _ = writeln!(w, ": {} for {ms} ms", step.name());
+    if let Some((step, since)) = current_step().filter(|_| waiting) {
+        if w.get_ref().get(at as usize) == Some(&b'\n') {
+            w.set_position(at);
+            let ms = clock_ms().saturating_sub(since);
+            let _ = writeln!(w, ": {} for {ms} ms", step.name());
+        }
     }
 }
 
