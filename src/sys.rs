@@ -6,7 +6,9 @@ use std::io;
 use std::os::fd::AsRawFd;
 
 mod bpf;
+mod process;
 pub use bpf::{bpf_array_store, SharedWords};
+pub use process::{pidfd_send_signal, pipe};
 
 /// `prctl(PR_SET_IO_FLUSHER)`; libc has no constant for it.
 const PR_SET_IO_FLUSHER: libc::c_int = 57;

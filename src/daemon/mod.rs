@@ -33,6 +33,7 @@ pub mod pin;
 mod roundtrip;
 pub mod slotfree;
 mod stallstack;
+mod standby;
 #[cfg(feature = "ublk")]
 mod supervisor;
 mod swapwatch;
@@ -187,48 +188,17 @@ pub struct ServeArgs {
     /// for the supervisor's `go ID RESTARTS CAUSE` on stdin before it takes device ID over
     #[arg(long, hide = true)]
     pub standby: bool,
+    /// Internal, with --standby: a reserve for device N, outside the supervisor's service (its
+    /// cgroup): it takes the device over when the supervisor and all its workers have ended
+    /// (its stdin, a pipe they hold, reaches its end); see `daemon::standby`
+    #[arg(long, hide = true, value_name = "N", requires = "standby")]
+    pub reserve_for: Option<u32>,
     /// Internal, with --worker-region-fd: check that this binary could take the device in the
     /// region over (its options; the region's header, descriptors and settings; its codecs:
     /// `Device::check_adoptable`), print `ok` and exit; changes nothing.
     /// What a supervisor asks of a new binary before an upgrade stops the running worker.
     #[arg(long, hide = true)]
     pub check_region: bool,
-}
-
-/// What a standby is told when it takes over: the device, the restarts so far, why the last
-/// worker ended.
-#[derive(Debug, Clone)]
-struct Go {
-    id: u32,
-    restarts: u64,
-    cause: String,
-}
-
-/// The line a standby writes on its stdout once it is pinned and waits for its `go`: before
-/// it, a takeover would start with the standby's own start-up (exec, locking, stacks), which in
-/// a swap storm waits for memory that only the held device's swap writes would free.
-pub(crate) const STANDBY_READY: &str = "standby";
-
-/// Set (to 1) in a standby's environment by a supervisor that reads [`STANDBY_READY`]: one
-/// from before it, which starts standbys of the binary now at its path after a package
-/// upgrade, takes the first line for the worker's answer and would give the device up. An
-/// environment variable, not an option, because an older binary ignores it.
-pub(crate) const STANDBY_READY_ENV: &str = "UZRAM_STANDBY_READY";
-
-/// A standby's wait for its `go` line (see `ServeArgs::standby`); `None` when the supervisor
-/// closed the pipe instead (it ended: nothing to take over).
-fn wait_for_go() -> Option<Go> {
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).ok()?;
-    let mut words = line.split_whitespace();
-    if words.next()? != "go" {
-        return None;
-    }
-    Some(Go {
-        id: words.next()?.parse().ok()?,
-        restarts: words.next()?.parse().ok()?,
-        cause: words.next().unwrap_or("unknown").to_string(),
-    })
 }
 
 /// Why serving failed.
@@ -438,6 +408,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
             source,
         })?;
     }
+    standby::prepare(args)?;
     let (setup, disksize) = configure(args)?;
     // Before memory is locked: the helper that loads it is a process of its own (its answer
     // is read on this thread, with a deadline).
@@ -474,12 +445,7 @@ fn start(args: &ServeArgs) -> Result<Started, ServeError> {
     // a worker's is): held by every standby all along, that step would be 1 MiB of the idle
     // daemon's 10, and a takeover under pressure faults the 3 MiB beyond it then anyway.
     let recover = if args.standby {
-        // Ready: a death now needs nothing new but the adoption's tables and the I/O heap's
-        // step. Said only to a supervisor that asks (see STANDBY_READY_ENV).
-        if std::env::var_os(STANDBY_READY_ENV).is_some_and(|v| v == "1") {
-            let _ = crate::common::output::outln(STANDBY_READY);
-        }
-        match wait_for_go() {
+        match standby::ready_and_wait(args.reserve_for) {
             Some(go) => Some((go.id, go.restarts, go.cause)),
             None => std::process::exit(0),
         }

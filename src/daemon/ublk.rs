@@ -588,9 +588,32 @@ fn on_serving(
 /// Whether device `id` waits for a daemon (`UBLK_S_DEV_QUIESCED`: the one that served it died,
 /// its I/O is held) rather than being served (`LIVE`); `None` when it cannot be asked (gone).
 pub fn is_quiesced(id: u32) -> Option<bool> {
-    let ctrl = UblkCtrl::new_simple(id as i32).ok()?;
-    ctrl.read_dev_info().ok()?;
-    Some(u32::from(ctrl.dev_info().state) == sys::UBLK_S_DEV_QUIESCED)
+    served_by(id).map(|(quiesced, _)| quiesced)
+}
+
+/// Whether device `id` exists: its control device's node (no system call that allocates: a
+/// control ring can fail for memory in a swap storm, and that is no answer).
+pub fn exists(id: u32) -> bool {
+    std::path::Path::new(&format!("/dev/ublkc{id}")).exists()
+}
+
+/// Device `id`'s state as the kernel has it: whether it is quiesced, and the pid of the last
+/// daemon that started or recovered it; `None` if it is gone. One that exists but cannot be
+/// asked (no memory for a control ring) reads as served by no one, not quiesced: not gone.
+pub fn served_by(id: u32) -> Option<(bool, i32)> {
+    let asked = UblkCtrl::new_simple(id as i32).and_then(|ctrl| {
+        ctrl.read_dev_info()?;
+        let info = ctrl.dev_info();
+        Ok((
+            u32::from(info.state) == sys::UBLK_S_DEV_QUIESCED,
+            info.ublksrv_pid,
+        ))
+    });
+    match asked {
+        Ok(state) => Some(state),
+        Err(_) if exists(id) => Some((false, 0)),
+        Err(_) => None,
+    }
 }
 
 /// Deletes device `id` whose daemon is gone (killed): what `uzram --reset` does for a dead

@@ -90,7 +90,11 @@ pub fn protect_from_swap() -> Result<Option<String>, String> {
     // Where systemd manages the tree, no cgroup it does not know of is made: its scope, or
     // nothing.
     let moved = if Path::new("/run/systemd/system").is_dir() {
-        into_scope(pid)
+        into_scope(
+            &format!("uzram-{pid}.scope"),
+            pid,
+            "uzram device supervisor",
+        )
     } else {
         into_own_cgroup(pid)
     };
@@ -100,6 +104,26 @@ pub fn protect_from_swap() -> Result<Option<String>, String> {
     }
 }
 
+/// Takes this process (a reserve, see `daemon::standby`) out of its service's cgroup, so that
+/// the service's end (`systemctl kill`, its supervisor's death) does not end it: into a
+/// transient scope where systemd manages the tree and answers on the system bus, else into
+/// [`OWN_CGROUP`]; swap is forbidden in either. Where it went, or why it could not go.
+pub fn leave_service() -> Result<String, String> {
+    let pid = std::process::id();
+    let mut why = String::new();
+    if Path::new("/run/systemd/system").is_dir() {
+        match into_scope(
+            &format!("uzram-reserve-{pid}.scope"),
+            pid,
+            "uzram device reserve",
+        ) {
+            Ok(there) => return Ok(there),
+            Err(e) => why = format!("{e}; "),
+        }
+    }
+    into_own_cgroup(pid).map_err(|e| format!("{why}{e}"))
+}
+
 /// Whether the cgroup `path` is (within) a system service's: a part named `*.service`, outside
 /// `/user.slice` (where a user manager's services run terminals and their shells; a login
 /// session is a scope).
@@ -107,10 +131,9 @@ fn in_system_service(path: &str) -> bool {
     !path.starts_with("/user.slice/") && path.split('/').any(|p| p.ends_with(".service"))
 }
 
-/// The `busctl` arguments that ask systemd for a transient scope holding `pid`, with swap
-/// forbidden, collected when it ends.
-fn scope_request(pid: u32) -> Vec<String> {
-    let unit = format!("uzram-{pid}.scope");
+/// The `busctl` arguments that ask systemd for a transient scope `unit` holding `pid`, with
+/// swap forbidden, collected when it ends.
+fn scope_request(unit: &str, pid: u32, description: &str) -> Vec<String> {
     [
         "--timeout=5",
         "call",
@@ -119,7 +142,7 @@ fn scope_request(pid: u32) -> Vec<String> {
         "org.freedesktop.systemd1.Manager",
         "StartTransientUnit",
         "ssa(sv)a(sa(sv))",
-        &unit,
+        unit,
         "fail",
         "4",
         "PIDs",
@@ -134,7 +157,7 @@ fn scope_request(pid: u32) -> Vec<String> {
         "inactive-or-failed",
         "Description",
         "s",
-        "uzram device supervisor",
+        description,
         "0",
     ]
     .iter()
@@ -142,13 +165,12 @@ fn scope_request(pid: u32) -> Vec<String> {
     .collect()
 }
 
-/// Asks systemd for a transient scope (see [`scope_request`]) and waits until this process is
-/// in it and swap is forbidden there.
-fn into_scope(pid: u32) -> Result<String, String> {
+/// Asks systemd for a transient scope `unit` (see [`scope_request`]) and waits until this
+/// process is in it and swap is forbidden there.
+fn into_scope(unit: &str, pid: u32, description: &str) -> Result<String, String> {
     use std::process::{Command, Stdio};
-    let unit = format!("uzram-{pid}.scope");
     let mut child = Command::new("busctl")
-        .args(scope_request(pid))
+        .args(scope_request(unit, pid, description))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -190,12 +212,12 @@ fn into_scope(pid: u32) -> Result<String, String> {
     }
     let start = Instant::now();
     loop {
-        if swap_forbidden().is_ok() {
-            return Ok(format!("systemd's scope uzram-{pid}.scope"));
+        if swap_forbidden().is_ok() && own_cgroup().is_ok_and(|c| c.ends_with(unit)) {
+            return Ok(format!("systemd's scope {unit}"));
         }
         if start.elapsed() >= SCOPE_WAIT {
             return Err(format!(
-                "systemd did not move it into uzram-{pid}.scope within {} s",
+                "systemd did not move it into {unit} within {} s",
                 SCOPE_WAIT.as_secs()
             ));
         }
@@ -255,7 +277,7 @@ mod tests {
 
     #[test]
     fn the_scope_request_names_its_unit_and_the_pid_once_and_counts_its_properties() {
-        let args = scope_request(4242);
+        let args = scope_request("uzram-4242.scope", 4242, "uzram device supervisor");
         let at = |s: &str| args.iter().position(|a| a == s).unwrap();
         assert_eq!(args[at("StartTransientUnit") + 2], "uzram-4242.scope");
         // The properties' count matches the name/signature/value triples that follow it, and

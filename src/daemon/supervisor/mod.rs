@@ -27,10 +27,13 @@ use uzram_engine::{Device, Region};
 use super::{kmsg, log, ServeArgs, ServeError};
 use crate::common::block_path;
 
-mod cgroup;
+pub(super) mod cgroup;
+mod reserve;
 mod signals;
 mod workers;
 
+pub(super) use cgroup::leave_service;
+use reserve::{Reserve, Worker};
 use signals::Flags;
 pub use workers::check_region;
 use workers::{first_line, spawn, Held, Role, SUCCESSOR_DEADLINE};
@@ -133,9 +136,9 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     }
     let started = Instant::now();
     let size = Device::region_size(disksize)?;
-    let (stored_id, stored_region, stored_key) = match stored {
-        Some(s) => (Some(s.id), Some(s.region), s.key),
-        None => (None, None, None),
+    let (stored_id, stored_region, stored_key, reserve) = match stored {
+        Some((s, reserve)) => (Some(s.id), Some(s.region), s.key, reserve),
+        None => (None, None, None, None),
     };
     let region = match stored_region {
         Some(region) => region,
@@ -174,7 +177,9 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
                 })
                 .ok()
         }
-        _ => None,
+        // A reserve that took over holds the probe the last supervisor loaded: kept here too,
+        // so that the reserve's end is never the probe's (see `reserve::Found::take_probe`).
+        _ => reserve.as_ref().and_then(reserve::Found::take_probe),
     };
     let held = Held { region, key, probe };
     let flags = Arc::new(Flags::default());
@@ -196,8 +201,9 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
         held,
         stderr,
         flags,
+        lifeline: new_lifeline(),
     };
-    let (child, path, id) = sup.start_first(stored_id, started)?;
+    let (child, path, id) = sup.start_first(stored_id, reserve, started)?;
     // Under systemd: the region (and key) into the service's descriptor store, for a
     // supervisor systemd restarts should this one die.
     if let Err(e) = super::fdstore::store(id, &sup.held.region, sup.held.key.as_ref()) {
@@ -213,19 +219,32 @@ pub fn supervise(args: &ServeArgs) -> Result<(), ServeError> {
     sup.restart_loop(child, &path, id, u64::from(stored_id.is_some()))
 }
 
-/// The device of the region systemd passed, if it still waits for a worker (quiesced); `None`
-/// (forgotten) if it is gone; an error if it is still served.
+/// The device of the region systemd passed, if it still waits for a worker (quiesced), or if
+/// the last supervisor's reserve serves it (then with that reserve); `None` (forgotten) if it
+/// is gone; an error if something else still serves it.
 fn still_waiting(
     stored: Option<super::fdstore::Stored>,
-) -> Result<Option<super::fdstore::Stored>, ServeError> {
+) -> Result<Option<(super::fdstore::Stored, Option<reserve::Found>)>, ServeError> {
     // A supervisor systemd restarted (this one's predecessor died; its workers with it) gets
     // the device's region back from the service's descriptor store, if the device is still
-    // there (its I/O waits): a successor takes it over. One deleted meanwhile is forgotten.
+    // there (its I/O waits, or the reserve serves it): a successor takes it over. One deleted
+    // meanwhile is forgotten.
     let Some(s) = stored else {
         return Ok(None);
     };
+    // (looked for only where the unit asks for reserves: other processes are not looked at
+    // while the device is held)
+    if let Some(found) = reserve_enabled().then(|| reserve::find(s.id)).flatten() {
+        if found.wait_serving(s.id) {
+            return Ok(Some((s, Some(found))));
+        }
+        // Not serving in time: ended, so that no successor adopts the region beside it.
+        if let Err(why) = found.stop() {
+            return Err(ServeError::Worker(format!("{}: {why}", block_path(s.id))));
+        }
+    }
     match wait_quiesced(s.id) {
-        Some(true) => Ok(Some(s)),
+        Some(true) => Ok(Some((s, None))),
         // Served still (a worker of the last supervisor that did not die with it): adopting
         // the region under it would write into what it serves.
         Some(false) => Err(ServeError::Worker(format!(
@@ -286,21 +305,63 @@ struct Supervised {
     /// The supervisor's stderr, for successors (see `spawn`).
     stderr: OwnedFd,
     flags: Arc<Flags>,
+    /// The lifeline's read and write ends (see `daemon::standby`), under systemd with a
+    /// descriptor store.
+    lifeline: Option<(OwnedFd, OwnedFd)>,
+}
+
+/// Set (to 1) in a unit's environment to have its supervisor keep a reserve (opt-in while a
+/// reserve's first writes can still fail for memory: docs/design/surviving-the-daemon.md).
+const RESERVE_ENV: &str = "UZRAM_RESERVE";
+
+/// Whether the unit asks for a reserve ([`RESERVE_ENV`]).
+fn reserve_enabled() -> bool {
+    std::env::var_os(RESERVE_ENV).is_some_and(|v| v == "1")
+}
+
+/// The lifeline for a reserve, where the device outlives this process in systemd's
+/// descriptor store (elsewhere its workers outlive it: there is nothing for a reserve to do)
+/// and the unit asks for one ([`RESERVE_ENV`]).
+fn new_lifeline() -> Option<(OwnedFd, OwnedFd)> {
+    if !super::fdstore::under_systemd() || !reserve_enabled() {
+        return None;
+    }
+    crate::sys::pipe()
+        .inspect_err(|e| {
+            log(&format!(
+                "no reserve (a pipe for its lifeline: {e}): should this supervisor die, the device waits for the one systemd starts next"
+            ));
+        })
+        .ok()
 }
 
 impl Supervised {
-    /// The first worker (a successor, for a device systemd passed back: `stored_id`), once it
-    /// serves: it, its device's path and number.
+    /// The first worker (a successor, for a device systemd passed back: `stored_id`; the
+    /// last supervisor's reserve, where it serves that device), once it serves: it, its
+    /// device's path and number.
     fn start_first(
         &self,
         stored_id: Option<u32>,
+        reserve: Option<reserve::Found>,
         started: Instant,
-    ) -> Result<(Child, String, u32), ServeError> {
+    ) -> Result<(Worker, String, u32), ServeError> {
+        if let (Some(id), Some(found)) = (stored_id, reserve) {
+            // It serves on, as this supervisor's worker: nothing stops the device's I/O.
+            let path = block_path(id);
+            log(&format!(
+                "{path}: its supervisor ended, its reserve (pid {}) took the device over, and systemd started this one with the device's memory region from its descriptor store: the reserve serves on as its worker, {} ms after this supervisor started",
+                found.pid,
+                started.elapsed().as_millis()
+            ));
+            self.flags.worker.store(found.pid, Ordering::SeqCst);
+            self.flags.serving.store(found.pid, Ordering::SeqCst);
+            return Ok((Worker::Adopted(found), path, id));
+        }
         let role = match stored_id {
             Some(id) => Role::Successor(id, 1, "supervisor_restarted"),
             None => Role::First,
         };
-        let mut child = match spawn(&self.exe, &self.held, &self.stderr, role) {
+        let mut child = match self.spawn(role) {
             Ok(child) => child,
             Err(e) => {
                 if let Some(id) = stored_id {
@@ -336,14 +397,14 @@ impl Supervised {
                 started.elapsed().as_millis()
             ));
         }
-        Ok((child, path, id))
+        Ok((Worker::Own(child), path, id))
     }
 
     /// Waits for each worker's end, and starts its successor, until the device is deleted, handed
     /// over, or given up.
     fn restart_loop(
         &self,
-        mut child: Child,
+        mut child: Worker,
         path: &str,
         id: u32,
         mut restarts: u64,
@@ -352,9 +413,15 @@ impl Supervised {
         // A successor waits, started and pinned, so that taking over needs little new memory:
         // when a worker dies the device's I/O (swap's too) waits, and memory may be short.
         let mut standby = self.spawn(Role::Standby).ok();
+        // And one outside the service, for this supervisor's own death (a reserve serving
+        // as the worker outlives it: then none).
+        let mut reserve = Reserve::new(None);
+        if child.is_own() {
+            reserve.replace(self.spawn_reserve(id));
+        }
         let mut deaths: VecDeque<Instant> = VecDeque::new();
         loop {
-            let status = child.wait().map_err(|source| ServeError::Setup {
+            let status = child.wait(id).map_err(|source| ServeError::Setup {
                 what: "wait for the worker",
                 source,
             })?;
@@ -366,24 +433,30 @@ impl Supervised {
             let Some((why, died)) =
                 self.after_death(status, path, id, &mut standby, &mut deaths)?
             else {
+                if flags.handing_over.load(Ordering::SeqCst) {
+                    // It serves the device until the supervisor systemd starts next, which
+                    // keeps it as its worker.
+                    reserve.leave();
+                }
                 return Ok(());
             };
             restarts += 1;
             let dead = child.id();
-            child = self.successor(standby.take(), id, restarts, &why)?;
+            let mut next = self.successor(standby.take(), id, restarts, &why)?;
             kmsg(&format!(
                 "{path}: worker {dead} ended ({why}); successor {} started",
-                child.id()
+                next.id()
             ));
-            flags.worker.store(child.id(), Ordering::SeqCst);
+            flags.worker.store(next.id(), Ordering::SeqCst);
             if flags.stopping.load(Ordering::SeqCst) {
-                crate::sys::kill(child.id(), libc::SIGTERM);
+                crate::sys::kill(next.id(), libc::SIGTERM);
             }
-            if let Err(msg) = first_line(&mut child, Some(SUCCESSOR_DEADLINE)) {
-                end(Some(child));
+            if let Err(msg) = first_line(&mut next, Some(SUCCESSOR_DEADLINE)) {
+                end(Some(next));
                 give_up(id, &format!("its successor failed: {msg}"));
                 return Err(ServeError::Worker(format!("{path}: {msg}")));
             }
+            child = Worker::Own(next);
             log(&format!(
                 "{path}: its worker (pid {dead}) ended ({why}); a successor (pid {}, restart {restarts}) serves it again, {} ms after the last one ended{}",
                 child.id(),
@@ -397,6 +470,11 @@ impl Supervised {
             flags.upgrading.store(false, Ordering::SeqCst);
             flags.serving.store(child.id(), Ordering::SeqCst);
             standby = self.spawn(Role::Standby).ok();
+            if why == "upgrade" || reserve.is_none() {
+                // The old binary's reserve makes way for the new one's; a reserve that served
+                // as the worker is replaced.
+                reserve.replace(self.spawn_reserve(id));
+            }
         }
     }
 
@@ -504,7 +582,30 @@ impl Supervised {
     }
 
     fn spawn(&self, role: Role<'_>) -> Result<Child, ServeError> {
-        spawn(&self.exe, &self.held, &self.stderr, role)
+        let lifeline = self.lifeline.as_ref().map(|(_, write)| write);
+        spawn(&self.exe, &self.held, &self.stderr, lifeline, role)
+    }
+
+    /// A reserve for device `id` (see `daemon::standby`), where there is a lifeline.
+    fn spawn_reserve(&self, id: u32) -> Option<Child> {
+        let (read, _) = self.lifeline.as_ref()?;
+        let started = read
+            .try_clone()
+            .map_err(|source| ServeError::Setup {
+                what: "pass the lifeline on",
+                source,
+            })
+            .and_then(|end| self.spawn(Role::Reserve(id, end)));
+        match started {
+            Ok(child) => Some(child),
+            Err(e) => {
+                log(&format!(
+                    "{}: no reserve ({e}): should this supervisor die, the device waits for the one systemd starts next",
+                    block_path(id)
+                ));
+                None
+            }
+        }
     }
 }
 

@@ -23,6 +23,9 @@ pub(super) enum Role<'a> {
     Standby,
     /// A successor started after the death (when no standby was there).
     Successor(u32, u64, &'a str),
+    /// A standby for device N outside the service (see `daemon::standby`), its stdin the
+    /// lifeline's read end.
+    Reserve(u32, OwnedFd),
 }
 
 /// What the supervisor holds for its workers across their deaths: the device's memory region
@@ -103,11 +106,13 @@ impl Held {
 
 /// Starts a worker: this program with the supervisor's own arguments, the region's descriptor
 /// (and the key's), and for a successor the device to take over and the restarts so far. Its
-/// stdout is a pipe: its first line says the device it serves, or why it could not.
+/// stdout is a pipe: its first line says the device it serves, or why it could not. Every
+/// worker but a reserve holds the `lifeline`'s write end, where there is one.
 pub(super) fn spawn(
     exe: &Path,
     held: &Held,
     log: &OwnedFd,
+    lifeline: Option<&OwnedFd>,
     role: Role<'_>,
 ) -> Result<Child, ServeError> {
     let setup = |what, source| ServeError::Setup { what, source };
@@ -115,12 +120,21 @@ pub(super) fn spawn(
     let mut cmd = Command::new(exe);
     cmd.args(own);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    let mut reserve = false;
     let successor = match role {
         Role::First => false,
+        Role::Reserve(id, lifeline_end) => {
+            reserve = true;
+            cmd.arg("--standby")
+                .args(["--reserve-for", &id.to_string()])
+                .stdin(Stdio::from(lifeline_end))
+                .stdout(Stdio::null());
+            true
+        }
         Role::Standby => {
             cmd.arg("--standby")
                 .stdin(Stdio::piped())
-                .env(daemon::STANDBY_READY_ENV, "1");
+                .env(daemon::standby::STANDBY_READY_ENV, "1");
             true
         }
         Role::Successor(id, restarts, last) => {
@@ -138,7 +152,16 @@ pub(super) fn spawn(
             .stderr(Stdio::null());
         crate::sys::set_inheritable(log.as_fd()).map_err(|e| setup("pass stderr on", e))?;
     }
-    if fdstore::under_systemd() {
+    let lifeline = lifeline.filter(|_| !reserve);
+    if let Some(fd) = lifeline {
+        cmd.env(daemon::standby::LIFELINE_ENV, fd.as_raw_fd().to_string());
+    } else {
+        cmd.env_remove(daemon::standby::LIFELINE_ENV);
+    }
+    if reserve {
+        // Outlives this process (that is what it is for), and is no part of the service.
+        cmd.env_remove("NOTIFY_SOCKET");
+    } else if fdstore::under_systemd() {
         // systemd keeps the region for the supervisor's successor (`fdstore`): a worker that
         // outlived this process would hold the restart up (until the unit's stop timeout,
         // with KillMode=mixed; with the default KillMode it would get SIGTERM, which deletes
@@ -150,8 +173,17 @@ pub(super) fn spawn(
     let _one = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
     held.pass_on(&mut cmd, true)
         .map_err(|e| setup("pass the region on", e))?;
+    if let Some(fd) = lifeline {
+        if let Err(e) = crate::sys::set_inheritable(fd.as_fd()) {
+            held.keep();
+            return Err(setup("pass the lifeline on", e));
+        }
+    }
     let child = cmd.spawn().map_err(|e| setup("start the worker", e));
     held.keep();
+    if let Some(fd) = lifeline {
+        let _ = crate::sys::set_cloexec(fd.as_fd());
+    }
     let _ = crate::sys::set_cloexec(log.as_fd());
     child
 }
@@ -190,7 +222,7 @@ pub(super) fn first_line(
             line.clear();
             // A standby's ready line comes first, when it was not read at the death.
             if !out.read_line(&mut line).is_ok_and(|n| n > 0)
-                || line.trim_end() != daemon::STANDBY_READY
+                || line.trim_end() != daemon::standby::STANDBY_READY
             {
                 break;
             }
@@ -220,7 +252,7 @@ pub(super) fn first_line(
     }
 }
 
-/// Whether standby `s` is alive and has said it is ready ([`daemon::STANDBY_READY`]): its
+/// Whether standby `s` is alive and has said it is ready ([`daemon::standby::STANDBY_READY`]): its
 /// stdout has something to read. The line is left for [`first_line`].
 pub(super) fn standby_ready(s: &mut Child) -> bool {
     s.try_wait().is_ok_and(|ended| ended.is_none())

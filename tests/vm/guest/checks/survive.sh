@@ -105,12 +105,22 @@ swap_forbidden_in() {
 # --standby) as PID:ready (waiting in read(2) on its stdin for the word to take over) or
 # PID:starting; "none" when there is none.
 standby_state() {
-    local sup c
-    sup=$(awk '$1 == "PPid:" { print $2 }' /proc/"$1"/status 2>/dev/null)
-    for c in $(cat /proc/"$sup"/task/*/children 2>/dev/null); do
-        [ "$c" = "$1" ] && continue
-        tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q -- '--standby' || continue
-        # x86_64's read(2) is syscall 0; fd 0 is its stdin
+    standby_of "$(awk '$1 == "PPid:" { print $2 }' /proc/"$1"/status 2>/dev/null)" "$1"
+}
+
+# standby_of SUP [SKIP]: supervisor SUP's standby (--standby, not a reserve: see sd_cover)
+# other than process SKIP, as standby_state says it.
+standby_of() { child_waiting "$1" --standby --reserve-for "${2:-}"; }
+
+# child_waiting SUP WITH WITHOUT [SKIP]: SUP's child (not SKIP) whose arguments hold WITH and
+# not WITHOUT (unless empty), as PID:ready (in read(2) on its stdin: x86_64's syscall 0 on fd 0) or
+# PID:starting; "none".
+child_waiting() {
+    local c
+    for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+        [ "$c" = "${4:-}" ] && continue
+        tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q -- "$2" || continue
+        [ -n "$3" ] && tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q -- "$3" && continue
         case $(cat "/proc/$c/syscall" 2>/dev/null) in
         "0 0x0 "*) echo "$c:ready" ;;
         *) echo "$c:starting" ;;

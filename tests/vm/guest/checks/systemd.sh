@@ -82,6 +82,8 @@ sd_unit() {
     # the daemons log to stderr (`serve --log` is `uzram --find`'s)
     echo "ExecStart=${UZRAM_VM_DIR#/host}/cache/uzram serve --size $1 --algorithm lz4" >>"$unit.tmp"
     echo "StandardError=append:/run/user/0/uzram-vm-sd.log" >>"$unit.tmp"
+    # the reserve, opt-in in the unit as shipped
+    echo "Environment=UZRAM_RESERVE=1" >>"$unit.tmp"
     mv "$unit.tmp" "$unit"
     cat "$unit" >>"$log"
     sd_ctl daemon-reload >>"$log" 2>&1
@@ -151,7 +153,7 @@ check_systemd() {
     elif ! grep -q 'descriptor store' $SD_ROOT/run/user/0/uzram-vm-sd.log; then
         fail_log "$name" "$log" "the restarted supervisor did not say it took the region from the store"
     else
-        res="supervisor $sup killed, systemd restarted the service (supervisor $sup1) in $(elapsed "$t0") s; $(grep -o 'a successor (pid [0-9]*) serves it again, [0-9]* ms after this supervisor started' $SD_ROOT/run/user/0/uzram-vm-sd.log | tail -n 1); a reader across the restart and a second read: 32 MiB verified; last_restart $(sd_uzram attr "$dev" uzram_stat 2>&1 | awk '$1 == "last_restart" { print $2 }')"
+        res="supervisor $sup killed, systemd restarted the service (supervisor $sup1) in $(elapsed "$t0") s; $(grep -o -e 'a successor (pid [0-9]*) serves it again, [0-9]* ms after this supervisor started' -e 'its reserve (pid [0-9]*) took the device over' -e 'the reserve serves on as its worker, [0-9]* ms after this supervisor started' $SD_ROOT/run/user/0/uzram-vm-sd.log | tail -n 2 | tr '\n' ' '); a reader across the restart and a second read: 32 MiB verified; last_restart $(sd_uzram attr "$dev" uzram_stat 2>&1 | awk '$1 == "last_restart" { print $2 }')"
         # systemctl restart: the device handed over, not deleted
         "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >"$log.reader" 2>&1 &
         rpid=$!
@@ -188,24 +190,56 @@ check_systemd() {
     sd_stop
 }
 
+# sd_cover SUP DEV: what takes DEV over should the service of supervisor SUP end: "PID:ready",
+# the reserve SUP started (--reserve-for, outside the service's cgroup) waiting in read(2) on
+# its stdin (the lifeline), or "PID:serving", a worker outside the service's cgroup (a
+# reserve that took over, kept by the supervisor systemd started next: it outlives the
+# service); else "PID:starting" or "none".
+sd_cover() {
+    local w
+    [ -n "$1" ] && [ "$1" != 0 ] && [ -r "/proc/$1/cgroup" ] || { echo none; return; }
+    w=$(sd_uzram --raw --noheadings -o PID "$2" 2>/dev/null | tr -d ' ')
+    if [ -n "$w" ] && [ -r "/proc/$w/cgroup" ] && [ "$(cat "/proc/$w/cgroup")" != "$(cat "/proc/$1/cgroup")" ]; then
+        echo "$w:serving"
+        return
+    fi
+    child_waiting "$1" --reserve-for ""
+}
+
+# sd_storm_fail MSG: check_recoversd's end on a failure in its loop (its variables): the
+# program killed, the watchdog's timeout back, swap off, the daemons' log kept, the service
+# and the manager stopped.
+sd_storm_fail() {
+    kill -CONT $tpid
+    kill -KILL $tpid
+    kill $TAIL_PID 2>/dev/null
+    echo "$hung0" >/proc/sys/kernel/hung_task_timeout_secs
+    swapoff "$dev" 2>/dev/null
+    cat $SD_ROOT/run/user/0/uzram-vm-sd.log >>"$log" 2>&1
+    fail_log "$name" "$log" "$1"
+    sd_ctl stop uzram-vm.service
+    UZRAM_DEV=
+    sd_stop
+}
+
 # check_recoversd NAME KILLS MODE: check_recover's program with the device served as uzram@.service
 # serves it (its [Service] whole, MemorySwapMax=0 included, under the user manager standing in
 # for PID 1): swap on it holds 2x MemAvailable while vmtool verifies every page, and `systemctl
-# kill -s KILL` takes the whole service (supervisor and worker) down KILLS times, 2 s of the
-# program running between two. systemd restarts the service with the region from its
-# descriptor store and its successor takes the device over. Each time from the kill to the
-# device serving again (a direct read of one block, started at once, returns) is printed; the
-# device not served 30 s after a kill fails, with what the daemon's tasks wait on.
+# kill -s KILL` takes the whole service (supervisor, worker and standby) down KILLS times, 2 s
+# of the program running between two, each once the service's reserve is ready. The reserve
+# (outside the service's cgroup) takes the device over; systemd restarts the service with the
+# region from its descriptor store, and the new supervisor keeps the reserve as its worker.
+# In the storm, that worker is killed before the next systemctl kill (the supervisor's standby
+# takes over and the supervisor starts a new reserve), so that every systemctl kill is a
+# reserve's takeover. Each time from a kill to the device serving again (a direct read of one
+# block, started at once, returns) is printed; the device not served 30 s after a kill fails,
+# with what the daemon's tasks wait on, and so does any time over 2 s.
 # MODE: `gentle` stops the program (SIGSTOP) a second before each kill and continues it once the
 # device serves; `storm` kills in the middle of its swapping.
-# Neither is in the default list: both hang the guest today. A restart by the service manager
-# needs processes started after the death (the manager's fork, the new supervisor, its worker),
-# and with swap full on a device whose I/O is held they fault on pages swapped out to it, or
-# reclaim for their memory waits on swap writes the device holds
-# (docs/design/surviving-the-daemon.md, "A restart by the service manager").
 check_recoversd() {
     local name=$1 kills=$2 mode=$3 log=$UZ_TMP/$1.log dev sup sup1 w wcg tpid o0 rc k
-    local t0 ms times= worst=0 hung0 oom0 oom1 swapsize fill blocks rpid p t avail
+    local t0 ms times= worst=0 hung0 oom0 oom1 swapsize fill blocks rpid p t avail res back wf
+    local wtimes= wworst=0 t1 cms ctimes= wnote=
     # the memory controller for the manager's units, as PID 1 has it (in the guest only)
     if [ "$UZRAM_VM_MODE" = guest ]; then
         [ -f /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null
@@ -235,16 +269,76 @@ check_recoversd() {
     fi
     blocks=$(($(blockdev --getsize64 "$dev") / 4096))
     swap_begin "$dev" --discard=pages || { sd_ctl stop uzram-vm.service; UZRAM_DEV=; sd_stop; return; }
+    # the daemons' log on the console as it is written (a hang leaves no other trace of it)
+    tail -n 0 -f $SD_ROOT/run/user/0/uzram-vm-sd.log | sed 's/^/VM: daemon: /' &
+    TAIL_PID=$!
     storm_begin
     k=0
     while [ $k -lt "$kills" ] && kill -0 $tpid 2>/dev/null; do
-        sup=$(sd_ctl show -p MainPID --value uzram-vm.service)
+        # the service's supervisor, serving, with its reserve ready or its worker outside the
+        # service (a kill before is a restart by systemd with the device held, which the
+        # reserve is there to avoid)
+        for _ in $(seq 1 600); do
+            sup=$(sd_ctl show -p MainPID --value uzram-vm.service)
+            res=$(sd_cover "$sup" "$dev")
+            case $res in *:ready | *:serving) break ;; esac
+            sleep 0.2
+        done
+        case $res in
+        *:ready | *:serving) ;;
+        *)
+            sd_storm_fail "neither a ready reserve nor a worker outside the service beside supervisor $sup 120 s after kill $k ($res)"
+            return
+            ;;
+        esac
+        if [ "$mode" = storm ] && [ "${res#*:}" = serving ]; then
+            # a reserve that took over serves on, outside the service, and would outlive the
+            # next kill: killed first, so that each systemctl kill is a reserve's takeover (the
+            # supervisor's standby takes this one over, and the supervisor starts a reserve),
+            # once the supervisor keeps it as its worker and its standby is ready
+            w=${res%:*}
+            for _ in $(seq 1 600); do
+                sup=$(sd_ctl show -p MainPID --value uzram-vm.service)
+                p=$(standby_of "$sup")
+                case $p in *:ready) break ;; esac
+                sleep 0.2
+            done
+            note "$name: supervisor $sup keeps worker $w, its standby $p"
+            t0=$(uptime_s)
+            kill -KILL "$w"
+            dd if="$dev" of=/dev/null bs=4096 count=1 iflag=direct skip=$((16 + (k * 7919 + 3) % (blocks - 32))) 2>>"$log" &
+            rpid=$!
+            for _ in $(seq 1 600); do
+                kill -0 $rpid 2>/dev/null || break
+                sleep 0.05
+            done
+            ms=$(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%d", (b - a) * 1000 }')
+            wtimes="$wtimes${wtimes:+ }$ms"
+            [ "$ms" -gt "$wworst" ] && wworst=$ms
+            note "$name: the worker outside the service ($w) killed: served again after $ms ms; the standby $(grep -o 'served after .*' $SD_ROOT/run/user/0/uzram-vm-sd.log | tail -n 1)"
+            for _ in $(seq 1 600); do
+                res=$(sd_cover "$sup" "$dev")
+                case $res in *:ready) break ;; esac
+                sleep 0.2
+            done
+            case $res in
+            *:ready) ;;
+            *)
+                sd_storm_fail "no ready reserve beside supervisor $sup 120 s after its worker $w was killed ($res)"
+                return
+                ;;
+            esac
+        fi
         if [ "$mode" = gentle ]; then
             kill -STOP $tpid
             sleep 1
         fi
+        note "$name: kill $((k + 1)): supervisor $sup, cover $res"
         t0=$(uptime_s)
         sd_ctl kill -s KILL uzram-vm.service >>"$log" 2>&1
+        # systemctl returns once the manager has sent the signals: the deaths (the command
+        # itself, a new program started in the storm, can take seconds before)
+        t1=$(uptime_s)
         k=$((k + 1))
         # served again: a direct read issued after the kill returns (a block away from where
         # swap starts, somewhere else each time)
@@ -254,7 +348,9 @@ check_recoversd() {
             kill -0 $rpid 2>/dev/null || break
             sleep 0.05
         done
-        ms=$(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%d", (b - a) * 1000 }')
+        ms=$(awk -v a="$t1" -v b="$(uptime_s)" 'BEGIN { printf "%d", (b - a) * 1000 }')
+        cms=$(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%d", (b - a) * 1000 }')
+        ctimes="$ctimes${ctimes:+ }$cms"
         if kill -0 $rpid 2>/dev/null; then
             # not served 30 s on: what the new supervisor and worker do, and who waits
             cat $SD_ROOT/run/user/0/uzram-vm-sd.log >>"$log" 2>&1
@@ -277,7 +373,8 @@ check_recoversd() {
             [ -n "$sup1" ] && [ "$sup1" != 0 ] && [ "$sup1" != "$sup" ] && break
             sleep 0.1
         done
-        echo "kill $k: supervisor $sup -> ${sup1:-none}, served again after $ms ms" >>"$log"
+        echo "kill $k: supervisor $sup (cover $res) -> ${sup1:-none}, served again after $ms ms" >>"$log"
+        note "$name: kill $k: served again $ms ms after the deaths ($cms ms after systemctl kill began), supervisor now ${sup1:-none}; the reserve $(grep -o 'served after .*' $SD_ROOT/run/user/0/uzram-vm-sd.log | tail -n 1)"
         if [ -z "$sup1" ] || [ "$sup1" = 0 ] || [ "$sup1" = "$sup" ]; then
             kill -KILL $tpid
             echo "$hung0" >/proc/sys/kernel/hung_task_timeout_secs
@@ -297,28 +394,35 @@ check_recoversd() {
     done
     wait $tpid
     rc=$?
+    kill $TAIL_PID 2>/dev/null
     echo "$hung0" >/proc/sys/kernel/hung_task_timeout_secs
     grep '^vmtool' "$log" | sed 's/^/VM: /'
     oom1=$(dmesg | grep -c -e 'Killed process' -e 'SIGBUS')
-    echo "restart times (ms): $times; failed writes $(dev_failed_writes "$dev")" >>"$log"
+    # the restarted supervisors that kept a reserve serving as their worker
+    back=$(grep -c 'the reserve serves on as its worker' $SD_ROOT/run/user/0/uzram-vm-sd.log)
+    wf=$(sd_uzram attr "$dev" io_stat 2>/dev/null | awk '{ print $2 }')
+    echo "restart times (ms): $times; reserves kept as the worker: $back; failed writes $wf" >>"$log"
     swapoff "$dev" >>"$log" 2>&1
     SWAP_DEV=
     cat $SD_ROOT/run/user/0/uzram-vm-sd.log >>"$log" 2>&1
     sd_ctl stop uzram-vm.service >>"$log" 2>&1
     UZRAM_DEV=
     sd_stop
+    [ -n "$wtimes" ] && wnote=", and that worker was killed before the next systemctl kill (the standby of its supervisor took over in $wtimes ms, worst $wworst)"
     if [ $rc != 0 ]; then
         [ $rc -gt 128 ] && dmesg | tail -n 15 >>"$log"
         fail_log "$name" "$log" "vmtool swapfill $fill MiB exited $rc after $k kill(s) (1: data mismatch, >128: killed)"
     elif [ "$oom1" != "$oom0" ]; then
         dmesg | grep -e 'Killed process' -e 'SIGBUS' | tail -n 5 >>"$log"
         fail_log "$name" "$log" "a process was killed while the service restarted"
-    elif [ "$worst" -gt 10000 ]; then
-        fail_log "$name" "$log" "a restart took $worst ms (times: $times ms)"
+    elif [ "$worst" -gt 2000 ] || [ "$wworst" -gt 2000 ]; then
+        fail_log "$name" "$log" "the device was served again $worst ms after a systemctl kill (times: $times ms), $wworst ms after a kill of the worker outside (times: ${wtimes:-none})"
+    elif [ "$back" -lt "$k" ]; then
+        fail_log "$name" "$log" "$back of $k restarted supervisors kept the reserve that served as their worker"
     elif [ $k -lt "$kills" ]; then
         fail_log "$name" "$log" "the program finished after $k of $kills kills: too little to prove anything"
     else
-        pass "$name" "$fill MiB (2x MemAvailable) through swap on uzram@'s service, systemctl kill -s KILL $k time(s) while it ran ($mode): every page verified, no process killed, time from the kill to the device serving again: $times ms (worst $worst)"
+        pass "$name" "$fill MiB (2x MemAvailable) through swap on uzram@'s service, systemctl kill -s KILL $k time(s) while it ran ($mode): every page verified, no process killed, time from the deaths to the device serving again (the reserve's takeover): $times ms (worst $worst; from the start of the systemctl command: $ctimes ms); each restarted supervisor kept the reserve serving as its worker ($back)$wnote; failed writes $wf"
     fi
 }
 
