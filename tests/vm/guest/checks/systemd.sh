@@ -206,6 +206,17 @@ sd_cover() {
     child_waiting "$1" --reserve-for ""
 }
 
+# sd_read_wait BLOCK: a direct read of block BLOCK of check_recoversd's $dev, waited for up to
+# 30 s; its pid in rpid (still running: not served).
+sd_read_wait() {
+    dd if="$dev" of=/dev/null bs=4096 count=1 iflag=direct skip="$1" 2>>"$log" &
+    rpid=$!
+    for _ in $(seq 1 600); do
+        kill -0 $rpid 2>/dev/null || break
+        sleep 0.05
+    done
+}
+
 # sd_storm_fail MSG: check_recoversd's end on a failure in its loop (its variables): the
 # program killed, the watchdog's timeout back, swap off, the daemons' log kept, the service
 # and the manager stopped.
@@ -306,12 +317,7 @@ check_recoversd() {
             note "$name: supervisor $sup keeps worker $w, its standby $p"
             t0=$(uptime_s)
             kill -KILL "$w"
-            dd if="$dev" of=/dev/null bs=4096 count=1 iflag=direct skip=$((16 + (k * 7919 + 3) % (blocks - 32))) 2>>"$log" &
-            rpid=$!
-            for _ in $(seq 1 600); do
-                kill -0 $rpid 2>/dev/null || break
-                sleep 0.05
-            done
+            sd_read_wait $((16 + (k * 7919 + 3) % (blocks - 32)))
             ms=$(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%d", (b - a) * 1000 }')
             wtimes="$wtimes${wtimes:+ }$ms"
             [ "$ms" -gt "$wworst" ] && wworst=$ms
@@ -342,12 +348,7 @@ check_recoversd() {
         k=$((k + 1))
         # served again: a direct read issued after the kill returns (a block away from where
         # swap starts, somewhere else each time)
-        dd if="$dev" of=/dev/null bs=4096 count=1 iflag=direct skip=$((16 + (k * 7919) % (blocks - 32))) 2>>"$log" &
-        rpid=$!
-        for _ in $(seq 1 600); do
-            kill -0 $rpid 2>/dev/null || break
-            sleep 0.05
-        done
+        sd_read_wait $((16 + (k * 7919) % (blocks - 32)))
         ms=$(awk -v a="$t1" -v b="$(uptime_s)" 'BEGIN { printf "%d", (b - a) * 1000 }')
         cms=$(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%d", (b - a) * 1000 }')
         ctimes="$ctimes${ctimes:+ }$cms"
