@@ -292,7 +292,7 @@ pub(super) fn memory_thread(device: Arc<Device>) -> Result<(), ServeError> {
 
 /// The tiering policy's thread: once a second, a round of [`Policy::tick`] with the
 /// host's memory figures; in between, it serves the evictions that writes hand it (a regular
-/// backing file: see `Device::make_room`). An I/O flusher, like the queue threads: its writes to
+/// backing file: see `Tiering::make_room`). An I/O flusher, like the queue threads: its writes to
 /// the backing file (and its filesystem's journal) must not wait for swap, which may be this
 /// device; a write it serves waits for it at most `EVICT_WAIT`.
 pub(super) fn policy_thread(device: Arc<Device>) -> Result<(), ServeError> {

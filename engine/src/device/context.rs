@@ -81,8 +81,7 @@ impl Device {
             buf: writeback::AlignedBuf::new(MAX_COMPRESSED_LEN.max(writeback::READ_WINDOW)),
             page: Box::new([0; PAGE_SIZE]),
             evict: self
-                .backing
-                .as_ref()
+                .backing()
                 .map(|_| writeback::WbBuffers::new(policy::EVICT_BATCH)),
             reserve_wait: ReserveWait::Pool,
         };

@@ -20,7 +20,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{gauge_shard, Device, Field, PageIndex, SlotState};
+use super::tier::Tiering;
+use super::{Device, Field, PageIndex, SlotState};
 use crate::Error;
 
 /// Memory that holds the marks' words, owned by whoever marks them (the daemon: a BPF map
@@ -120,7 +121,7 @@ impl FreedPages {
     }
 
     /// Clears page `index`'s mark; whether it was set. The caller holds the page's slot lock.
-    fn take(&self, index: PageIndex) -> bool {
+    pub(super) fn take(&self, index: PageIndex) -> bool {
         let (w, bit) = ((index.0 / 64) as usize, 1u64 << (index.0 % 64));
         match self.bits().get(w) {
             // One load first: the mark is nearly always clear, and a load does not take the
@@ -167,15 +168,14 @@ impl FreedPages {
     }
 }
 
-impl Device {
-    /// Gives the device the marks of pages its user frees (see [`FreedPages`]); once: a second
-    /// call is refused with [`Error::Busy`].
-    pub fn set_freed_pages(&self, freed: FreedPages) -> Result<(), Error> {
-        if freed.pages < self.pages() {
+impl Tiering {
+    /// Takes the marks of a device of `pages` pages (see [`Device::set_freed_pages`]).
+    pub(super) fn set_freed_pages(&self, pages: u64, freed: FreedPages) -> Result<(), Error> {
+        if freed.pages < pages {
             return Err(Error::FreeMarksTooShort {
-                pages: self.pages(),
+                pages,
                 words: FreedPages::words_for(freed.pages),
-                needed: FreedPages::words_for(self.pages()),
+                needed: FreedPages::words_for(pages),
             });
         }
         self.freed.set(freed).map_err(|_| Error::Busy {
@@ -183,33 +183,22 @@ impl Device {
         })
     }
 
-    /// The marks of freed pages, if the device has them.
-    pub fn freed_pages(&self) -> Option<&FreedPages> {
-        self.freed.get()
-    }
-
-    /// Frees every marked page (zram's `swap_slot_free_notify`, late): takes each mark under its
-    /// page's slot lock and frees what the page holds. Returns the marks taken; each counts in
-    /// `notify_free`, as zram counts each notification.
-    pub fn reclaim_freed(&self) -> u64 {
-        self.reclaim_freed_until(|| false).0
-    }
-
-    /// [`Device::reclaim_freed`] in steps: after each 64 pages' marks, stops if `stop` says so
-    /// (for a thread with other work that must not wait behind a long reclaim: the daemon's
-    /// memory thread keeps the pool's reserve filled). Returns the marks taken, and whether
-    /// some pages may still be marked (it stopped before it read them all).
-    pub fn reclaim_freed_until(&self, stop: impl FnMut() -> bool) -> (u64, bool) {
+    /// [`Device::reclaim_freed_until`] on `dev`.
+    pub(super) fn reclaim_freed_until(
+        &self,
+        dev: &Device,
+        stop: impl FnMut() -> bool,
+    ) -> (u64, bool) {
         let Some(freed) = self.freed.get() else {
             return (0, false);
         };
         let mut taken = 0;
         let more = freed.pending(
             |index| {
-                if index.0 >= self.pages() {
+                if index.0 >= dev.pages() {
                     return;
                 }
-                let took = match self.slot(index) {
+                let took = match dev.slot(index) {
                     // Never written: nothing to free (a write that comes meanwhile takes the mark
                     // itself, under the slot's lock).
                     None => freed.take(index),
@@ -217,30 +206,20 @@ impl Device {
                         let mut g = slot.lock();
                         let took = freed.take(index);
                         if took && !g.get().is_empty() {
-                            self.replace(index, &mut g, SlotState::default());
-                            self.counters.bump(gauge_shard(index), Field::NoticeFreed);
+                            dev.replace(index, &mut g, SlotState::default());
+                            dev.bump(index, Field::NoticeFreed);
                         }
                         took
                     }
                 };
                 if took {
-                    self.counters.bump(gauge_shard(index), Field::NotifyFree);
+                    dev.bump(index, Field::NotifyFree);
                     taken += 1;
                 }
             },
             stop,
         );
         (taken, more)
-    }
-
-    /// Takes page `index`'s mark for a write that is storing new data there (its slot lock
-    /// held): the old data was dead, and the new must not be freed by a late mark.
-    pub(super) fn take_freed_for_write(&self, index: PageIndex) {
-        if let Some(freed) = self.freed.get() {
-            if freed.take(index) {
-                self.counters.bump(gauge_shard(index), Field::NotifyFree);
-            }
-        }
     }
 }
 

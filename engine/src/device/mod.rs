@@ -1,4 +1,6 @@
 //! The device engine: a table of slots, one per 4 KiB page, over a [`Pool`] of compressed objects.
+//! Tiering (the policy, the backing store, the marks of freed pages) is one component the device
+//! owns, called through the hooks in `tier.rs`.
 //!
 //! Lock order: slot lock, then the pool's locks (class, then arenas). An operation holds at most
 //! one slot lock. Compression happens outside any lock for whole-page writes; a partial-page write
@@ -17,12 +19,12 @@ mod stats;
 mod survive;
 #[cfg(test)]
 mod testutil;
+mod tier;
 mod upkeep;
 mod write;
 pub mod writeback;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
 use std::time::Instant;
 
 pub use policy::{Policy, PolicyConfig, PolicyStats, Pressure, TickReport};
@@ -70,21 +72,14 @@ pub struct Device {
     codecs: Vec<Option<Codec>>,
     /// Pages that compress to this many bytes or more are stored raw.
     huge_threshold: usize,
-    /// Where written-back pages live.
-    backing: Option<writeback::BackingStore>,
-    /// zram's `writeback_batch_size`: pages a `writeback` pass writes at a time.
-    wb_batch: AtomicUsize,
     epoch: Instant,
     /// Seconds added to the clock (feature `testing`: `Device::advance_clock`).
     #[cfg(any(test, feature = "testing"))]
     clock_skew: std::sync::atomic::AtomicU32,
-    /// The tiering policy's settings, budget and counters.
-    tier: policy::Tier,
+    /// The tiering component: the policy, the backing store, the freed-page marks.
+    tier: tier::Tiering,
     counters: Counters,
     next_shard: AtomicUsize,
-    /// Pages the device's user freed without a request, marked by someone else (swap's freed
-    /// slots): see [`FreedPages`].
-    freed: OnceLock<FreedPages>,
 }
 
 impl std::fmt::Debug for Device {
@@ -248,29 +243,24 @@ impl Device {
         let huge_threshold = (1..=PAGE_SIZE)
             .find(|&s| pool.class_size(s) == Ok(PAGE_SIZE))
             .unwrap_or(PAGE_SIZE);
-        let device = Device {
+        Device {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             disksize,
             slots,
             pool,
             codecs,
             huge_threshold,
-            backing,
             epoch,
             #[cfg(any(test, feature = "testing"))]
             clock_skew: std::sync::atomic::AtomicU32::new(0),
-            tier: policy::Tier::new(config.policy),
+            tier: tier::Tiering::new(config.policy, backing),
             next_shard: AtomicUsize::new(0),
-            freed: OnceLock::new(),
-            wb_batch: AtomicUsize::new(writeback::BATCH),
             counters: Counters::new(
                 (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4)
                     .next_power_of_two()
                     .max(16),
             ),
-        };
-        device.set_reuse(config.policy.reuse);
-        device
+        }
     }
 
     /// The device size in bytes.
@@ -310,6 +300,23 @@ impl Device {
         #[cfg(any(test, feature = "testing"))]
         let now = now.wrapping_add(self.clock_skew.load(Ordering::Relaxed));
         now
+    }
+
+    /// Feature `testing`: moves the device's clock (the one page access times use) `secs`
+    /// forward.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn advance_clock(&self, secs: u32) {
+        self.clock_skew.fetch_add(secs, Ordering::Relaxed);
+    }
+
+    /// The slot table.
+    fn slots(&self) -> &SlotTable {
+        &self.slots
+    }
+
+    /// Counts one event of page `index` in the device's counters.
+    fn bump(&self, index: PageIndex, field: Field) {
+        self.counters.bump(gauge_shard(index), field);
     }
 
     /// Page `index`'s slot, if it was ever written (its leaf is there).
@@ -434,14 +441,14 @@ impl Device {
         self.decode(streams, buf, index, &s, out)?;
         let now = self.now();
         if s.flags.contains(SlotFlags::WB) {
-            self.after_read_back(buf, index, g, s, now);
+            self.tier.after_read_back(self, buf, index, g, s, now);
             return Ok(());
         }
         // A promoted page is judged by its next read in a later second: the other parts of a
         // page read piecemeal are the same read.
         if s.atime != now {
             if s.flags.contains(SlotFlags::PROMOTED) {
-                self.tier.note_promoted_read(now.saturating_sub(s.atime));
+                self.tier.promoted_read(now.saturating_sub(s.atime));
             }
             s.flags = s.flags.difference(SlotFlags::PROMOTED);
         }
@@ -478,7 +485,7 @@ impl Device {
                 decompress_with(streams, index, s.prio, &buf[..n], out)?;
             }
         } else if s.flags.contains(SlotFlags::WB) {
-            self.load_written_back(streams, buf, index, s, out)?;
+            self.tier.load_written_back(streams, buf, index, s, out)?;
         } else {
             out.fill(0);
         }
@@ -492,9 +499,7 @@ impl Device {
         // Out before in: a shard's gauges never exceed what its pages hold.
         self.counters.remove(shard, &old);
         self.counters.add(shard, &new);
-        if old.flags.contains(SlotFlags::WB) {
-            self.free_written_back(index, &old);
-        }
+        self.tier.replaced(index, &old);
         if old.flags.contains(SlotFlags::STORED) {
             if let Some(h) = Handle::from_raw(old.word) {
                 // A handle the slot held is live; failing here would be a pool bug, and the

@@ -5,7 +5,7 @@ use uzram_codecs::Stream;
 
 use super::stats::Field;
 use super::{
-    policy, same_filled, segments, writeback, Device, IoContext, PageIndex, ReserveWait, SlotFlags,
+    same_filled, segments, writeback, Device, IoContext, PageIndex, ReserveWait, SlotFlags,
     SlotState, PAGE_SIZE,
 };
 use crate::IoError;
@@ -45,6 +45,14 @@ impl Device {
             .map_err(|error| ShortWrite { written, error })
     }
 
+    /// A write is storing new data at page `index` (its slot locked): takes its freed mark, if
+    /// it has one (see [`FreedPages`](super::FreedPages)); it counts in `notify_free`.
+    fn take_freed(&self, index: PageIndex) {
+        if self.tier.take_freed(index) {
+            self.bump(index, Field::NotifyFree);
+        }
+    }
+
     /// Counts a failed write in zram's `io_stat` (see [`Device::write_prefix`]).
     pub fn count_failed_write(&self, ctx: &IoContext) {
         self.counters.bump(ctx.shard, Field::FailedWrites);
@@ -69,10 +77,10 @@ impl Device {
             if let Ok(page) = <&[u8; PAGE_SIZE]>::try_from(chunk) {
                 // A page swap read back from the backing store and wrote again unchanged
                 // takes its old record over: written there once (see `writeback::reuse`).
-                if let Some(new) = self.adopt_kept(page) {
+                if let Some(new) = self.tier.take_kept(self, page) {
                     let mut g = slot.lock();
                     self.replace(index, &mut g, new);
-                    self.take_freed_for_write(index);
+                    self.take_freed(index);
                     continue;
                 }
                 // Compress and allocate before taking the slot lock.
@@ -87,9 +95,9 @@ impl Device {
                 let flags = new.flags;
                 let mut g = slot.lock();
                 self.replace(index, &mut g, new);
-                self.take_freed_for_write(index);
+                self.take_freed(index);
                 drop(g);
-                self.note_stored(index, flags);
+                self.tier.stored(index, flags);
             } else {
                 // Read-modify-write under the slot lock, so no other write slips in between.
                 // Decoded, not loaded: the page is rewritten at once, so neither its access
@@ -108,9 +116,9 @@ impl Device {
                 )?;
                 let flags = new.flags;
                 self.replace(index, &mut g, new);
-                self.take_freed_for_write(index);
+                self.take_freed(index);
                 drop(g);
-                self.note_stored(index, flags);
+                self.tier.stored(index, flags);
             }
         }
         Ok(())
@@ -184,11 +192,8 @@ impl Device {
         } else {
             (&buf[..n], SlotFlags::STORED)
         };
-        // Past the pool's ceiling under host pressure, room first if the store would take a
-        // new pool page (see `policy::spill`).
-        if self.backing.is_some() && self.past_ceiling() && !self.pool.has_room_for(bytes.len()) {
-            self.ask_room(evict.as_deref_mut(), bytes.len());
-        }
+        self.tier
+            .over_ceiling(self, evict.as_deref_mut(), bytes.len());
         let mut rounds = 0;
         let handle = loop {
             let stored = match reserve_wait {
@@ -206,14 +211,15 @@ impl Device {
                     | uzram_allocator::Error::ReserveExhausted { .. }
                     | uzram_allocator::Error::OutOfMemory { .. }
             );
-            if no_room && rounds < policy::EVICT_TRIES && self.backing.is_some() {
-                rounds += 1;
-                if self.make_room(evict.as_deref_mut(), bytes.len()) {
-                    continue;
-                }
+            if no_room
+                && self
+                    .tier
+                    .no_room(self, evict.as_deref_mut(), bytes.len(), &mut rounds)
+            {
+                continue;
             }
             if rounds > 0 {
-                self.count_evict_failed();
+                self.tier.evict_failed();
             }
             return Err(match e {
                 uzram_allocator::Error::LimitExceeded { limit_bytes, .. } => {

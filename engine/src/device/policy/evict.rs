@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{EVICT_FAST_FAIL, EVICT_SCAN, EVICT_WAIT};
+use crate::device::tier::Tiering;
 use crate::device::writeback::{BatchStats, WbBuffers};
 use crate::device::{Device, PageIndex, SlotFlags, PAGE_SIZE};
 
@@ -20,21 +21,31 @@ impl super::Requests {
     }
 }
 
-impl Device {
-    /// Hand-off mode: a write that finds no room asks the policy thread (which must be running
-    /// [`Policy::serve_evictions`]) to evict, instead of writing to the backing store itself.
-    /// The daemon turns it on when a backing file is a regular file.
-    pub fn set_evict_hand_off(&self, on: bool) {
-        self.tier.hand_off.store(on, Ordering::Relaxed);
+impl super::Tier {
+    /// Hand-off mode (see [`Device::set_evict_hand_off`]).
+    pub(in crate::device) fn set_hand_off(&self, on: bool) {
+        self.hand_off.store(on, Ordering::Relaxed);
     }
 
-    /// Makes room for an object of `size` bytes: inline with `bufs` ([`Device::evict`]), or in
-    /// hand-off mode by asking the policy thread and waiting at most [`EVICT_WAIT`] for its
+    /// Counts a write that failed although eviction was tried.
+    pub(in crate::device) fn count_evict_failed(&self) {
+        self.counters.evict_failed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Tiering {
+    /// Makes room for an object of `size` bytes: inline with `bufs` ([`Tiering::evict`]), or
+    /// in hand-off mode by asking the policy thread and waiting at most [`EVICT_WAIT`] for its
     /// round. Returns whether room was made (the store is worth retrying).
-    pub(in crate::device) fn make_room(&self, bufs: Option<&mut WbBuffers>, size: usize) -> bool {
-        let tier = &self.tier;
+    pub(in crate::device) fn make_room(
+        &self,
+        dev: &Device,
+        bufs: Option<&mut WbBuffers>,
+        size: usize,
+    ) -> bool {
+        let tier = &self.policy;
         if !tier.hand_off.load(Ordering::Relaxed) {
-            return bufs.is_some_and(|b| self.evict(b, size));
+            return bufs.is_some_and(|b| self.evict(dev, b, size));
         }
         if self.backing.is_none() || !tier.config.lock().evict {
             return false;
@@ -70,24 +81,23 @@ impl Device {
 
     /// Makes room for an object of `size` bytes without waiting for it, for a write past the
     /// pool's ceiling (a soft bound, unlike a limit): inline with `bufs` as
-    /// [`Device::make_room`] does, or in hand-off mode by asking the policy thread's next round.
-    pub(in crate::device) fn ask_room(&self, bufs: Option<&mut WbBuffers>, size: usize) {
-        let tier = &self.tier;
+    /// [`Tiering::make_room`] does, or in hand-off mode by asking the policy thread's next
+    /// round.
+    pub(in crate::device) fn ask_room(
+        &self,
+        dev: &Device,
+        bufs: Option<&mut WbBuffers>,
+        size: usize,
+    ) {
+        let tier = &self.policy;
         if !tier.hand_off.load(Ordering::Relaxed) {
             if let Some(b) = bufs {
-                self.evict(b, size);
+                self.evict(dev, b, size);
             }
             return;
         }
         tier.requests.lock().push(size);
         tier.wake.notify_one();
-    }
-
-    /// Feature `testing`: moves the device's clock (the one page access times use) `secs`
-    /// forward.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn advance_clock(&self, secs: u32) {
-        self.clock_skew.fetch_add(secs, Ordering::Relaxed);
     }
 
     /// Makes room for an object of `size` bytes by writing cold pages back: first pages whose
@@ -97,16 +107,16 @@ impl Device {
     /// bounded scan from a clock hand, one batch, one `pwrite`, no allocation; busy slots are
     /// skipped. Returns whether the store is worth retrying: pages were written back, or there
     /// were none to write (room was made meanwhile).
-    pub(in crate::device) fn evict(&self, bufs: &mut WbBuffers, size: usize) -> bool {
+    pub(in crate::device) fn evict(&self, dev: &Device, bufs: &mut WbBuffers, size: usize) -> bool {
         let Some(backing) = self.backing.as_ref() else {
             return false;
         };
-        let tier = &self.tier;
+        let tier = &self.policy;
         let cfg = *tier.config.lock();
         if !cfg.evict {
             return false;
         }
-        let now = self.now();
+        let now = dev.now();
         // Spent budgets lift the pool's ceiling too, until the next tick (as a full store does).
         if !tier.budget_allows(now) {
             tier.spill.stop();
@@ -119,10 +129,11 @@ impl Device {
             tier.spill.stop();
             return false;
         }
-        let Ok(class) = self.pool.class_size(size) else {
+        let pool = dev.pool();
+        let Ok(class) = pool.class_size(size) else {
             return false;
         };
-        let n = self.pages();
+        let n = dev.pages();
         let scan = EVICT_SCAN.min(n);
         let start = tier.hand.fetch_add(scan, Ordering::Relaxed) % n;
         let mut pages = std::mem::take(&mut bufs.pages);
@@ -137,11 +148,11 @@ impl Device {
                     break;
                 }
                 let i = PageIndex((start + k) % n);
-                let s = self.peek(i);
+                let s = dev.peek(i);
                 if !s.flags.contains(SlotFlags::STORED) {
                     continue;
                 }
-                let same = self.pool.class_size(usize::from(s.size)) == Ok(class);
+                let same = pool.class_size(usize::from(s.size)) == Ok(class);
                 let cold = now.saturating_sub(s.atime) >= 10;
                 if match pass {
                     0 => same && cold,
@@ -160,6 +171,7 @@ impl Device {
             BatchStats::default()
         } else {
             self.write_batch(
+                dev,
                 backing,
                 bufs,
                 &pages,
@@ -175,10 +187,9 @@ impl Device {
         if any_class && b.written > 0 {
             // Objects of other classes went: compact so their zspages free up. Rare (the
             // watermark keeps a margin), and bounded by the pool's size.
-            self.tier
-                .counters
+            tier.counters
                 .pages_compacted
-                .fetch_add(self.pool.compact().pages_freed, Ordering::Relaxed);
+                .fetch_add(pool.compact().pages_freed, Ordering::Relaxed);
         }
         let found = !pages.is_empty();
         bufs.pages = pages;
@@ -190,20 +201,13 @@ impl Device {
         // Nothing stored to evict means the pool is (nearly) empty: room was made meanwhile.
         b.written > 0 || !found
     }
-
-    /// Counts a write that failed although eviction was tried.
-    pub(in crate::device) fn count_evict_failed(&self) {
-        self.tier
-            .counters
-            .evict_failed
-            .fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// Serves the evictions writes have asked for (hand-off mode), without waiting for any: evicts
 /// for each object size asked, then wakes the writers. Returns whether any asked.
 pub(super) fn serve_pending(bufs: &mut Option<WbBuffers>, device: &Device) -> bool {
-    let tier = &device.tier;
+    let tiering = device.tiering();
+    let tier = &tiering.policy;
     let (sizes, n, round) = {
         let mut r = tier.requests.lock();
         if r.n == 0 {
@@ -220,7 +224,7 @@ pub(super) fn serve_pending(bufs: &mut Option<WbBuffers>, device: &Device) -> bo
         // A class with room now (writes past the ceiling ask without waiting, several sizes of
         // one class may be pending, and an eviction for one made room for all) needs none.
         let size = usize::from(size);
-        if device.pool.has_room_for(size) || device.evict(bufs, size) {
+        if device.pool().has_room_for(size) || tiering.evict(device, bufs, size) {
             served += 1;
         }
     }

@@ -13,10 +13,10 @@
 //!   `Policy::host_want`).
 //! - A write that finds no room (the limit, or no pool memory) evicts cold pages to the backing
 //!   store and retries, instead of failing: a bounded batch, with buffers made when the I/O
-//!   context was, on the I/O thread itself (see [`Device::evict`]); or, in hand-off mode (the
+//!   context was, on the I/O thread itself (see [`Tiering::evict`]); or, in hand-off mode (the
 //!   daemon with a regular file as backing store, whose writes may wait on the filesystem's
 //!   journal), by the policy thread while the write waits at most [`EVICT_WAIT`] (see
-//!   [`Device::make_room`]).
+//!   [`Tiering::make_room`]).
 //! - A budget of bytes per day (`budget`) caps everything the policy and eviction write, to
 //!   spare flash; when it is spent, the device behaves as zram does at its limit (writes fail)
 //!   until the budget refills.
@@ -30,16 +30,19 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+mod budget;
 mod config;
 mod evict;
 mod read_back;
 mod spill;
 mod stats;
 
+use self::budget::Budget;
 pub use self::config::{PolicyConfig, Pressure};
 use self::stats::Counters;
 pub use self::stats::PolicyStats;
 
+use super::tier::Tiering;
 use super::writeback::{BackingStore, BatchStats, WbBuffers, BATCH};
 use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, RecompressRequest};
@@ -75,53 +78,6 @@ const COLD_AGE_MIN: u32 = 10;
 const COLD_AGE_MAX: u32 = 3600;
 /// Writebacks (or early reads) a cold-age adjustment waits for: less is no evidence.
 const COLD_AGE_EVIDENCE: u64 = 32;
-
-/// The budget of bytes per day: a bucket that refills continuously, full at the start.
-#[derive(Debug, Default)]
-struct Budget {
-    per_day: Option<u64>,
-    tokens: i64,
-    /// Device clock (seconds) of the last refill.
-    last: u32,
-}
-
-impl Budget {
-    fn set(&mut self, per_day: Option<u64>, now: u32) {
-        if self.per_day != per_day {
-            self.per_day = per_day;
-            self.tokens = per_day.map_or(0, |d| d.min(i64::MAX as u64) as i64);
-            self.last = now;
-        }
-    }
-
-    fn refill(&mut self, now: u32) {
-        if let Some(d) = self.per_day {
-            let dt = u64::from(now.saturating_sub(self.last));
-            let add = (u128::from(d) * u128::from(dt) / 86400).min(i64::MAX as u128) as i64;
-            let cap = d.min(i64::MAX as u64) as i64;
-            self.tokens = self.tokens.saturating_add(add).min(cap);
-        }
-        self.last = now;
-    }
-
-    /// Whether a write may start (one batch may overdraw the bucket, the next waits).
-    fn allows(&mut self, now: u32) -> bool {
-        self.refill(now);
-        self.per_day.is_none() || self.tokens > 0
-    }
-
-    fn charge(&mut self, bytes: u64) {
-        if self.per_day.is_some() {
-            self.tokens = self
-                .tokens
-                .saturating_sub(bytes.min(i64::MAX as u64) as i64);
-        }
-    }
-
-    fn left(&self) -> Option<u64> {
-        self.per_day.map(|_| self.tokens.max(0) as u64)
-    }
-}
 
 /// Room asked of the policy thread by writes that found none (hand-off mode).
 #[derive(Debug, Default)]
@@ -217,7 +173,7 @@ fn age_bucket(age: u32) -> usize {
 fn stored_by_age(device: &Device, now: u32, min_age: u32) -> ([u64; BUCKETS], u64) {
     let mut hist = [0u64; BUCKETS];
     let mut total = 0u64;
-    for (_, slot) in device.slots.iter() {
+    for (_, slot) in device.slots().iter() {
         let s = slot.peek();
         if s.flags.contains(SlotFlags::STORED) {
             let age = now.saturating_sub(s.atime);
@@ -328,7 +284,7 @@ impl Policy {
     /// Returns whether any asked.
     pub fn serve_evictions(&mut self, device: &Device, timeout: Duration) -> bool {
         {
-            let tier = &device.tier;
+            let tier = &device.tiering().policy;
             let mut r = tier.requests.lock();
             if r.n == 0 {
                 let _ = tier.wake.wait_for(&mut r, timeout);
@@ -348,22 +304,22 @@ impl Policy {
         if device.backing().is_none() {
             return 0;
         }
-        let cfg = *device.tier.config.lock();
+        let cfg = *device.tiering().policy.config.lock();
         let Some(bytes) = watermark_excess(device, &cfg) else {
             return 0;
         };
         let now = device.now();
-        if !device.tier.budget_allows(now) {
+        if !device.tiering().policy.budget_allows(now) {
             return 0;
         }
         let done = self.write_back_coldest(device, bytes.min(TICK_BYTES), 0, now);
         self.note_round_for_room(device, &done);
-        let c = &device.tier.counters;
+        let c = &device.tiering().policy.counters;
         stats::count_written(&c.watermark_wb_pages, &c.watermark_wb_bytes, &done);
         if done.written > 0 {
             c.pages_compacted
                 .fetch_add(device.compact(), Ordering::Relaxed);
-            device.tier.progress();
+            device.tiering().policy.progress();
         }
         done.written
     }
@@ -378,7 +334,7 @@ impl Policy {
         pressure: &Pressure,
     ) -> Result<TickReport, Error> {
         device.fit_context(ctx)?;
-        let tier = &device.tier;
+        let tier = &device.tiering().policy;
         let cfg = *tier.config.lock();
         let now = device.now();
         tier.counters.ticks.fetch_add(1, Ordering::Relaxed);
@@ -414,7 +370,7 @@ impl Policy {
             return Ok(report);
         };
         // How many stored bytes to move out, and why: the most pressing reason first.
-        let used = device.pool.pages_used();
+        let used = device.pool().pages_used();
         let mut want: Option<(Reason, u64, u32)> =
             watermark_excess(device, &cfg).map(|bytes| (Reason::Watermark, bytes, 0));
         let host_short = pressure.mem_total > 0
@@ -494,10 +450,15 @@ impl Policy {
     ) -> Option<(Reason, u64, u32)> {
         let slice = (used / 32).max(4 << 20);
         let share = pressure.mem_total / 100 * u64::from(cfg.pool_share);
-        let cold_age = self.adapt_cold_age(&device.tier);
+        let cold_age = self.adapt_cold_age(&device.tiering().policy);
         // Spill on with its ceiling (writes may evict): the pool keeps its pages up to the
         // ceiling; those within it are judged by their age, as within the share.
-        let keep = device.tier.spill.keeping_to().unwrap_or(share / 10 * 9);
+        let keep = device
+            .tiering()
+            .policy
+            .spill
+            .keeping_to()
+            .unwrap_or(share / 10 * 9);
         if used > share && used > keep {
             return Some((Reason::Host, (used - keep).min(slice), 0));
         }
@@ -604,21 +565,22 @@ impl Policy {
             if self.pages.is_empty() {
                 break;
             }
-            if !device.tier.budget_allows(now) {
+            if !device.tiering().policy.budget_allows(now) {
                 return false;
             }
             let allowed = backing.limit_allows(self.pages.len());
             if allowed == 0 {
                 return false;
             }
-            let b = device.write_batch(
+            let b = device.tiering().write_batch(
+                device,
                 backing,
                 buffers(&mut self.bufs),
                 &self.pages[..allowed],
                 keep,
                 true,
             );
-            device.tier.budget.lock().charge(b.bytes);
+            device.tiering().policy.budget.lock().charge(b.bytes);
             self.pages.clear();
             // Writes waiting for room come first (hand-off mode).
             evict::serve_pending(&mut self.bufs, device);
@@ -636,8 +598,8 @@ impl Policy {
 
 /// Bytes above the low watermark when the pool is above the high watermark of `mem_limit`.
 fn watermark_excess(device: &Device, cfg: &PolicyConfig) -> Option<u64> {
-    let used = device.pool.pages_used();
-    let limit = device.pool.stats().limit_pages;
+    let used = device.pool().pages_used();
+    let limit = device.pool().stats().limit_pages;
     (limit > 0 && used * 100 > limit * u64::from(cfg.high_watermark)).then(|| {
         let target = limit * u64::from(cfg.low_watermark) / 100;
         used.saturating_sub(target) * PAGE_SIZE as u64
@@ -669,26 +631,28 @@ impl Tier {
     }
 }
 
-impl Device {
-    /// The policy's settings.
-    pub fn policy(&self) -> PolicyConfig {
-        *self.tier.config.lock()
+impl Tier {
+    /// The settings ([`Device::policy`]).
+    pub(in crate::device) fn config(&self) -> PolicyConfig {
+        *self.config.lock()
     }
 
-    /// Changes the policy's settings (`key=value ...`, see [`PolicyConfig::update`]).
-    pub fn set_policy(&self, text: &str) -> Result<(), Error> {
-        let mut cfg = self.tier.config.lock();
+    /// What the policy and eviction have done ([`Device::policy_stats`]).
+    pub(in crate::device) fn stats(&self) -> PolicyStats {
+        self.counters.snapshot(self.budget.lock().left())
+    }
+}
+
+impl Tiering {
+    /// [`Device::set_policy`] at second `now`.
+    pub(in crate::device) fn set_policy(&self, text: &str, now: u32) -> Result<(), Error> {
+        let mut cfg = self.policy.config.lock();
         cfg.update(text)?;
-        self.tier.budget.lock().set(cfg.budget, self.now());
+        self.policy.budget.lock().set(cfg.budget, now);
         // Under the settings' lock, so that two changes at once leave reuse as the last says.
         self.set_reuse(cfg.reuse);
-        self.tier.follow_promote_setting(cfg.promote);
+        self.policy.follow_promote_setting(cfg.promote);
         Ok(())
-    }
-
-    /// What the policy and eviction have done.
-    pub fn policy_stats(&self) -> PolicyStats {
-        self.tier.counters.snapshot(self.tier.budget.lock().left())
     }
 }
 

@@ -21,6 +21,7 @@ use super::{
     bucket_min_age, coldest_cutoff, stored_by_age, BatchStats, Policy, Tier, COLD_AGE_START,
     EARLY_READ_SECS,
 };
+use crate::device::tier::Tiering;
 use crate::device::{slot, Device, PageIndex, SlotFlags, SlotState};
 
 /// Bound of [`FirstRead`]'s credit either way: the most first-read promotions awaiting their
@@ -77,7 +78,10 @@ impl Policy {
     /// to the idle age of the youngest pages it wrote: the pool's coldest.
     pub(super) fn note_round_for_room(&self, device: &Device, done: &BatchStats) {
         if done.written > 0 {
-            device.tier.set_promote_age(self.youngest_written);
+            device
+                .tiering()
+                .policy
+                .set_promote_age(self.youngest_written);
         }
     }
 
@@ -91,13 +95,13 @@ impl Policy {
     /// read twice a pass apart must stay older than the age (as a hit must come within it); a
     /// hot set beside a cold one leaves the cold pages' age.
     pub(super) fn measure_promote_age(&self, device: &Device, now: u32) {
-        if device.tier.promote_age() == 0 || device.backing().is_none() {
+        if device.tiering().policy.promote_age() == 0 || device.backing().is_none() {
             return;
         }
         let (hist, total) = stored_by_age(device, now, 0);
         if total > 0 {
             let (b, _) = coldest_cutoff(&hist, total.div_ceil(COLDEST_PART));
-            device.tier.set_promote_age(bucket_min_age(b));
+            device.tiering().policy.set_promote_age(bucket_min_age(b));
         }
     }
 }
@@ -160,7 +164,7 @@ impl Tier {
     }
 }
 
-impl Device {
+impl Tiering {
     /// After written-back page `index` (state `s`, its slot locked in `g`) was read from the
     /// store through `buf`, which still holds its object: the first read since the writeback
     /// judges it (a read soon after is the policy's mistake, an early read, counted once) and
@@ -172,6 +176,7 @@ impl Device {
     /// writeback worth judging: neither is an early read.
     pub(in crate::device) fn after_read_back(
         &self,
+        dev: &Device,
         buf: &[u8],
         index: PageIndex,
         g: &mut slot::SlotGuard<'_>,
@@ -179,24 +184,24 @@ impl Device {
         now: u32,
     ) {
         let age = now.saturating_sub(s.atime);
-        let window = self.tier.promote_age();
+        let window = self.policy.promote_age();
         if !s.flags.contains(SlotFlags::READ_BACK) {
             if s.atime != 0 && !s.flags.contains(SlotFlags::ADOPTED) {
-                self.tier.note_read_back(age);
+                self.policy.note_read_back(age);
             }
-            if window > 0 && self.tier.first_read.take() {
-                if self.promote(buf, index, g, &s, now) {
-                    self.tier
+            if window > 0 && self.policy.first_read.take() {
+                if self.promote(dev, buf, index, g, &s, now) {
+                    self.policy
                         .counters
                         .promoted_first
                         .fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                self.tier.first_read.refund();
+                self.policy.first_read.refund();
             }
-        } else if (1..window).contains(&age) && self.promote(buf, index, g, &s, now) {
+        } else if (1..window).contains(&age) && self.promote(dev, buf, index, g, &s, now) {
             // A second-read promotion bets too: its hit or miss is evidence like any other.
-            self.tier.first_read.add(-1);
+            self.policy.first_read.add(-1);
             return;
         }
         if !s.flags.contains(SlotFlags::READ_BACK) || s.atime != now {
@@ -210,13 +215,14 @@ impl Device {
     /// pool if the pool has room at once, marked promoted; whether it did.
     fn promote(
         &self,
+        dev: &Device,
         buf: &[u8],
         index: PageIndex,
         g: &mut slot::SlotGuard<'_>,
         s: &SlotState,
         now: u32,
     ) -> bool {
-        let Ok(h) = self.pool.try_store(&buf[..usize::from(s.size)]) else {
+        let Ok(h) = dev.pool().try_store(&buf[..usize::from(s.size)]) else {
             return false;
         };
         let stored = SlotState {
@@ -230,8 +236,8 @@ impl Device {
             size: s.size,
             atime: now,
         };
-        self.replace(index, g, stored);
-        self.tier
+        dev.replace(index, g, stored);
+        self.policy
             .counters
             .promoted_pages
             .fetch_add(1, Ordering::Relaxed);

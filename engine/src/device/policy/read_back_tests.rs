@@ -188,7 +188,7 @@ fn promoted_pages_read_again_soon_turn_promotion_on_the_first_read_on() {
     let (d, mut ctx, model) = full_of_noise(&dir);
     // Each promotion bets one credit.
     promoted_by_two_reads(&d, &mut ctx, &model, (0, 199));
-    assert_eq!(d.tier.first_read.credit(), -200);
+    assert_eq!(d.tiering().policy.first_read.credit(), -200);
     // Read from the pool within the promote age: 200 hits, each paying two back; once is what
     // counts.
     d.advance_clock(10);
@@ -196,7 +196,7 @@ fn promoted_pages_read_again_soon_turn_promotion_on_the_first_read_on() {
     check_all(&d, &mut ctx, &model[..200]);
     let p = d.policy_stats();
     assert_eq!((p.promote_hits, p.promote_misses), (200, 0));
-    assert_eq!(d.tier.first_read.credit(), 200);
+    assert_eq!(d.tiering().policy.first_read.credit(), 200);
     // Now a written-back page comes back on its first read.
     hundred_written_back(&d, &mut ctx);
     check_all(&d, &mut ctx, &model[..100]);
@@ -205,7 +205,7 @@ fn promoted_pages_read_again_soon_turn_promotion_on_the_first_read_on() {
         (on_store(&d), p.promoted_first, p.promoted_pages),
         (0, 100, 300)
     );
-    assert_eq!(d.tier.first_read.credit(), 100);
+    assert_eq!(d.tiering().policy.first_read.credit(), 100);
     check_all(&d, &mut ctx, &model);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -216,7 +216,7 @@ fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back()
     let (d, mut ctx, model) = full_of_noise(&dir);
     // 100 hits: a credit of 100.
     promoted_and_hit(&d, &mut ctx, &model, (0, 99));
-    assert_eq!(d.tier.first_read.credit(), 100);
+    assert_eq!(d.tiering().policy.first_read.credit(), 100);
     // 150 first reads: 68 promote, down to the evidence floor of 32; the rest stay.
     d.advance_clock(5);
     d.writeback(
@@ -230,7 +230,7 @@ fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back()
     check_all(&d, &mut ctx, &model[100..250]);
     assert_eq!(d.policy_stats().promoted_first, 68);
     assert_eq!(on_store(&d), 150 - 68);
-    assert_eq!(d.tier.first_read.credit(), 32);
+    assert_eq!(d.tiering().policy.first_read.credit(), 32);
     // The 68 promoted pages: 40 read after the promote age, 28 written back again unread.
     // 68 misses, nothing paid back.
     let promoted: Vec<u64> = (100..250)
@@ -247,7 +247,7 @@ fn first_reads_promote_only_while_the_credit_lasts_and_misses_pay_nothing_back()
     }
     let p = d.policy_stats();
     assert_eq!((p.promote_hits, p.promote_misses), (100, 68));
-    assert_eq!(d.tier.first_read.credit(), 32);
+    assert_eq!(d.tiering().policy.first_read.credit(), 32);
     // First reads leave pages on the store now; second reads still promote.
     d.advance_clock(5);
     d.writeback(
@@ -274,7 +274,7 @@ fn promote_off_turns_first_read_promotion_off_too() {
     let dir = tempdir("policy-first-read-promote-off");
     let (d, mut ctx, model) = full_of_noise(&dir);
     promoted_and_hit(&d, &mut ctx, &model, (0, 99));
-    assert!(d.tier.first_read.credit() > 0);
+    assert!(d.tiering().policy.first_read.credit() > 0);
     d.set_policy("promote=0").unwrap();
     hundred_written_back(&d, &mut ctx);
     check_all(&d, &mut ctx, &model[..100]);

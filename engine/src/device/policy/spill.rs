@@ -5,20 +5,21 @@
 //! instead moves the ones a cyclic workload reads next, so while spill is on host pressure
 //! writes none of them back for the pool being above its share.
 //!
-//! The I/O path only queues the page's index ([`Device::note_stored`]: no lock, no
-//! allocation, no I/O); the policy thread writes the queued pages back in batches
+//! The I/O path only queues the page's index ([`Tier::note_stored`](super::Tier::note_stored):
+//! no lock, no allocation, no I/O); the policy thread writes the queued pages back in batches
 //! ([`Policy::drain_spill`]), so a write does not wait for the backing store while the policy
 //! thread keeps up. When it does not (several programs swapping out at once), the pool would
 //! grow past its share into the memory the host is short of, and it is locked: so past a
 //! ceiling (the share and a sixteenth) a write whose object would take a new pool page makes
 //! room first (inline as a write at `mem_limit` does, or in hand-off mode by asking the policy
-//! thread without waiting: the ceiling is soft, a limit is not; [`Device::past_ceiling`]).
+//! thread without waiting: the ceiling is soft, a limit is not; [`Tiering::past_ceiling`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crossbeam::queue::ArrayQueue;
 
 use super::{Policy, BATCH};
+use crate::device::tier::Tiering;
 use crate::device::{Device, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 
 /// Page indexes the queue holds; a page that finds it full stays in the pool (host pressure
@@ -89,18 +90,20 @@ impl Spill {
     }
 }
 
-impl Device {
+impl Tiering {
     /// On the I/O path, before a page is stored: whether the pool is past its ceiling (see
     /// the module docs), so that the write makes room first.
-    pub(in crate::device) fn past_ceiling(&self) -> bool {
-        let ceiling = self.tier.spill.ceiling_pages.load(Ordering::Relaxed);
-        ceiling > 0 && self.pool.pages_used() > ceiling
+    pub(in crate::device) fn past_ceiling(&self, dev: &Device) -> bool {
+        let ceiling = self.policy.spill.ceiling_pages.load(Ordering::Relaxed);
+        ceiling > 0 && dev.pool().pages_used() > ceiling
     }
+}
 
+impl super::Tier {
     /// On the I/O path, after page `index` was stored with `flags`: while spill is on, queues
     /// a stored (compressed or huge) page for the policy thread to write through.
     pub(in crate::device) fn note_stored(&self, index: PageIndex, flags: SlotFlags) {
-        let tier = &self.tier;
+        let tier = self;
         if !tier.spill.is_on() || !flags.contains(SlotFlags::STORED) {
             return;
         }
@@ -117,7 +120,8 @@ impl Policy {
     /// [`ROUND`]); a page rewritten or freed since is written as it is now, or skipped. Returns
     /// the pages written.
     pub(super) fn drain_spill(&mut self, device: &Device) -> u64 {
-        let tier = &device.tier;
+        let tiering = device.tiering();
+        let tier = &tiering.policy;
         let Some(backing) = device.backing() else {
             return 0;
         };
@@ -145,7 +149,8 @@ impl Policy {
                 break;
             }
             let keep = |s: &SlotState| s.flags.contains(SlotFlags::STORED);
-            let b = device.write_batch(
+            let b = tiering.write_batch(
+                device,
                 backing,
                 super::buffers(&mut self.bufs),
                 &self.pages[..allowed],

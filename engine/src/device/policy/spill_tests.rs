@@ -58,7 +58,13 @@ fn without_pressure_or_with_spill_off_there_is_no_ceiling() {
     write_noise(&d, &mut ctx, &mut model, 1500..1800);
     assert!(d.pool.pages_used() >= 1800, "{}", d.pool.pages_used());
     // Eviction off: no ceiling (a write could not make room); on, the ceiling is back.
-    let ceiling = |d: &Device| d.tier.spill.ceiling_pages.load(Ordering::Relaxed);
+    let ceiling = |d: &Device| {
+        d.tiering()
+            .policy
+            .spill
+            .ceiling_pages
+            .load(Ordering::Relaxed)
+    };
     d.set_policy("spill=1 evict=0").unwrap();
     policy.tick(&d, &mut ctx, &short).unwrap();
     assert_eq!(ceiling(&d), 0);
@@ -133,7 +139,7 @@ fn above_its_share_with_spill_on_only_what_is_past_the_ceiling_leaves() {
         let r = policy.tick(&d, &mut ctx, &short_of_memory(28)).unwrap();
         assert_eq!(r.written_back, 0, "{r:?}");
     }
-    assert!(d.tier.spill.is_on());
+    assert!(d.tiering().policy.spill.is_on());
     assert_eq!(d.policy_stats().host_wb_pages, 0);
     // A 20 MiB host: the share is 4 MiB, the ceiling 4.25 MiB, the pool far past both (it
     // grew before the pressure came): what is past the ceiling goes, no more.

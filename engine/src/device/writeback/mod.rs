@@ -40,7 +40,7 @@
 //! pressure can wait for a task that waits for swap, that is, for this device. With every block
 //! allocated, a direct write is an overwrite under the inode's shared lock, and a direct read
 //! never waits for it. (The I/O threads still never write to a regular file: see
-//! `Device::make_room`.)
+//! `Tiering::make_room`.)
 
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
@@ -59,6 +59,7 @@ use self::store::Extent;
 pub(crate) use self::store::FileIdentity;
 pub use self::store::{AlignedBuf, BackingError, BackingStore, FileUsage};
 pub use super::backing_io::BackingIo;
+use super::tier::Tiering;
 use super::{slot, Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, IoError};
 
@@ -233,24 +234,9 @@ pub struct WritebackStats {
     pub stopped: bool,
 }
 
-impl Device {
-    /// zram's `writeback_batch_size`: as set (a pass writes at most 256 pages at a time).
-    pub fn writeback_batch_size(&self) -> usize {
-        self.wb_batch.load(Ordering::Relaxed)
-    }
-
-    /// Sets zram's `writeback_batch_size` (at least 1).
-    pub fn set_writeback_batch_size(&self, pages: usize) {
-        self.wb_batch.store(pages.max(1), Ordering::Relaxed);
-    }
-
-    /// The backing store, if the device has one.
-    pub fn backing(&self) -> Option<&BackingStore> {
-        self.backing.as_ref()
-    }
-
+impl Tiering {
     /// Reads page `s` (written back) into `out` through `buf`.
-    pub(super) fn load_written_back(
+    pub(in crate::device) fn load_written_back(
         &self,
         streams: &mut [Option<uzram_codecs::Stream>],
         buf: &mut [u8],
@@ -285,7 +271,7 @@ impl Device {
         }
     }
 
-    /// The flag part of [`Device::wb_eligible`] (a page range is checked by the caller).
+    /// The flag part of [`Tiering::wb_eligible`] (a page range is checked by the caller).
     fn wb_eligible_flags(s: &SlotState, req: WritebackRequest) -> bool {
         let f = s.flags;
         if !f.contains(SlotFlags::STORED) {
@@ -306,6 +292,7 @@ impl Device {
     /// lock itself). Allocates nothing.
     pub(super) fn write_batch(
         &self,
+        dev: &Device,
         backing: &BackingStore,
         bufs: &mut WbBuffers,
         pages: &[PageIndex],
@@ -313,7 +300,7 @@ impl Device {
         wait: bool,
     ) -> BatchStats {
         let mut stats = BatchStats::default();
-        let sectors = self.pick(bufs, pages, keep, wait);
+        let sectors = self.pick(dev, bufs, pages, keep, wait);
         if bufs.taken.is_empty() {
             return stats;
         }
@@ -326,20 +313,24 @@ impl Device {
             return stats;
         };
         let len = ((sectors * SECTOR) as usize).next_multiple_of(ALIGN);
-        self.seal_taken(backing, bufs, &extent, len, wait);
+        self.seal_taken(dev, backing, bufs, &extent, len, wait);
         if backing.write_extent(&extent, &bufs.out[..len]).is_err() {
             stats.failed = bufs.taken.len() as u64;
             return stats;
         }
         stats.bytes = len as u64;
-        self.commit(backing, bufs, &extent, wait, &mut stats);
+        self.commit(dev, backing, bufs, &extent, wait, &mut stats);
         backing.charge_limit(stats.written);
         stats
     }
 
     /// Locks page `index`'s slot, or with `wait` false only if nobody holds it.
-    fn lock_for_writeback(&self, index: PageIndex, wait: bool) -> Option<slot::SlotGuard<'_>> {
-        let slot = self.slot(index)?;
+    fn lock_for_writeback(
+        dev: &Device,
+        index: PageIndex,
+        wait: bool,
+    ) -> Option<slot::SlotGuard<'_>> {
+        let slot = dev.slot(index)?;
         if wait {
             Some(slot.lock())
         } else {
@@ -352,6 +343,7 @@ impl Device {
     /// sectors.
     fn pick(
         &self,
+        dev: &Device,
         bufs: &mut WbBuffers,
         pages: &[PageIndex],
         keep: &dyn Fn(&SlotState) -> bool,
@@ -363,7 +355,7 @@ impl Device {
             if bufs.taken.len() == bufs.capacity {
                 break;
             }
-            let Some(g) = self.lock_for_writeback(index, wait) else {
+            let Some(g) = Self::lock_for_writeback(dev, index, wait) else {
                 continue;
             };
             let (s, gen) = (g.get(), g.generation());
@@ -373,7 +365,7 @@ impl Device {
             }
             // A page its user freed (marked, not yet reclaimed) is not worth a write to the
             // backing store: it is freed within the memory thread's next round.
-            if self.freed_pages().is_some_and(|f| f.is_marked(index)) {
+            if self.freed.get().is_some_and(|f| f.is_marked(index)) {
                 continue;
             }
             bufs.taken.push((index, s, gen, sectors, false));
@@ -387,6 +379,7 @@ impl Device {
     /// open) and not committed.
     fn seal_taken(
         &self,
+        dev: &Device,
         backing: &BackingStore,
         bufs: &mut WbBuffers,
         extent: &Extent,
@@ -397,14 +390,14 @@ impl Device {
         out.fill(0);
         for (index, s, gen, off, sealed) in bufs.taken.iter_mut() {
             let (index, s, gen, off) = (*index, *s, *gen, *off);
-            let Some(g) = self.lock_for_writeback(index, wait) else {
+            let Some(g) = Self::lock_for_writeback(dev, index, wait) else {
                 continue;
             };
             let n = usize::from(s.size);
             let ok = g.get() == s
                 && g.generation() == gen
                 && uzram_allocator::Handle::from_raw(s.word)
-                    .is_some_and(|h| self.pool.read_into(h, &mut bufs.plain[..]).is_ok());
+                    .is_some_and(|h| dev.pool().read_into(h, &mut bufs.plain[..]).is_ok());
             drop(g);
             if ok {
                 let at = (off * SECTOR) as usize;
@@ -419,6 +412,7 @@ impl Device {
     /// sealed over to its record; frees the records of the others.
     fn commit(
         &self,
+        dev: &Device,
         backing: &BackingStore,
         bufs: &WbBuffers,
         extent: &Extent,
@@ -426,11 +420,11 @@ impl Device {
         stats: &mut BatchStats,
     ) {
         // A written-back slot's atime is its writeback's time (see `Device::load`).
-        let now = self.now();
+        let now = dev.now();
         for &(index, s, gen, off, sealed) in &bufs.taken {
             let sector = extent.start + off;
             let g = if sealed {
-                self.lock_for_writeback(index, wait)
+                Self::lock_for_writeback(dev, index, wait)
             } else {
                 None
             };
@@ -446,7 +440,7 @@ impl Device {
                 continue;
             };
             if s.flags.contains(SlotFlags::PROMOTED) {
-                self.tier.note_promote_miss();
+                self.policy.note_promote_miss();
             }
             let wb = SlotState {
                 word: BackingStore::location(extent.file, sector),
@@ -462,17 +456,16 @@ impl Device {
             };
             backing.counters.count.fetch_add(1, Ordering::Relaxed);
             backing.counters.writes.fetch_add(1, Ordering::Relaxed);
-            self.replace(index, &mut g, wb);
+            dev.replace(index, &mut g, wb);
             stats.written += 1;
             stats.object_bytes += u64::from(s.size);
         }
     }
 
-    /// zram's `writeback`: moves the pages `req` selects to the backing store, compressed and
-    /// sealed, in batches written with one `pwrite` each; then compacts the pool. A failed write
-    /// leaves its pages in RAM; a full store or the writeback limit ends the pass cleanly.
-    pub fn writeback(
+    /// [`Device::writeback`] on `dev`.
+    pub(super) fn writeback(
         &self,
+        dev: &Device,
         ctx: &mut IoContext,
         req: WritebackRequest,
     ) -> Result<WritebackStats, Error> {
@@ -482,9 +475,9 @@ impl Device {
                 why: "the device has no backing device (create it with --backing-dev FILE)",
             });
         };
-        self.fit_context(ctx)?;
+        dev.fit_context(ctx)?;
         if let WritebackRequest::Pages { last, .. } = req {
-            if last >= self.pages() {
+            if last >= dev.pages() {
                 return Err(Error::InvalidRequest {
                     text: format!("{req:?}"),
                     why: "page index beyond the device",
@@ -493,10 +486,10 @@ impl Device {
         }
         let range = match req {
             WritebackRequest::Pages { first, last } => first..=last,
-            _ => 0..=self.pages() - 1,
+            _ => 0..=dev.pages() - 1,
         };
         let candidates: Vec<PageIndex> = range
-            .filter(|&i| Self::wb_eligible(&self.peek(PageIndex(i)), req, i))
+            .filter(|&i| Self::wb_eligible(&dev.peek(PageIndex(i)), req, i))
             .map(PageIndex)
             .collect();
         let mut stats = WritebackStats {
@@ -504,14 +497,15 @@ impl Device {
             ..WritebackStats::default()
         };
         let mut bufs = WbBuffers::new(BATCH);
-        for chunk in candidates.chunks(self.writeback_batch_size().min(BATCH)) {
+        let batch = self.wb_batch.load(Ordering::Relaxed);
+        for chunk in candidates.chunks(batch.min(BATCH)) {
             let allowed = backing.limit_allows(chunk.len());
             if allowed == 0 {
                 stats.stopped = true;
                 break;
             }
             let keep = |s: &SlotState| Self::wb_eligible_flags(s, req);
-            let b = self.write_batch(backing, &mut bufs, &chunk[..allowed], &keep, true);
+            let b = self.write_batch(dev, backing, &mut bufs, &chunk[..allowed], &keep, true);
             stats.written += b.written;
             stats.bytes += b.bytes;
             stats.failed += b.failed;
@@ -521,7 +515,7 @@ impl Device {
             }
         }
         if stats.written > 0 {
-            self.compact();
+            dev.compact();
         }
         Ok(stats)
     }

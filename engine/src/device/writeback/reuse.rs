@@ -38,7 +38,8 @@ use poly1305::universal_hash::KeyInit;
 use poly1305::Poly1305;
 
 use super::BackingStore;
-use crate::device::{Device, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
+use crate::device::tier::Tiering;
+use crate::device::{PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 
 /// Buckets of the kept-record table, and records per bucket: 32 Ki records (128 MiB of pages)
 /// in 1.1 MiB, made when the store opens (the I/O path must not allocate it under pressure).
@@ -186,7 +187,7 @@ impl BackingStore {
     }
 }
 
-impl Device {
+impl Tiering {
     /// Turns reuse on or off (the policy's `reuse`); off drops every kept record.
     pub(in crate::device) fn set_reuse(&self, on: bool) {
         if let Some(b) = &self.backing {
@@ -287,7 +288,7 @@ impl Device {
         };
         // The page is off the store as far as bd_stat goes; its sectors stay taken.
         b.counters.count.fetch_sub(1, Ordering::Relaxed);
-        self.tier.count_kept(1);
+        self.policy.count_kept(1);
         if victim.digest.key != 0 {
             self.release_kept(b, &victim);
         }
@@ -299,12 +300,16 @@ impl Device {
         b.reuse.hold(k, -1);
         let (file, sector) = BackingStore::split(k.location);
         b.release(file, sector, BackingStore::sectors_for(usize::from(k.size)));
-        self.tier.count_kept_dropped(1);
+        self.policy.count_kept_dropped(1);
     }
 
-    /// For a whole-page write of `page`: the written-back state that takes over
-    /// a kept record of the same content, if there is one (it is no longer kept then).
-    pub(in crate::device) fn adopt_kept(&self, page: &[u8; PAGE_SIZE]) -> Option<SlotState> {
+    /// For a whole-page write of `page` at second `now`: the written-back state that takes
+    /// over a kept record of the same content, if there is one (it is no longer kept then).
+    pub(in crate::device) fn adopt_kept(
+        &self,
+        page: &[u8; PAGE_SIZE],
+        now: u32,
+    ) -> Option<SlotState> {
         let b = self.backing.as_ref()?;
         let r = &b.reuse;
         if r.held.load(Ordering::Relaxed) == 0 || !r.on.load(Ordering::Relaxed) {
@@ -329,13 +334,13 @@ impl Device {
             return None;
         };
         b.counters.count.fetch_add(1, Ordering::Relaxed);
-        self.tier.count_reused(1);
+        self.policy.count_reused(1);
         Some(SlotState {
             word,
             flags: k.flags | SlotFlags::WB | SlotFlags::ADOPTED,
             prio: k.prio,
             size: k.size,
-            atime: self.now(),
+            atime: now,
         })
     }
 

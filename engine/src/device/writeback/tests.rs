@@ -372,10 +372,13 @@ fn a_page_rewritten_with_an_equal_state_during_writeback_keeps_its_new_data() {
     let backing = d.backing().unwrap();
     let mut bufs = WbBuffers::new(4);
     let keep = |_: &SlotState| true;
-    let sectors = d.pick(&mut bufs, &[PageIndex(0)], &keep, true);
+    let sectors = d
+        .tiering()
+        .pick(&d, &mut bufs, &[PageIndex(0)], &keep, true);
     let extent = backing.reserve(sectors).unwrap();
     let len = ((sectors * SECTOR) as usize).next_multiple_of(ALIGN);
-    d.seal_taken(backing, &mut bufs, &extent, len, true);
+    d.tiering()
+        .seal_taken(&d, backing, &mut bufs, &extent, len, true);
     backing.write_extent(&extent, &bufs.out[..len]).unwrap();
     // Meanwhile swap frees the slot and writes it again: the freed handle is handed out anew.
     let taken = d.slot_state(PageIndex(0)).unwrap();
@@ -387,7 +390,8 @@ fn a_page_rewritten_with_an_equal_state_during_writeback_keeps_its_new_data() {
         "the test needs the rewritten page's state equal to the one taken"
     );
     let mut stats = BatchStats::default();
-    d.commit(backing, &bufs, &extent, true, &mut stats);
+    d.tiering()
+        .commit(&d, backing, &bufs, &extent, true, &mut stats);
     assert_eq!(stats.written, 0, "the rewritten page was committed");
     let mut back = vec![0u8; PAGE_SIZE];
     d.read(&mut ctx, 0, &mut back).unwrap();

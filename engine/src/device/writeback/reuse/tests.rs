@@ -4,7 +4,7 @@ use std::path::Path;
 use super::*;
 use crate::device::testutil::{noise_page, tempdir, text_page};
 use crate::device::writeback::WritebackRequest;
-use crate::{DeviceSetup, IoContext};
+use crate::{Device, DeviceSetup, IoContext};
 
 fn setup(dir: &Path, disksize: u64) -> Device {
     let mut setup = DeviceSetup::new();
