@@ -229,6 +229,16 @@ pub enum ServeError {
     /// The supervisor's worker could not serve the device.
     #[error("{0}")]
     Worker(String),
+    /// The slot-free probe the supervisor passed could not be stopped, and this worker cannot
+    /// use it: it would serve writes that take no marks while the probe marks.
+    #[error("this worker cannot use the supervisor's slot-free probe ({why}), nor stop it")]
+    ProbeNotStopped {
+        /// Why the worker cannot use it.
+        why: String,
+        /// Why it could not be stopped.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The slot-free probe the supervisor passed (--worker-probe-link-fd, --worker-probe-map-fd),
@@ -254,10 +264,9 @@ fn inherited_probe(args: &ServeArgs) -> Result<Option<slotfree::Descriptors>, Se
 /// that cannot stop it must not serve at all.
 fn disown_probe(probe: &slotfree::Descriptors, why: &str) -> Result<(), ServeError> {
     use std::os::fd::AsFd;
-    slotfree::disown(probe.map.as_fd()).map_err(|e| {
-        ServeError::Worker(format!(
-            "{e}; this worker cannot use it ({why}), and would serve writes that take no marks while it marks"
-        ))
+    slotfree::disown(probe.map.as_fd()).map_err(|source| ServeError::ProbeNotStopped {
+        why: why.to_string(),
+        source,
     })
 }
 

@@ -359,9 +359,8 @@ fn clear_unwatched(words: &[std::sync::atomic::AtomicU64]) -> bool {
 /// while it serves could free a page it stored, once a later worker adopted them. [`adopt`]
 /// clears the marks of a probe that marks nothing. Header word 0 is the target in every
 /// protocol, so this holds across versions.
-pub fn disown(map: std::os::fd::BorrowedFd<'_>) -> Result<(), String> {
+pub fn disown(map: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
     crate::sys::bpf_array_store(map, H_TARGET as u32, 0)
-        .map_err(|e| format!("stopping the supervisor's slot-free probe: {e}"))
 }
 
 /// [`load`], but only the descriptors: no mapping in this process.

@@ -164,8 +164,7 @@ impl Device {
                 // The journal's and the settings' chunks, and the first tables', resident
                 // before anything takes them (see `Device::prefault_region`).
                 region.prefault_chunks(64);
-                SlotTable::in_region(pages, region.clone())
-                    .map_err(|reason| Error::Region { reason })?
+                SlotTable::in_region(pages, region.clone())?
             }
         };
         let codecs = Self::codecs(&config)?;

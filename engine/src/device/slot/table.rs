@@ -155,17 +155,21 @@ impl SlotTable {
     }
 
     /// A table of `pages` empty slots in `region`'s table area, with its journal.
-    pub fn in_region(pages: u64, region: Region) -> Result<SlotTable, String> {
+    pub fn in_region(pages: u64, region: Region) -> Result<SlotTable, crate::Error> {
+        let refused = |reason| crate::Error::Region { reason };
         Self::region_bytes(pages)
             .filter(|&need| region.table_bytes() >= need)
             .ok_or_else(|| {
-                format!(
+                refused(format!(
                     "the region's table area has {} bytes, too few for {pages} pages",
                     region.table_bytes()
-                )
+                ))
             })?;
-        let journal = Journal::create(&region).map_err(|e| e.to_string())?;
-        let shared = Self::shared(pages, &region, journal, 0)?;
+        let journal = Journal::create(&region).map_err(|source| crate::Error::RegionFailed {
+            what: "claiming the slot journal's chunk",
+            source,
+        })?;
+        let shared = Self::shared(pages, &region, journal, 0).map_err(refused)?;
         // The directory made resident whole now, while the device is new (a word a leaf: 8 KiB
         // a GiB of device). Every request reads its leaf's entry, and swap writes its first
         // pages at random places of a device: a read of a directory page never touched faults
