@@ -231,7 +231,10 @@ pub enum ServeError {
     Worker(String),
     /// The slot-free probe the supervisor passed could not be stopped, and this worker cannot
     /// use it: it would serve writes that take no marks while the probe marks.
-    #[error("this worker cannot use the supervisor's slot-free probe ({why}), nor stop it")]
+    #[error(
+        "this worker cannot use the supervisor's slot-free probe ({why}), nor stop it: it would \
+         serve writes that take no marks while the probe marks"
+    )]
     ProbeNotStopped {
         /// Why the worker cannot use it.
         why: String,

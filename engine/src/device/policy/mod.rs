@@ -644,11 +644,11 @@ impl Tier {
 }
 
 impl Tiering {
-    /// [`Device::set_policy`] at second `now`.
-    pub(in crate::device) fn set_policy(&self, text: &str, now: u32) -> Result<(), Error> {
+    /// [`Device::set_policy`] on `dev`.
+    pub(in crate::device) fn set_policy(&self, dev: &Device, text: &str) -> Result<(), Error> {
         let mut cfg = self.policy.config.lock();
         cfg.update(text)?;
-        self.policy.budget.lock().set(cfg.budget, now);
+        self.policy.budget.lock().set(cfg.budget, dev.now());
         // Under the settings' lock, so that two changes at once leave reuse as the last says.
         self.set_reuse(cfg.reuse);
         self.policy.follow_promote_setting(cfg.promote);

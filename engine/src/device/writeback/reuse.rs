@@ -303,12 +303,12 @@ impl Tiering {
         self.policy.count_kept_dropped(1);
     }
 
-    /// For a whole-page write of `page` at second `now`: the written-back state that takes
-    /// over a kept record of the same content, if there is one (it is no longer kept then).
+    /// For a whole-page write of `page`: the written-back state that takes over a kept record
+    /// of the same content, if there is one (it is no longer kept then), accessed at `now()`.
     pub(in crate::device) fn adopt_kept(
         &self,
         page: &[u8; PAGE_SIZE],
-        now: u32,
+        now: impl FnOnce() -> u32,
     ) -> Option<SlotState> {
         let b = self.backing.as_ref()?;
         let r = &b.reuse;
@@ -340,7 +340,7 @@ impl Tiering {
             flags: k.flags | SlotFlags::WB | SlotFlags::ADOPTED,
             prio: k.prio,
             size: k.size,
-            atime: now,
+            atime: now(),
         })
     }
 
