@@ -122,6 +122,10 @@ pub struct Loaded {
     /// The program's attachment (a BPF link, which holds the program, which holds its map):
     /// closed, the probe is gone.
     link: std::os::fd::OwnedFd,
+    /// The map's descriptor, unused here but held for the process's life (see
+    /// [`Loaded::watch`]): a supervisor systemd restarts finds the probe of a reserve that
+    /// took the device over by its descriptors (`pidfd_getfd`), and a mapping is no descriptor.
+    map: std::os::fd::OwnedFd,
     /// The map, mapped (the mapping holds the map too).
     words: Arc<SharedWords>,
     pages: u64,
@@ -177,6 +181,7 @@ impl Loaded {
         // process's hold when it goes; a supervisor's copy keeps it attached for the next
         // worker).
         std::mem::forget(self.link);
+        std::mem::forget(self.map);
         let _ = STATUS.set(Status {
             mode: Mode::Probe,
             words: Some(self.words),
@@ -330,12 +335,17 @@ pub fn adopt(probe: &Descriptors, pages: u64, protocol: &str) -> Result<Loaded, 
         .link
         .try_clone()
         .map_err(|e| format!("taking the probe's link: {e}"))?;
+    let map = probe
+        .map
+        .try_clone()
+        .map_err(|e| format!("taking the probe's map: {e}"))?;
     let words = map_words(pages);
     let shared = SharedWords::map_bpf_array(probe.map.as_fd(), words)
         .map_err(|e| format!("mapping the marks: {e}"))?;
     clear_unwatched(shared.words());
     Ok(Loaded {
         link,
+        map,
         words: Arc::new(shared),
         pages,
         hook,

@@ -182,8 +182,9 @@ impl Found {
         let take = |what: &str| {
             let Some(fd) = self.only_fd(what) else {
                 crate::daemon::log(&format!(
-                    "slot-free: reserve {} holds no single {what}: its workers will free only what swap discards",
-                    self.pid
+                    "slot-free: reserve {} holds no {what}, or two different ones (its anonymous descriptors: {}): its workers will free only what swap discards",
+                    self.pid,
+                    self.anon_fds()
                 ));
                 return None;
             };
@@ -207,7 +208,8 @@ impl Found {
         Some(probe)
     }
 
-    /// Its one descriptor whose link in /proc reads `what`; `None` if it has none or several.
+    /// A descriptor whose link in /proc reads `what`, where all such name one object (a
+    /// worker may hold a probe's map twice); `None` if it has none, or two objects.
     fn only_fd(&self, what: &str) -> Option<i32> {
         let dir = std::fs::read_dir(format!("/proc/{}/fd", self.pid)).ok()?;
         let mut found = dir.flatten().filter_map(|e| {
@@ -215,10 +217,46 @@ impl Found {
             if target.as_os_str() != what {
                 return None;
             }
-            e.file_name().to_str()?.parse::<i32>().ok()
+            let fd = e.file_name().to_str()?.parse::<i32>().ok()?;
+            Some((fd, self.object_id(fd)))
         });
-        let first = found.next()?;
-        found.next().is_none().then_some(first)
+        let (first, id) = found.next()?;
+        let id = id?;
+        found
+            .all(|(_, other)| other.as_deref() == Some(id.as_str()))
+            .then_some(first)
+    }
+
+    /// Its descriptors on anonymous inodes, as `FD=TARGET ID` (for the log).
+    fn anon_fds(&self) -> String {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{}/fd", self.pid)) else {
+            return "unreadable".to_string();
+        };
+        let fds: Vec<String> = dir
+            .flatten()
+            .filter_map(|e| {
+                let target = std::fs::read_link(e.path()).ok()?;
+                let target = target.to_str()?.strip_prefix("anon_inode:")?.to_string();
+                let fd = e.file_name().to_str()?.parse::<i32>().ok()?;
+                let id = self.object_id(fd).unwrap_or_default();
+                Some(format!("{fd}={target} {id}").trim_end().to_string())
+            })
+            .collect();
+        if fds.is_empty() {
+            "none".to_string()
+        } else {
+            fds.join(", ")
+        }
+    }
+
+    /// The kernel's id of the BPF map or link behind descriptor `fd` (its `map_id:` or
+    /// `link_id:` line in /proc, the kernel's own record: nothing of the process's memory is
+    /// read).
+    fn object_id(&self, fd: i32) -> Option<String> {
+        let info = std::fs::read_to_string(format!("/proc/{}/fdinfo/{fd}", self.pid)).ok()?;
+        info.lines()
+            .find(|l| l.starts_with("map_id:") || l.starts_with("link_id:"))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
     }
 
     /// Waits for its end.
