@@ -232,12 +232,9 @@ fn still_waiting(
     let Some(s) = stored else {
         return Ok(None);
     };
-    // Looked for where the unit asks for reserves, and wherever the device is served now: a
-    // reserve started while the unit asked for them serves on after a restart that turned them
-    // off, and is kept as the worker all the same (else this supervisor would refuse a device
-    // that works). Not otherwise: other processes are not looked at while the device is held.
-    let look = reserve_enabled() || super::ublk::is_quiesced(s.id) == Some(false);
-    if let Some(found) = look.then(|| reserve::find(s.id)).flatten() {
+    // (looked for only where the unit asks for reserves: other processes are not looked at
+    // while the device is held)
+    if let Some(found) = reserve_enabled().then(|| reserve::find(s.id)).flatten() {
         if found.wait_serving(s.id) {
             return Ok(Some((s, Some(found))));
         }

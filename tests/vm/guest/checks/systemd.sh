@@ -94,10 +94,9 @@ sd_unit() {
 # 32 MiB written; the *supervisor* killed (SIGKILL) while a reader waits on the device; systemd
 # restarts the service with the region from its store, a successor takes the device over:
 # every byte reads the same, the reader gets no error; then `systemctl restart` (a reader
-# across it): the device handed over the same way, not deleted; a restart with reserves turned
-# off: the reserve kept as the worker; `systemctl stop` deletes it.
+# across it): the device handed over the same way, not deleted; `systemctl stop` deletes it.
 check_systemd() {
-    local name=systemd log=$UZ_TMP/systemd.log dev sup sup1 w rpid rrc t0 i cover kept0 MB=1048576
+    local name=systemd log=$UZ_TMP/systemd.log dev sup sup1 w rpid rrc t0 i MB=1048576
     sd_begin "a supervisor under systemd killed; systemd restarts it with the region from its descriptor store" || return
     sd_unit 64M
     if ! sd_ctl start uzram-vm.service >>"$log" 2>&1; then
@@ -178,33 +177,6 @@ check_systemd() {
             return
         fi
         res="$res; systemctl restart handed $dev over (supervisor $sup -> $sup1) in $(elapsed "$t0") s with a reader across it, 32 MiB verified"
-        # reserves turned off with a restart (the unit without UZRAM_RESERVE): the reserve
-        # beside the supervisor takes the device over across it, and the supervisor systemd
-        # starts next keeps it as its worker rather than refusing a device that is served
-        for i in $(seq 1 300); do
-            cover=$(sd_cover "$sup1" "$dev")
-            case $cover in *:ready) break ;; esac
-            sleep 0.2
-        done
-        kept0=$(grep -c 'the reserve serves on as its worker' $SD_ROOT/run/user/0/uzram-vm-sd.log)
-        sed -i '/^Environment=UZRAM_RESERVE=1$/d' $SD_ROOT/run/user/0/systemd/user/uzram-vm.service
-        sd_ctl daemon-reload >>"$log" 2>&1
-        sup=$sup1
-        sd_ctl restart uzram-vm.service >>"$log" 2>&1
-        sup1=$(sd_ctl show -p MainPID --value uzram-vm.service 2>/dev/null)
-        if [ "${cover#*:}" != ready ] || [ "$(sd_ctl is-active uzram-vm.service 2>/dev/null)" != active ] ||
-            [ "$sup1" = "$sup" ] || ! "$TOOL" verify "$dev" 0 $((32 * MB)) "$SEED" >>"$log" 2>&1 ||
-            [ "$(grep -c 'the reserve serves on as its worker' $SD_ROOT/run/user/0/uzram-vm-sd.log)" -le "$kept0" ]; then
-            cat $SD_ROOT/run/user/0/uzram-vm-sd.log >>"$log" 2>&1
-            sd_ctl status uzram-vm.service >>"$log" 2>&1
-            sd_messages
-            fail_log "$name" "$log" "reserves turned off with a restart: the reserve ($cover) was not kept as the next supervisor's worker (supervisor $sup -> ${sup1:-none}, $(sd_ctl is-active uzram-vm.service 2>&1))"
-            sd_ctl stop uzram-vm.service
-            UZRAM_DEV=
-            sd_stop
-            return
-        fi
-        res="$res; reserves turned off with a restart: reserve ${cover%:*} kept as supervisor $sup1's worker, 32 MiB verified"
         sd_ctl stop uzram-vm.service >>"$log" 2>&1
         for i in $(seq 1 100); do [ -b "$dev" ] || break; sleep 0.1; done
         if [ -b "$dev" ]; then
