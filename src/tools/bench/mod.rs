@@ -265,6 +265,13 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
     let n = pages.len();
     let disksize = (n * PAGE_SIZE) as u64;
     let codec = Codec::new(config.algorithm, config.params.clone()).map_err(Error::from)?;
+    // The slow path's device opens the backing files: a bad one is refused before the timed
+    // rounds, not after them.
+    let slow = if config.secondary.iter().any(Option::is_some) || !config.backing_devs.is_empty() {
+        Some(Device::new(config.clone(), disksize)?)
+    } else {
+        None
+    };
 
     let mut thread_counts = vec![1];
     if threads > 1 {
@@ -301,12 +308,10 @@ pub fn run(args: &BenchArgs) -> Result<BenchReport, BenchError> {
         .collect();
     let raw_compress = by_threads(0);
     let raw_decompress = by_threads(1);
-    let (recompress, writeback) =
-        if config.secondary.iter().any(Option::is_some) || !config.backing_devs.is_empty() {
-            slow_path(&config, disksize, &pages)?
-        } else {
-            (None, None)
-        };
+    let (recompress, writeback) = match slow {
+        Some(device) => slow_path(&device, &config, &pages)?,
+        None => (None, None),
+    };
     Ok(BenchReport {
         source,
         algorithm: config.algorithm,
@@ -407,11 +412,10 @@ fn timed_rounds(
 /// recompress (with secondary codecs) and write back (with a backing file), checking every page
 /// after each step.
 fn slow_path(
+    device: &Device,
     config: &uzram_engine::DeviceConfig,
-    disksize: u64,
     pages: &[&[u8; PAGE_SIZE]],
 ) -> Result<(Option<RecompressFigures>, Option<WritebackFigures>), BenchError> {
-    let device = Device::new(config.clone(), disksize)?;
     let mut ctx = device.context()?;
     let offset = |i: usize| (i * PAGE_SIZE) as u64;
     for (i, page) in pages.iter().enumerate() {
