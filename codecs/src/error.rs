@@ -44,6 +44,25 @@ pub enum CodecError {
         /// How many bytes it decompressed to.
         len_bytes: usize,
     },
+    /// A group's run of pages is not 1 to 16 whole pages (see
+    /// [`GroupStream`](crate::GroupStream)).
+    #[error("{algorithm} group of {len_bytes} bytes is not a run of 1 to 16 whole pages")]
+    NotARun {
+        /// The group stream's algorithm.
+        algorithm: Algorithm,
+        /// The length given.
+        len_bytes: usize,
+    },
+    /// A group's frame is valid but holds fewer bytes than the run it is read into.
+    #[error("{algorithm} group decompresses to {len_bytes} bytes instead of {want}")]
+    ShortRun {
+        /// The group stream's algorithm.
+        algorithm: Algorithm,
+        /// How many bytes it decompressed to.
+        len_bytes: usize,
+        /// The run's length.
+        want: usize,
+    },
 }
 
 /// A codec could not be set up: a level out of range, a dictionary the backend rejects, a

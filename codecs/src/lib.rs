@@ -5,6 +5,8 @@
 //! - [`Stream`]: one thread's contexts and buffers for a codec (zram's `zcomp_strm`), made
 //!   with [`Codec::stream`]. [`Stream::compress`] takes a [`PAGE_SIZE`] page and a `dst` of
 //!   any length, [`Stream::decompress`] fills exactly one page or fails.
+//! - [`GroupStream`]: a run of up to [`MAX_GROUP_PAGES`] neighbouring pages compressed as one
+//!   frame (a cold group), with a codec's algorithm and level.
 //! - [`AlgorithmParams`]: zram's `algorithm_params` attribute (`algo=zstd level=3 dict=PATH`),
 //!   parsed; [`train_dictionary`] makes a dictionary from sample pages.
 //!
@@ -57,6 +59,7 @@ mod dict;
 mod error;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
+mod group;
 #[cfg(any(test, feature = "testing"))]
 pub mod pages;
 mod params;
@@ -65,6 +68,7 @@ pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use codec::{Codec, Stream};
 pub use dict::{train_dictionary, MIN_DICT_LEN};
 pub use error::{CodecError, ConfigError};
+pub use group::{GroupStream, GROUP_COMPRESS_BOUND, MAX_GROUP_LEN, MAX_GROUP_PAGES};
 pub use params::{
     param_keys, read_dictionary, AlgorithmParams, CodecParams, ParamsError, MAX_COMPS, MAX_DICT_LEN,
 };

@@ -41,9 +41,9 @@ pub mod testing;
 
 pub use device::{
     Adopted, BackingKey, Device, DeviceConfig, DeviceSetup, DeviceStats, FreeMarks, FreedPages,
-    Growth, IoContext, IoStat, Maintenance, MmStat, PageIndex, Policy, PolicyConfig, PolicyStats,
-    Pressure, RecompressRequest, RecompressStats, RecompressType, Region, RegionSize, ReserveWait,
-    ShortWrite, SlotFlags, SlotState, PAGE_SIZE, SECTOR_SIZE,
+    GroupEstimate, Growth, IoContext, IoStat, Maintenance, MmStat, PageIndex, Policy, PolicyConfig,
+    PolicyStats, Pressure, RecompressRequest, RecompressStats, RecompressType, Region, RegionSize,
+    ReserveWait, ShortWrite, SlotFlags, SlotState, PAGE_SIZE, SECTOR_SIZE,
 };
 pub use error::{Error, IoError};
 pub use size::{format_size, parse_size};

@@ -9,6 +9,7 @@
 mod backing_io;
 mod context;
 mod freed;
+mod group;
 #[allow(unsafe_code)] // the slot lock's parking, each call with its SAFETY reason
 mod park;
 pub mod policy;
@@ -35,6 +36,7 @@ use uzram_codecs::{Algorithm, Codec, Stream};
 
 pub use self::context::{IoContext, ReserveWait};
 pub use self::freed::{FreeMarks, FreedPages};
+pub use self::group::{GroupEstimate, MIN_GROUP_PAGES};
 pub use self::setup::{DeviceConfig, DeviceSetup};
 use self::slot::{Slot, SlotRef, SlotTable};
 pub use self::slot::{SlotFlags, SlotState};

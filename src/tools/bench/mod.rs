@@ -119,6 +119,9 @@ pub struct RecompressFigures {
     pub stats: uzram_engine::RecompressStats,
     /// Wall time of the pass (recompression and compaction).
     pub seconds: f64,
+    /// What cold groups of up to 16 idle neighbours, compressed with the first secondary
+    /// algorithm, would store after the pass (the device's own estimate; nothing is grouped).
+    pub groups: uzram_engine::GroupEstimate,
 }
 
 /// Why a bench could not run.
@@ -442,6 +445,8 @@ fn slow_path(
         let stats = device.recompress(&mut ctx, &request)?;
         let seconds = t0.elapsed().as_secs_f64();
         let after = device.stats().mm;
+        let first = device.recomp_algorithms().first().map_or(0, |&(p, _)| p);
+        let groups = device.estimate_groups(&mut ctx, first, uzram_codecs::MAX_GROUP_PAGES)?;
         Some(RecompressFigures {
             mem_used_total_primary: before.mem_used_total,
             compr_primary: before.compr_data_size,
@@ -449,6 +454,7 @@ fn slow_path(
             compr_after: after.compr_data_size,
             stats,
             seconds,
+            groups,
         })
     } else {
         None

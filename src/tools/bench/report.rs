@@ -79,6 +79,13 @@ impl BenchReport {
                 "recompress_pages_compacted": r.stats.pages_compacted,
                 "incompressible_pages": r.stats.incompressible,
                 "recompress_pages_per_s": (r.stats.candidates as f64 / r.seconds.max(1e-9)).round(),
+                "group_estimate_groups": r.groups.groups,
+                "group_estimate_pages": r.groups.pages,
+                "group_estimate_pool_alone": r.groups.pool_alone,
+                "group_estimate_pool_grouped": r.groups.pool_grouped,
+                "group_estimate_compr_alone": r.groups.compr_alone,
+                "group_estimate_compr_grouped": r.groups.compr_grouped,
+                "compr_data_size_after_recompress_with_groups": r.compr_after.saturating_sub(r.groups.compr_alone) + r.groups.compr_grouped,
             });
             if let (Some(obj), serde_json::Value::Object(add)) = (json.as_object_mut(), extra) {
                 obj.extend(add);
@@ -187,6 +194,22 @@ impl BenchReport {
                 r.stats.candidates,
                 r.stats.incompressible,
                 r.stats.candidates as f64 / r.seconds.max(1e-9)
+            );
+            let g = &r.groups;
+            let with_groups = r.compr_after.saturating_sub(g.compr_alone) + g.compr_grouped;
+            let _ = writeln!(
+                s,
+                "cold groups (an estimate; uzram does not group yet): {} of the idle pages in {} groups of 4 to 16 neighbours would take {} of pool instead of {} ({:.3}x), compr {} instead of {}; compr after recompression {} -> {} with groups ({:.3}x)",
+                g.pages,
+                g.groups,
+                format_size(g.pool_grouped),
+                format_size(g.pool_alone),
+                g.pool_grouped as f64 / g.pool_alone.max(1) as f64,
+                format_size(g.compr_grouped),
+                format_size(g.compr_alone),
+                format_size(r.compr_after),
+                format_size(with_groups),
+                with_groups as f64 / r.compr_after.max(1) as f64
             );
         }
         if let Some(w) = &self.writeback {
