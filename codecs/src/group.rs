@@ -10,7 +10,9 @@
 //! A [`GroupStream`] has its own contexts: zstd sizes a context's workspace from the source
 //! length, so a page [`Stream`](crate::Stream) that compressed a group would allocate on its
 //! next page, and its page-sized state would not hold a group's. Made once per thread that
-//! groups or reads groups; after [`GroupStream::new`], its calls allocate nothing.
+//! groups or reads groups. lz4 never allocates after [`GroupStream::new`]; zstd sizes its
+//! workspace for the longest run at `new`, but may shrink it after many shorter runs and grow
+//! it again on the next long one.
 
 use lz4_flex::block::{self, CompressTable};
 use zstd::zstd_safe::{self, CCtx, DCtx};

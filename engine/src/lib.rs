@@ -43,7 +43,7 @@ pub use device::{
     Adopted, BackingKey, Device, DeviceConfig, DeviceSetup, DeviceStats, FreeMarks, FreedPages,
     GroupEstimate, Growth, IoContext, IoStat, Maintenance, MmStat, PageIndex, Policy, PolicyConfig,
     PolicyStats, Pressure, RecompressRequest, RecompressStats, RecompressType, Region, RegionSize,
-    ReserveWait, ShortWrite, SlotFlags, SlotState, PAGE_SIZE, SECTOR_SIZE,
+    ReserveWait, ShortWrite, SlotFlags, SlotState, MIN_GROUP_PAGES, PAGE_SIZE, SECTOR_SIZE,
 };
 pub use error::{Error, IoError};
 pub use size::{format_size, parse_size};

@@ -118,7 +118,8 @@ fn a_damaged_frame_is_an_error_or_other_bytes_never_a_panic() {
         for at in (0..len).step_by(97) {
             let mut bad = frame[..len].to_vec();
             bad[at] ^= 0x5a;
-            // A flipped byte may still decode (lz4 has no checksum): never to a panic.
+            // A flipped byte may still decode to other bytes (neither an lz4 block nor these
+            // zstd frames carry a checksum): an error or other bytes, never a panic.
             let _ = s.decompress(&bad, &mut dst);
         }
     }

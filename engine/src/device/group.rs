@@ -28,8 +28,8 @@ const MAGIC: u8 = b'G';
 const VERSION: u8 = 1;
 const FIXED: usize = 16;
 
-/// The most chunks a group takes: its longest frame and its header, in objects of at most
-/// [`MAX_OBJECT`] bytes.
+/// A bound on the chunks a group takes (its longest frame and its header, in objects of at most
+/// [`MAX_OBJECT`] bytes, take 18).
 pub(crate) const MAX_CHUNKS: usize = (GROUP_COMPRESS_BOUND + FIXED).div_ceil(MAX_OBJECT - 8) + 1;
 
 /// What a group's head says about it.
@@ -209,17 +209,23 @@ pub(crate) fn load(pool: &Pool, head: Handle, frame: &mut [u8]) -> Result<Header
         head: head.to_raw(),
         reason,
     };
-    let sizes: Vec<usize> = Header::chunk_sizes(frame_len).collect();
-    let start = Header::len_bytes(sizes.len());
+    let mut sizes = Header::chunk_sizes(frame_len);
+    let (head_size, start) = (
+        sizes.next().unwrap_or(0),
+        Header::len_bytes(header.chunks.into()),
+    );
     let mut at = pool.read(head, |obj| {
-        if obj.len() != sizes[0] {
+        if obj.len() != head_size {
             return Err(damaged("head chunk of the wrong size"));
         }
         out[..obj.len() - start].copy_from_slice(&obj[start..]);
         Ok(obj.len() - start)
     })??;
-    for (&raw, &size) in header.rest().iter().zip(&sizes[1..]) {
-        let h = Handle::from_raw(raw).ok_or(damaged("a chunk handle of 0"))?;
+    for (h, size) in chunk_handles(&header, head)?
+        .into_iter()
+        .flatten()
+        .zip(sizes)
+    {
         let n = pool.read(h, |obj| {
             let dst = out
                 .get_mut(at..at + obj.len())
@@ -231,16 +237,41 @@ pub(crate) fn load(pool: &Pool, head: Handle, frame: &mut [u8]) -> Result<Header
     Ok(header)
 }
 
+/// The chunks after the head as handles (`None` past the last), or why one is not a handle.
+fn chunk_handles(
+    header: &Header,
+    head: Handle,
+) -> Result<[Option<Handle>; MAX_CHUNKS - 1], GroupError> {
+    let mut handles = [None; MAX_CHUNKS - 1];
+    for (slot, &raw) in handles.iter_mut().zip(header.rest()) {
+        *slot = Some(Handle::from_raw(raw).ok_or(GroupError::Damaged {
+            head: head.to_raw(),
+            reason: "a chunk handle of 0",
+        })?);
+    }
+    Ok(handles)
+}
+
 /// Frees every chunk of the group at `head`, the head last; returns the pool bytes its objects
-/// asked for.
+/// asked for. Every chunk is checked first (a live object of the size the header gives it), so
+/// a damaged head frees nothing, and never another page's object of another size.
 #[cfg_attr(not(test), allow(dead_code))] // the grouping pass stores groups (next)
 pub(crate) fn free(pool: &Pool, head: Handle) -> Result<usize, GroupError> {
     let header = header(pool, head)?;
-    for &raw in header.rest() {
-        let h = Handle::from_raw(raw).ok_or(GroupError::Damaged {
-            head: head.to_raw(),
-            reason: "a chunk handle of 0",
-        })?;
+    let handles = chunk_handles(&header, head)?;
+    let sizes = Header::chunk_sizes(header.frame_len as usize);
+    for (h, size) in std::iter::once(head)
+        .chain(handles.into_iter().flatten())
+        .zip(sizes)
+    {
+        if pool.object_size(h)? != size {
+            return Err(GroupError::Damaged {
+                head: head.to_raw(),
+                reason: "a chunk of the wrong size",
+            });
+        }
+    }
+    for h in handles.into_iter().flatten() {
         pool.free(h)?;
     }
     pool.free(head)?;

@@ -2,7 +2,8 @@
 
 use std::fmt::Write;
 
-use uzram_engine::{format_size, PAGE_SIZE};
+use uzram_codecs::MAX_GROUP_PAGES;
+use uzram_engine::{format_size, MIN_GROUP_PAGES, PAGE_SIZE};
 
 use super::BenchReport;
 
@@ -197,9 +198,15 @@ impl BenchReport {
             );
             let g = &r.groups;
             let with_groups = r.compr_after.saturating_sub(g.compr_alone) + g.compr_grouped;
-            let _ = writeln!(
+            let _ = if g.groups == 0 {
+                writeln!(
+                    s,
+                    "cold groups (an estimate; uzram does not group yet): no run of {MIN_GROUP_PAGES} or more idle neighbours would store less grouped"
+                )
+            } else {
+                writeln!(
                 s,
-                "cold groups (an estimate; uzram does not group yet): {} of the idle pages in {} groups of 4 to 16 neighbours would take {} of pool instead of {} ({:.3}x), compr {} instead of {}; compr after recompression {} -> {} with groups ({:.3}x)",
+                "cold groups (an estimate; uzram does not group yet): {} of the idle pages in {} groups of {MIN_GROUP_PAGES} to {MAX_GROUP_PAGES} neighbours would take {} of pool instead of {} ({:.3}x), compr {} instead of {}; compr after recompression {} -> {} with groups ({:.3}x)",
                 g.pages,
                 g.groups,
                 format_size(g.pool_grouped),
@@ -210,7 +217,8 @@ impl BenchReport {
                 format_size(r.compr_after),
                 format_size(with_groups),
                 with_groups as f64 / r.compr_after.max(1) as f64
-            );
+                )
+            };
         }
         if let Some(w) = &self.writeback {
             let _ = writeln!(

@@ -39,6 +39,8 @@ impl GroupEstimate {
 }
 
 /// Whether a grouping pass takes this page: stored compressed, marked idle, not written back.
+/// (A page the slot-free probe marked freed is left out by the caller: its data is garbage
+/// waiting for the next reclaim.)
 fn groupable(s: &SlotState) -> bool {
     s.flags.contains(SlotFlags::STORED | SlotFlags::IDLE)
         && !s
@@ -56,9 +58,10 @@ struct Run {
 
 impl Device {
     /// What compressing every run of neighbouring idle stored pages (zram's IDLE marks, as
-    /// `recompress type=idle` takes them) as groups of at most `max_pages` (capped at
-    /// [`MAX_GROUP_PAGES`]) with the codec at priority `prio` would store, against what those
-    /// pages store now. Reads each page under its lock as recompression does; changes nothing.
+    /// `recompress type=idle` takes them; not pages the slot-free probe marked freed) as groups
+    /// of at most `max_pages` (taken between [`MIN_GROUP_PAGES`] and [`MAX_GROUP_PAGES`]) with
+    /// the codec at priority `prio` would store, against what those pages store now. Reads each
+    /// page under its lock as recompression does; changes nothing.
     pub fn estimate_groups(
         &self,
         ctx: &mut IoContext,
@@ -76,7 +79,8 @@ impl Device {
                 why: "the device has no codec at that priority",
             })?;
         let mut groups = GroupStream::new(&codec)?;
-        let max_pages = max_pages.clamp(1, MAX_GROUP_PAGES);
+        let max_pages = max_pages.clamp(MIN_GROUP_PAGES, MAX_GROUP_PAGES);
+        let freed = self.freed_pages();
         let mut run = Run {
             pages: Vec::with_capacity(MAX_GROUP_LEN),
             sizes: Vec::with_capacity(MAX_GROUP_PAGES),
@@ -89,7 +93,7 @@ impl Device {
             if run.next != Some(i) || run.sizes.len() == max_pages {
                 self.close_run(&mut groups, &mut run, &mut frame, &mut est)?;
             }
-            if !groupable(&slot.peek()) {
+            if !groupable(&slot.peek()) || freed.is_some_and(|f| f.is_marked(PageIndex(i))) {
                 continue;
             }
             let g = slot.lock();

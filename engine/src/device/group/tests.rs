@@ -67,6 +67,44 @@ fn a_stored_group_loads_back_and_frees_every_chunk() {
 }
 
 #[test]
+fn the_longest_frame_takes_the_most_chunks_and_loads_back() {
+    let pool = pool();
+    let f = frame(GROUP_COMPRESS_BOUND, 4);
+    let head = store(&pool, &f, MAX_GROUP_PAGES, 3, u32::MAX).unwrap();
+    let chunks = Header::chunk_sizes(f.len()).count();
+    assert!(
+        chunks <= MAX_CHUNKS && chunks > GROUP_COMPRESS_BOUND / MAX_OBJECT,
+        "{chunks}"
+    );
+    assert_eq!(pool.stats().objects, chunks as u64);
+    let mut out = vec![0u8; GROUP_COMPRESS_BOUND];
+    assert_eq!(load(&pool, head, &mut out).unwrap().stamp, u32::MAX);
+    assert!(out == f);
+    free(&pool, head).unwrap();
+    assert_eq!(pool.stats().objects, 0);
+}
+
+#[test]
+fn a_damaged_chunk_table_frees_nothing() {
+    let pool = pool();
+    let head = store(&pool, &frame(12_000, 2), 8, 1, 0).unwrap();
+    // A live object of another size named as the second chunk: checked before any free.
+    let other = pool.store(&[9; 1000]).unwrap();
+    let mut bytes = vec![0u8; 4096];
+    pool.read_into(head, &mut bytes).unwrap();
+    let mut bad = bytes.clone();
+    bad[FIXED + 8..FIXED + 16].copy_from_slice(&other.to_raw().to_le_bytes());
+    pool.write(head, &bad).unwrap();
+    let objects = pool.stats().objects;
+    assert!(matches!(free(&pool, head), Err(GroupError::Damaged { .. })));
+    assert_eq!(pool.stats().objects, objects);
+    assert_eq!(pool.read(other, |o| o.to_vec()).unwrap(), vec![9; 1000]);
+    pool.write(head, &bytes).unwrap();
+    free(&pool, head).unwrap();
+    assert_eq!(pool.stats().objects, 1);
+}
+
+#[test]
 fn what_is_not_a_group_is_refused_by_shape_and_nothing_stays() {
     let pool = pool();
     for (len, pages) in [
@@ -235,10 +273,13 @@ mod estimate {
         );
         assert!(est.pool_grouped < est.pool_alone, "{est:?}");
         assert!(est.compr_grouped < est.compr_alone, "{est:?}");
-        assert_eq!(est.pool_saved(), est.pool_alone - est.pool_grouped);
         // Groups of 8: more groups, and no better than 16.
         let by8 = d.estimate_groups(&mut ctx, 1, 8).unwrap();
-        assert_eq!((by8.groups, by8.pages), (6, 40), "{by8:?}");
+        assert_eq!(
+            (by8.groups, by8.pages, by8.runs_left_single),
+            (6, 40, 0),
+            "{by8:?}"
+        );
         assert!(by8.pool_grouped >= est.pool_grouped, "{by8:?} {est:?}");
         // Nothing changed: figures, flags (idle stays), contents.
         assert_eq!(d.stats().mm, before);
@@ -249,6 +290,19 @@ mod estimate {
             assert!(back == *p, "page {i}");
         }
         d.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_page_the_probe_marked_freed_cuts_its_run() {
+        let d = device();
+        fill(&d);
+        d.set_freed_pages(crate::FreedPages::in_memory(d.pages()))
+            .unwrap();
+        d.freed_pages().unwrap().mark(PageIndex(5), 1);
+        let mut ctx = d.context().unwrap();
+        // 0..5 and 6..20 (5 and 14 pages), 21..37 and 37..41 (16 and 4).
+        let est = d.estimate_groups(&mut ctx, 1, 16).unwrap();
+        assert_eq!((est.groups, est.pages), (4, 39), "{est:?}");
     }
 
     #[test]
