@@ -4,12 +4,12 @@
 //!
 //! ```text
 //! cargo bench --bench groups
-//! UZRAM_CORPUS=heap.pages cargo bench --bench groups
+//! UZRAM_CORPUS=heap.pages UZRAM_GROUP_PAGES=8 cargo bench --bench groups
 //! ```
 //!
 //! Pages come from `testdata/sample.pages.zst` or the file `UZRAM_CORPUS` names, in file order
 //! (a dump's neighbours stay neighbours); same-filled pages are left out, as the device stores
-//! them in their slots. Each run of [`GROUP`] pages is compressed once both ways; the timed
+//! them in their slots. Each run of a group's pages is compressed once both ways; the timed
 //! reads take turns (group, then its pages one by one) so that drift hits both alike, and the
 //! figures are medians over the runs. Hot-cache figures: the frames stay in cache.
 
@@ -21,7 +21,7 @@ use uzram_codecs::{
     MAX_GROUP_PAGES, PAGE_SIZE,
 };
 
-/// Pages per group, the design's size.
+/// Pages per group unless `UZRAM_GROUP_PAGES` (1 to 16) says otherwise: the design's size.
 const GROUP: usize = MAX_GROUP_PAGES;
 /// Turns per group; the fastest counts, which drops preempted ones.
 const REPS: usize = 5;
@@ -32,6 +32,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    let group = std::env::var("UZRAM_GROUP_PAGES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|n| (1..=MAX_GROUP_PAGES).contains(n))
+        .unwrap_or(GROUP);
     let path = uzram::tools::corpus::bench_corpus_path();
     let corpus = uzram::tools::corpus::Corpus::open(&path).unwrap_or_else(|err| {
         eprintln!("cannot load page corpus {}: {err}", path.display());
@@ -42,11 +47,11 @@ fn main() {
         .filter(|page| page.chunks_exact(8).any(|word| word != &page[..8]))
         .collect();
     println!(
-        "groups of {GROUP} pages from {} ({} pages not same-filled)",
+        "groups of {group} pages from {} ({} pages not same-filled)",
         path.display(),
         pages.len()
     );
-    println!("| algorithm | stored grouped / alone | group read (us) | page read (us) | group / page | group / its {GROUP} pages |");
+    println!("| algorithm | stored grouped / alone | group read (us) | page read (us) | group / page | group / its {group} pages |");
     println!("|---|---|---|---|---|---|");
     for algorithm in [Algorithm::Lz4, Algorithm::Zstd] {
         let codec = Codec::new(algorithm, CodecParams::default()).expect("default level");
@@ -57,15 +62,15 @@ fn main() {
             vec![0u8; MAX_COMPRESSED_LEN],
         );
         let (mut run, mut back) = (
-            Vec::with_capacity(GROUP * PAGE_SIZE),
-            vec![0u8; GROUP * PAGE_SIZE],
+            Vec::with_capacity(group * PAGE_SIZE),
+            vec![0u8; group * PAGE_SIZE],
         );
         let mut page = [0u8; PAGE_SIZE];
         let (mut grouped, mut alone) = (0usize, 0usize);
         let (mut t_group, mut t_page, mut t_pages) = (Vec::new(), Vec::new(), Vec::new());
-        for chunk in pages.chunks_exact(GROUP) {
+        for chunk in pages.chunks_exact(group) {
             run.clear();
-            let mut singles = Vec::with_capacity(GROUP);
+            let mut singles = Vec::with_capacity(group);
             for p in chunk {
                 run.extend_from_slice(&p[..]);
                 let n = single.compress(p, &mut one).expect("compress");
@@ -92,7 +97,7 @@ fn main() {
             }
             t_group.push(best_group * 1e6);
             t_pages.push(best_pages * 1e6);
-            t_page.push(best_pages * 1e6 / GROUP as f64);
+            t_page.push(best_pages * 1e6 / group as f64);
         }
         let (g, p, ps) = (median(t_group), median(t_page), median(t_pages));
         println!(

@@ -20,7 +20,7 @@ use zstd::zstd_safe::{self, CCtx, DCtx};
 use crate::{Algorithm, Codec, CodecError, ConfigError, PAGE_SIZE};
 
 /// The most pages one group holds: 16 stored 30 % fewer bytes than page by page on a real heap
-/// for about 5.7 times one page's decompression; 32 gained 4 % more for twice the read.
+/// (zstd) for about ten times one page's decompression; 32 gained 4 % more for twice the read.
 pub const MAX_GROUP_PAGES: usize = 16;
 
 /// The longest run, in bytes.
