@@ -9,7 +9,8 @@
 //!
 //! Pages come from `testdata/sample.pages.zst` or the file `UZRAM_CORPUS` names, in file order
 //! (a dump's neighbours stay neighbours); same-filled pages are left out, as the device stores
-//! them in their slots. Each run of a group's pages is compressed once both ways; the timed
+//! them in their slots (a run here goes on across one, where the device's would stop: a little
+//! in the groups' favour). Each run of a group's pages is compressed once both ways; the timed
 //! reads take turns (group, then its pages one by one) so that drift hits both alike, and the
 //! figures are medians over the runs. Hot-cache figures: the frames stay in cache.
 

@@ -205,18 +205,18 @@ impl BenchReport {
                 )
             } else {
                 writeln!(
-                s,
-                "cold groups (an estimate; uzram does not group yet): {} of the idle pages in {} groups of {MIN_GROUP_PAGES} to {MAX_GROUP_PAGES} neighbours would take {} of pool instead of {} ({:.3}x), compr {} instead of {}; compr after recompression {} -> {} with groups ({:.3}x)",
-                g.pages,
-                g.groups,
-                format_size(g.pool_grouped),
-                format_size(g.pool_alone),
-                g.pool_grouped as f64 / g.pool_alone.max(1) as f64,
-                format_size(g.compr_grouped),
-                format_size(g.compr_alone),
-                format_size(r.compr_after),
-                format_size(with_groups),
-                with_groups as f64 / r.compr_after.max(1) as f64
+                    s,
+                    "cold groups (an estimate; uzram does not group yet): {} of the idle pages in {} groups of {MIN_GROUP_PAGES} to {MAX_GROUP_PAGES} neighbours would take {} of pool instead of {} ({:.3}x), compr {} instead of {}; compr after recompression {} -> {} with groups ({:.3}x)",
+                    g.pages,
+                    g.groups,
+                    format_size(g.pool_grouped),
+                    format_size(g.pool_alone),
+                    g.pool_grouped as f64 / g.pool_alone.max(1) as f64,
+                    format_size(g.compr_grouped),
+                    format_size(g.compr_alone),
+                    format_size(r.compr_after),
+                    format_size(with_groups),
+                    with_groups as f64 / r.compr_after.max(1) as f64
                 )
             };
         }

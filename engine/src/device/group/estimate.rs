@@ -31,13 +31,6 @@ pub struct GroupEstimate {
     pub pool_grouped: u64,
 }
 
-impl GroupEstimate {
-    /// The pool bytes groups would save.
-    pub fn pool_saved(&self) -> u64 {
-        self.pool_alone.saturating_sub(self.pool_grouped)
-    }
-}
-
 /// Whether a grouping pass takes this page: stored compressed, marked idle, not written back.
 /// (A page the slot-free probe marked freed is left out by the caller: its data is garbage
 /// waiting for the next reclaim.)

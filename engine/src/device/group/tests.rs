@@ -88,7 +88,7 @@ fn the_longest_frame_takes_the_most_chunks_and_loads_back() {
 fn a_damaged_chunk_table_frees_nothing() {
     let pool = pool();
     let head = store(&pool, &frame(12_000, 2), 8, 1, 0).unwrap();
-    // A live object of another size named as the second chunk: checked before any free.
+    // A live object of another size named as the third chunk: checked before any free.
     let other = pool.store(&[9; 1000]).unwrap();
     let mut bytes = vec![0u8; 4096];
     pool.read_into(head, &mut bytes).unwrap();
@@ -99,6 +99,34 @@ fn a_damaged_chunk_table_frees_nothing() {
     assert!(matches!(free(&pool, head), Err(GroupError::Damaged { .. })));
     assert_eq!(pool.stats().objects, objects);
     assert_eq!(pool.read(other, |o| o.to_vec()).unwrap(), vec![9; 1000]);
+    pool.write(head, &bytes).unwrap();
+    free(&pool, head).unwrap();
+    assert_eq!(pool.stats().objects, 1);
+    // Four chunks, the first three full: the second named again as the third, or the head
+    // named as a chunk, pass the size check; the table is refused before any free.
+    let head = store(&pool, &frame(14_000, 3), 16, 1, 0).unwrap();
+    assert_eq!(
+        Header::chunk_sizes(14_000).collect::<Vec<_>>()[..3],
+        [MAX_OBJECT; 3]
+    );
+    pool.read_into(head, &mut bytes).unwrap();
+    let objects = pool.stats().objects;
+    for twice in [
+        bytes[FIXED..FIXED + 8].to_vec(),
+        head.to_raw().to_le_bytes().to_vec(),
+    ] {
+        let mut bad = bytes.clone();
+        bad[FIXED + 8..FIXED + 16].copy_from_slice(&twice);
+        pool.write(head, &bad).unwrap();
+        assert!(matches!(
+            free(&pool, head),
+            Err(GroupError::Damaged {
+                reason: "a chunk named twice",
+                ..
+            })
+        ));
+        assert_eq!(pool.stats().objects, objects);
+    }
     pool.write(head, &bytes).unwrap();
     free(&pool, head).unwrap();
     assert_eq!(pool.stats().objects, 1);
@@ -273,6 +301,11 @@ mod estimate {
         );
         assert!(est.pool_grouped < est.pool_alone, "{est:?}");
         assert!(est.compr_grouped < est.compr_alone, "{est:?}");
+        // At most 4 is taken as 4.
+        assert_eq!(
+            d.estimate_groups(&mut ctx, 1, 1).unwrap(),
+            d.estimate_groups(&mut ctx, 1, 4).unwrap()
+        );
         // Groups of 8: more groups, and no better than 16.
         let by8 = d.estimate_groups(&mut ctx, 1, 8).unwrap();
         assert_eq!(
