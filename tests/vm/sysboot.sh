@@ -97,12 +97,10 @@ run_sysboot() {
     # boots again and the checks must still all pass. (One whose report hangs is ended by
     # panic_watch, and the run fails: the four boots share one QEMU and are not tried again.)
     # A boot starts at SeaBIOS's banner (after a reset, a reboot and a hibernation's power-off).
-    local early
-    early=$(awk '/VM: init reached/ { up = 1 } /SeaBIOS \(version|reboot: (Restarting system|Power down)/ { up = 0 }
-        /Kernel panic/ { if (!up) n++; up = 0 } END { print n + 0 }' "$log")
+    local early boots='/VM: init reached/ { up = 1 } /SeaBIOS \(version|reboot: (Restarting system|Power down)/ { up = 0 }'
+    early=$(awk "$boots"' /Kernel panic/ { if (!up) n++; up = 0 } END { print n + 0 }' "$log")
     [ "$early" = 0 ] || say "the guest's kernel died before /init $early time(s)"
-    if awk '/VM: init reached/ { up = 1 } /SeaBIOS \(version|reboot: (Restarting system|Power down)/ { up = 0 }
-        /Kernel panic/ { if (up) { print; bad = 1 } up = 0 }
+    if awk "$boots"' /Kernel panic/ { if (up) { print; bad = 1 } up = 0 }
         /systemd-shutdown.*Waiting for process/ { print; bad = 1 } END { exit !bad }' "$log"; then
         echo "vm: FAIL: the guest panicked, or its shutdown waited for processes (above; log: $log)"
         exit 1

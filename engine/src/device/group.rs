@@ -28,9 +28,8 @@ const MAGIC: u8 = b'G';
 const VERSION: u8 = 1;
 const FIXED: usize = 16;
 
-/// A bound on the chunks a group takes (its longest frame and its header, in objects of at most
-/// [`MAX_OBJECT`] bytes, take 18).
-pub(crate) const MAX_CHUNKS: usize = (GROUP_COMPRESS_BOUND + FIXED).div_ceil(MAX_OBJECT - 8) + 1;
+/// The most chunks a group takes: its longest frame and its header (18).
+pub(crate) const MAX_CHUNKS: usize = chunks_for(GROUP_COMPRESS_BOUND);
 
 /// What a group's head says about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,10 +91,18 @@ pub(crate) enum GroupError {
     },
 }
 
-fn chunks_for(frame_len: usize) -> usize {
-    (1..=MAX_CHUNKS)
-        .find(|&k| Header::len_bytes(k) + frame_len <= k * MAX_OBJECT)
-        .unwrap_or(MAX_CHUNKS)
+/// The fewest chunks of at most [`MAX_OBJECT`] bytes that hold a frame of `frame_len` bytes and
+/// its header: the least k with `FIXED + 8 (k - 1) + frame_len <= k MAX_OBJECT`, as each chunk
+/// past the head costs the head 8 bytes of its table.
+const fn chunks_for(frame_len: usize) -> usize {
+    (frame_len + FIXED - 8).div_ceil(MAX_OBJECT - 8)
+}
+
+fn damaged(head: Handle, reason: &'static str) -> GroupError {
+    GroupError::Damaged {
+        head: head.to_raw(),
+        reason,
+    }
 }
 
 /// Stores `frame` (a [`uzram_codecs::GroupStream`] frame of `pages` pages, made by the device's
@@ -155,32 +162,30 @@ fn free_all(pool: &Pool, handles: &[Handle]) {
 /// Reads and checks the header at `head`.
 #[cfg_attr(not(test), allow(dead_code))] // the grouping pass stores groups (next)
 pub(crate) fn header(pool: &Pool, head: Handle) -> Result<Header, GroupError> {
-    let damaged = |reason| GroupError::Damaged {
-        head: head.to_raw(),
-        reason,
-    };
     pool.read(head, |obj| {
-        let fixed = obj.get(..FIXED).ok_or(damaged("shorter than a header"))?;
+        let fixed = obj
+            .get(..FIXED)
+            .ok_or(damaged(head, "shorter than a header"))?;
         if fixed[0] != MAGIC || fixed[1] != VERSION {
-            return Err(damaged("no group header (magic or version)"));
+            return Err(damaged(head, "no group header (magic or version)"));
         }
         let (pages, chunks) = (fixed[2], usize::from(fixed[3]));
         if !(1..=MAX_GROUP_PAGES).contains(&usize::from(pages))
             || !(1..=MAX_CHUNKS).contains(&chunks)
         {
-            return Err(damaged("page or chunk count out of range"));
+            return Err(damaged(head, "page or chunk count out of range"));
         }
         let frame_len = u32::from_le_bytes(fixed[8..12].try_into().expect("4 bytes"));
         if frame_len == 0
             || frame_len as usize > GROUP_COMPRESS_BOUND
             || chunks_for(frame_len as usize) != chunks
         {
-            return Err(damaged("frame length and chunk count disagree"));
+            return Err(damaged(head, "frame length and chunk count disagree"));
         }
         let mut rest = [0u64; MAX_CHUNKS - 1];
         let table = obj
             .get(FIXED..Header::len_bytes(chunks))
-            .ok_or(damaged("head shorter than its chunk table"))?;
+            .ok_or(damaged(head, "head shorter than its chunk table"))?;
         for (slot, raw) in rest.iter_mut().zip(table.chunks_exact(8)) {
             *slot = u64::from_le_bytes(raw.try_into().expect("8 bytes"));
         }
@@ -205,10 +210,6 @@ pub(crate) fn load(pool: &Pool, head: Handle, frame: &mut [u8]) -> Result<Header
         pages: header.pages.into(),
         frame_len,
     })?;
-    let damaged = |reason| GroupError::Damaged {
-        head: head.to_raw(),
-        reason,
-    };
     let mut sizes = Header::chunk_sizes(frame_len);
     let (head_size, start) = (
         sizes.next().unwrap_or(0),
@@ -216,7 +217,7 @@ pub(crate) fn load(pool: &Pool, head: Handle, frame: &mut [u8]) -> Result<Header
     );
     let mut at = pool.read(head, |obj| {
         if obj.len() != head_size {
-            return Err(damaged("head chunk of the wrong size"));
+            return Err(damaged(head, "head chunk of the wrong size"));
         }
         out[..obj.len() - start].copy_from_slice(&obj[start..]);
         Ok(obj.len() - start)
@@ -232,7 +233,7 @@ pub(crate) fn load(pool: &Pool, head: Handle, frame: &mut [u8]) -> Result<Header
                 .filter(|_| obj.len() == size);
             dst.map(|dst| dst.copy_from_slice(obj)).map(|()| obj.len())
         })?;
-        at += n.ok_or(damaged("a chunk of the wrong size"))?;
+        at += n.ok_or(damaged(head, "a chunk of the wrong size"))?;
     }
     Ok(header)
 }
@@ -244,10 +245,7 @@ fn chunk_handles(
 ) -> Result<[Option<Handle>; MAX_CHUNKS - 1], GroupError> {
     let mut handles = [None; MAX_CHUNKS - 1];
     for (slot, &raw) in handles.iter_mut().zip(header.rest()) {
-        *slot = Some(Handle::from_raw(raw).ok_or(GroupError::Damaged {
-            head: head.to_raw(),
-            reason: "a chunk handle of 0",
-        })?);
+        *slot = Some(Handle::from_raw(raw).ok_or(damaged(head, "a chunk handle of 0"))?);
     }
     Ok(handles)
 }
@@ -261,21 +259,17 @@ fn chunk_handles(
 pub(crate) fn free(pool: &Pool, head: Handle) -> Result<usize, GroupError> {
     let header = header(pool, head)?;
     let handles = chunk_handles(&header, head)?;
-    let damaged = |reason| GroupError::Damaged {
-        head: head.to_raw(),
-        reason,
-    };
     let all = || std::iter::once(head).chain(handles.into_iter().flatten());
     // A table naming one object twice (or the head) would pass the size check and free it twice.
     if all()
         .enumerate()
         .any(|(i, h)| all().skip(i + 1).any(|o| o == h))
     {
-        return Err(damaged("a chunk named twice"));
+        return Err(damaged(head, "a chunk named twice"));
     }
     for (h, size) in all().zip(Header::chunk_sizes(header.frame_len as usize)) {
         if pool.object_size(h)? != size {
-            return Err(damaged("a chunk of the wrong size"));
+            return Err(damaged(head, "a chunk of the wrong size"));
         }
     }
     for h in handles.into_iter().flatten() {

@@ -124,6 +124,13 @@ pub struct RecompressFigures {
     pub groups: uzram_engine::GroupEstimate,
 }
 
+impl RecompressFigures {
+    /// `compr_data_size` after the pass had the estimate's groups been made.
+    pub fn compr_with_groups(&self) -> u64 {
+        self.compr_after.saturating_sub(self.groups.compr_alone) + self.groups.compr_grouped
+    }
+}
+
 /// Why a bench could not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -86,7 +86,7 @@ impl BenchReport {
                 "group_estimate_pool_grouped": r.groups.pool_grouped,
                 "group_estimate_compr_alone": r.groups.compr_alone,
                 "group_estimate_compr_grouped": r.groups.compr_grouped,
-                "compr_data_size_after_recompress_with_groups": r.compr_after.saturating_sub(r.groups.compr_alone) + r.groups.compr_grouped,
+                "compr_data_size_after_recompress_with_groups": r.compr_with_groups(),
             });
             if let (Some(obj), serde_json::Value::Object(add)) = (json.as_object_mut(), extra) {
                 obj.extend(add);
@@ -197,7 +197,7 @@ impl BenchReport {
                 r.stats.candidates as f64 / r.seconds.max(1e-9)
             );
             let g = &r.groups;
-            let with_groups = r.compr_after.saturating_sub(g.compr_alone) + g.compr_grouped;
+            let with_groups = r.compr_with_groups();
             let _ = if g.groups == 0 {
                 writeln!(
                     s,

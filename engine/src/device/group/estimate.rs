@@ -41,12 +41,18 @@ fn groupable(s: &SlotState) -> bool {
             .intersects(SlotFlags::HUGE | SlotFlags::WB | SlotFlags::INCOMPRESSIBLE)
 }
 
-/// A run being gathered: its pages back to back and their objects' sizes.
+/// A run being gathered: its pages back to back, their objects' sizes, and its first index.
 struct Run {
     pages: Vec<u8>,
     sizes: Vec<u16>,
     first: u64,
-    next: Option<u64>,
+}
+
+impl Run {
+    /// The index that would go on this run (none while it is empty).
+    fn next(&self) -> Option<u64> {
+        (!self.sizes.is_empty()).then(|| self.first + self.sizes.len() as u64)
+    }
 }
 
 impl Device {
@@ -78,12 +84,11 @@ impl Device {
             pages: Vec::with_capacity(MAX_GROUP_LEN),
             sizes: Vec::with_capacity(MAX_GROUP_PAGES),
             first: 0,
-            next: None,
         };
         let mut frame = vec![0u8; GROUP_COMPRESS_BOUND];
         let mut est = GroupEstimate::default();
         for (i, slot) in self.slots.iter() {
-            if run.next != Some(i) || run.sizes.len() == max_pages {
+            if run.next() != Some(i) || run.sizes.len() == max_pages {
                 self.close_run(&mut groups, &mut run, &mut frame, &mut est)?;
             }
             if !groupable(&slot.peek()) || freed.is_some_and(|f| f.is_marked(PageIndex(i))) {
@@ -110,7 +115,6 @@ impl Device {
             }
             run.pages.extend_from_slice(&ctx.page[..]);
             run.sizes.push(s.size);
-            run.next = Some(i + 1);
         }
         self.close_run(&mut groups, &mut run, &mut frame, &mut est)?;
         Ok(est)
@@ -148,7 +152,6 @@ impl Device {
         }
         run.pages.clear();
         run.sizes.clear();
-        run.next = None;
         Ok(())
     }
 }
