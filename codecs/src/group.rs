@@ -38,27 +38,36 @@ pub struct GroupStream {
 }
 
 enum GroupState {
-    Lz4(Box<CompressTable>),
+    /// The compression table (`None` in a stream made for reads).
+    Lz4(Option<Box<CompressTable>>),
     Zstd {
-        cctx: CCtx<'static>,
+        /// `None` in a stream made for reads: a context sized for 64 KiB runs costs hundreds of
+        /// KiB, and only the thread that makes groups needs one.
+        cctx: Option<CCtx<'static>>,
         dctx: DCtx<'static>,
-        level: i32,
     },
 }
 
 impl GroupStream {
     /// A stream for `codec`'s algorithm and level. zstd's workspace is allocated here, by
     /// compressing a whole group of zeros once.
+    /// zstd's frames carry its checksum (4 bytes a group), so that a frame put together from
+    /// the wrong chunks fails its read instead of decoding to other bytes.
     pub fn new(codec: &Codec) -> Result<Self, ConfigError> {
         let algorithm = codec.algorithm();
+        let out_of_memory = ConfigError::OutOfMemory { algorithm };
         let state = match algorithm {
-            Algorithm::Lz4 => GroupState::Lz4(Box::new(CompressTable::large())),
+            Algorithm::Lz4 => GroupState::Lz4(Some(Box::new(CompressTable::large()))),
             Algorithm::Zstd => {
-                let out_of_memory = ConfigError::OutOfMemory { algorithm };
+                let mut cctx = CCtx::try_create().ok_or(out_of_memory.clone())?;
+                cctx.set_parameter(zstd_safe::CParameter::ChecksumFlag(true))
+                    .and_then(|_| {
+                        cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(codec.level()))
+                    })
+                    .map_err(|_| out_of_memory.clone())?;
                 GroupState::Zstd {
-                    cctx: CCtx::try_create().ok_or(out_of_memory.clone())?,
+                    cctx: Some(cctx),
                     dctx: DCtx::try_create().ok_or(out_of_memory.clone())?,
-                    level: codec.level(),
                 }
             }
         };
@@ -66,8 +75,22 @@ impl GroupStream {
         let mut warm_up = vec![0u8; GROUP_COMPRESS_BOUND];
         stream
             .compress(&vec![0u8; MAX_GROUP_LEN], &mut warm_up)
-            .map_err(|_| ConfigError::OutOfMemory { algorithm })?;
+            .map_err(|_| out_of_memory)?;
         Ok(stream)
+    }
+
+    /// A stream that only decompresses (its [`GroupStream::compress`] fails): what a thread
+    /// that reads grouped pages needs, without a compression context's memory.
+    pub fn for_reads(codec: &Codec) -> Result<Self, ConfigError> {
+        let algorithm = codec.algorithm();
+        let state = match algorithm {
+            Algorithm::Lz4 => GroupState::Lz4(None),
+            Algorithm::Zstd => GroupState::Zstd {
+                cctx: None,
+                dctx: DCtx::try_create().ok_or(ConfigError::OutOfMemory { algorithm })?,
+            },
+        };
+        Ok(Self { algorithm, state })
     }
 
     /// The algorithm the groups are compressed with.
@@ -91,22 +114,26 @@ impl GroupStream {
                 dst_len: dst.len(),
             });
         }
+        let reads_only = CodecError::Compress {
+            algorithm,
+            reason: "a stream made for reads",
+        };
         match &mut self.state {
-            GroupState::Lz4(table) => {
-                block::compress_into_with_table(pages, dst, table).map_err(|_| {
-                    CodecError::Compress {
-                        algorithm,
-                        reason: "output too small",
-                    }
-                })
-            }
-            GroupState::Zstd { cctx, level, .. } => {
-                cctx.compress(dst, pages, *level)
-                    .map_err(|code| CodecError::Compress {
-                        algorithm,
-                        reason: zstd_safe::get_error_name(code),
-                    })
-            }
+            GroupState::Lz4(None) | GroupState::Zstd { cctx: None, .. } => Err(reads_only),
+            GroupState::Lz4(Some(table)) => block::compress_into_with_table(pages, dst, table)
+                .map_err(|_| CodecError::Compress {
+                    algorithm,
+                    reason: "output too small",
+                }),
+            // Level and checksum flag as `new` set them.
+            GroupState::Zstd {
+                cctx: Some(cctx), ..
+            } => cctx
+                .compress2(dst, pages)
+                .map_err(|code| CodecError::Compress {
+                    algorithm,
+                    reason: zstd_safe::get_error_name(code),
+                }),
         }
     }
 

@@ -88,6 +88,17 @@ pub enum IoError {
         /// The priority in its slot.
         priority: u8,
     },
+    /// A page's cold group is damaged: its head holds no group's header, or its chunks do not
+    /// match the header.
+    #[error("page {index} is in a damaged group (head object {head:#x}): {reason}")]
+    Group {
+        /// The page.
+        index: PageIndex,
+        /// The group's head chunk's raw handle.
+        head: u64,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A written-back page could not be read back (I/O error, or a record that fails its
     /// authentication: tampered with or corrupt).
     #[error("page {index} on the backing device")]

@@ -17,6 +17,7 @@ pub fn errno(e: &IoError) -> i32 {
         | IoError::Compress { .. }
         | IoError::Lost { .. }
         | IoError::NoCodec { .. }
+        | IoError::Group { .. }
         | IoError::Backing { .. } => libc::EIO,
     }
 }
@@ -52,6 +53,7 @@ pub fn cause(e: &IoError) -> &'static str {
         IoError::Compress { .. } => "a page failed to compress",
         IoError::Lost { .. } => "a page's object is missing from the pool",
         IoError::NoCodec { .. } => "a page's codec is gone",
+        IoError::Group { .. } => "a page's cold group is damaged",
         IoError::Backing { source, .. } => match source {
             BackingError::Tampered { .. } => {
                 "a written-back record failed authentication (the backing file changed)"

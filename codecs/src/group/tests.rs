@@ -124,3 +124,42 @@ fn a_damaged_frame_is_an_error_or_other_bytes_never_a_panic() {
         }
     }
 }
+
+#[test]
+fn a_stream_for_reads_reads_groups_and_refuses_to_compress() {
+    for algorithm in [Algorithm::Lz4, Algorithm::Zstd] {
+        let codec = Codec::new(algorithm, CodecParams::default()).unwrap();
+        let mut full = GroupStream::new(&codec).unwrap();
+        let mut reads = GroupStream::for_reads(&codec).unwrap();
+        let pages = run(8, 7);
+        let mut frame = vec![0u8; GROUP_COMPRESS_BOUND];
+        let n = full.compress(&pages, &mut frame).unwrap();
+        let mut back = vec![1u8; pages.len()];
+        reads.decompress(&frame[..n], &mut back).unwrap();
+        assert_eq!(back, pages, "{algorithm:?}");
+        assert!(matches!(
+            reads.compress(&pages, &mut frame),
+            Err(CodecError::Compress { .. })
+        ));
+    }
+}
+
+#[test]
+fn a_zstd_frame_with_a_flipped_byte_fails_its_checksum() {
+    let mut s = stream(Algorithm::Zstd);
+    let pages = run(16, 3);
+    let mut frame = vec![0u8; GROUP_COMPRESS_BOUND];
+    let n = s.compress(&pages, &mut frame).unwrap();
+    // Literals near the end: a flip there decodes, so only the checksum can tell.
+    let mut failed = 0;
+    for at in (n / 2..n - 4).step_by(97) {
+        let mut bad = frame[..n].to_vec();
+        bad[at] ^= 0x20;
+        let mut back = vec![0u8; pages.len()];
+        match s.decompress(&bad, &mut back) {
+            Ok(()) => assert_eq!(back, pages, "a flip at {at} decoded to other bytes"),
+            Err(_) => failed += 1,
+        }
+    }
+    assert!(failed > 0);
+}

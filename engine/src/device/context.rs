@@ -20,6 +20,8 @@ pub struct IoContext {
     /// Compressed bytes, and written-back records read by direct I/O: aligned.
     pub(super) buf: writeback::AlignedBuf,
     pub(super) page: Box<[u8; PAGE_SIZE]>,
+    /// Grouped pages' reads: the last group decompressed.
+    pub(super) group: super::group::ReadCache,
     /// Eviction's batch buffers (devices with a backing store only).
     pub(super) evict: Option<writeback::WbBuffers>,
     /// How a write waits for the pool's reserve to be refilled: see
@@ -43,7 +45,35 @@ pub enum ReserveWait {
     Slice(Duration),
 }
 
+/// What decoding a page needs from its I/O context, borrowed apart from the context's page
+/// buffer (which may be the output).
+pub(super) struct Scratch<'a> {
+    pub(super) streams: &'a mut [Option<Stream>],
+    pub(super) buf: &'a mut [u8],
+    pub(super) group: &'a mut super::group::ReadCache,
+}
+
 impl IoContext {
+    pub(super) fn scratch(&mut self) -> Scratch<'_> {
+        Scratch {
+            streams: &mut self.streams,
+            buf: &mut self.buf,
+            group: &mut self.group,
+        }
+    }
+
+    /// [`IoContext::scratch`] and the context's page buffer.
+    pub(super) fn scratch_and_page(&mut self) -> (Scratch<'_>, &mut [u8; PAGE_SIZE]) {
+        (
+            Scratch {
+                streams: &mut self.streams,
+                buf: &mut self.buf,
+                group: &mut self.group,
+            },
+            &mut self.page,
+        )
+    }
+
     /// How this context's next writes wait for the pool's reserve to be refilled. A writer
     /// that keeps a page whose write failed and tries it again later (swap) is better told
     /// soon than held: held, it reclaims nothing else meanwhile.
@@ -80,6 +110,7 @@ impl Device {
             streams,
             buf: writeback::AlignedBuf::new(MAX_COMPRESSED_LEN.max(writeback::READ_WINDOW)),
             page: Box::new([0; PAGE_SIZE]),
+            group: super::group::ReadCache::default(),
             evict: self
                 .backing()
                 .map(|_| writeback::WbBuffers::new(policy::EVICT_BATCH)),

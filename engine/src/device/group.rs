@@ -42,7 +42,7 @@ pub(crate) struct Header {
     pub(crate) frame_len: u32,
     /// Tells this group's decompressed copy from an earlier group's with the same head handle.
     pub(crate) stamp: u32,
-    chunks: u8,
+    pub(crate) chunks: u8,
     rest: [u64; MAX_CHUNKS - 1],
 }
 
@@ -107,7 +107,6 @@ fn damaged(head: Handle, reason: &'static str) -> GroupError {
 
 /// Stores `frame` (a [`uzram_codecs::GroupStream`] frame of `pages` pages, made by the device's
 /// codec `codec`) as a group; returns the head chunk's handle. On error nothing stays allocated.
-#[cfg_attr(not(test), allow(dead_code))] // the grouping pass stores groups (next)
 pub(crate) fn store(
     pool: &Pool,
     frame: &[u8],
@@ -160,7 +159,6 @@ fn free_all(pool: &Pool, handles: &[Handle]) {
 }
 
 /// Reads and checks the header at `head`.
-#[cfg_attr(not(test), allow(dead_code))] // the grouping pass stores groups (next)
 pub(crate) fn header(pool: &Pool, head: Handle) -> Result<Header, GroupError> {
     pool.read(head, |obj| {
         let fixed = obj
@@ -202,7 +200,6 @@ pub(crate) fn header(pool: &Pool, head: Handle) -> Result<Header, GroupError> {
 
 /// Copies the group's frame at `head` into the start of `frame` (at least the header's
 /// `frame_len` bytes) and returns its header. Every chunk's size is checked against the header.
-#[cfg_attr(not(test), allow(dead_code))] // the grouping pass stores groups (next)
 pub(crate) fn load(pool: &Pool, head: Handle, frame: &mut [u8]) -> Result<Header, GroupError> {
     let header = header(pool, head)?;
     let frame_len = header.frame_len as usize;
@@ -250,13 +247,12 @@ fn chunk_handles(
     Ok(handles)
 }
 
-/// Frees every chunk of the group at `head`, the head last; returns the pool bytes its objects
-/// asked for. Every chunk is checked first (distinct, live, of the size the header gives it), so
-/// a damaged table that those checks see frees nothing. (A table naming another live object of
-/// exactly a chunk's size cannot be told from a good one here: adoption, once it learns groups,
-/// must check that no object is named twice across the slots and the groups.)
-#[cfg_attr(not(test), allow(dead_code))] // the grouping pass stores groups (next)
-pub(crate) fn free(pool: &Pool, head: Handle) -> Result<usize, GroupError> {
+/// Checks every chunk of the group at `head`: distinct (the head included), live, and of the
+/// size the header gives it. Returns the header and the chunks after the head.
+pub(crate) fn verify(
+    pool: &Pool,
+    head: Handle,
+) -> Result<(Header, [Option<Handle>; MAX_CHUNKS - 1]), GroupError> {
     let header = header(pool, head)?;
     let handles = chunk_handles(&header, head)?;
     let all = || std::iter::once(head).chain(handles.into_iter().flatten());
@@ -272,6 +268,16 @@ pub(crate) fn free(pool: &Pool, head: Handle) -> Result<usize, GroupError> {
             return Err(damaged(head, "a chunk of the wrong size"));
         }
     }
+    Ok((header, handles))
+}
+
+/// Frees every chunk of the group at `head`, the head last; returns the pool bytes its objects
+/// asked for. Every chunk is [`verify`]d first, so a damaged table that those checks see frees
+/// nothing. (A table naming another live object of exactly a chunk's size cannot be told from
+/// a good one here: adoption, once it learns groups, must check that no object is named twice
+/// across the slots and the groups.)
+pub(crate) fn free(pool: &Pool, head: Handle) -> Result<usize, GroupError> {
+    let (header, handles) = verify(pool, head)?;
     for h in handles.into_iter().flatten() {
         pool.free(h)?;
     }
@@ -279,8 +285,18 @@ pub(crate) fn free(pool: &Pool, head: Handle) -> Result<usize, GroupError> {
     Ok(Header::chunk_sizes(header.frame_len as usize).sum())
 }
 
+mod check;
+#[cfg(test)]
+mod device_tests;
 mod estimate;
+mod make;
+mod read;
+mod table;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use check::Members;
 pub use estimate::{GroupEstimate, MIN_GROUP_PAGES};
+pub use make::GroupPass;
+pub(crate) use read::ReadCache;
+pub(crate) use table::{Dropped, Groups};

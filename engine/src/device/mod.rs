@@ -31,17 +31,18 @@ use std::time::Instant;
 pub use policy::{Policy, PolicyConfig, PolicyStats, Pressure, TickReport};
 pub use recompress::{RecompressRequest, RecompressStats, RecompressType};
 pub use uzram_allocator::{Growth, Maintenance, Region, RegionSize};
-use uzram_allocator::{Handle, Pool, PoolConfig};
+use uzram_allocator::{Pool, PoolConfig};
 use uzram_codecs::{Algorithm, Codec, Stream};
 
+use self::context::Scratch;
 pub use self::context::{IoContext, ReserveWait};
 pub use self::freed::{FreeMarks, FreedPages};
-pub use self::group::{GroupEstimate, MIN_GROUP_PAGES};
+pub use self::group::{GroupEstimate, GroupPass, MIN_GROUP_PAGES};
 pub use self::setup::{DeviceConfig, DeviceSetup};
-use self::slot::{Slot, SlotRef, SlotTable};
+use self::slot::{Held, Slot, SlotRef, SlotTable};
 pub use self::slot::{SlotFlags, SlotState};
 use self::stats::{Counters, Field};
-pub use self::stats::{DeviceStats, IoStat, MmStat};
+pub use self::stats::{DeviceStats, GroupFigures, IoStat, MmStat};
 pub use self::survive::Adopted;
 pub use self::write::ShortWrite;
 pub use self::writeback::BackingKey;
@@ -80,6 +81,8 @@ pub struct Device {
     clock_skew: std::sync::atomic::AtomicU32,
     /// The tiering component: the policy, the backing store, the freed-page marks.
     tier: tier::Tiering,
+    /// The live cold groups (see `group.rs`).
+    groups: group::Groups,
     counters: Counters,
     next_shard: AtomicUsize,
 }
@@ -255,6 +258,7 @@ impl Device {
             #[cfg(any(test, feature = "testing"))]
             clock_skew: std::sync::atomic::AtomicU32::new(0),
             tier: tier::Tiering::new(config.policy, backing),
+            groups: group::Groups::default(),
             next_shard: AtomicUsize::new(0),
             counters: Counters::new(
                 (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4)
@@ -377,10 +381,11 @@ impl Device {
             };
             if let Ok(page) = <&mut [u8; PAGE_SIZE]>::try_from(&mut *chunk) {
                 let mut g = slot.lock();
-                self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, page)?;
+                self.load(ctx.scratch(), index, &mut g, page)?;
             } else {
                 let mut g = slot.lock();
-                self.load(&mut ctx.streams, &mut ctx.buf, index, &mut g, &mut ctx.page)?;
+                let (scratch, page) = ctx.scratch_and_page();
+                self.load(scratch, index, &mut g, page)?;
                 chunk.copy_from_slice(&ctx.page[in_page..in_page + len]);
             }
         }
@@ -432,14 +437,23 @@ impl Device {
     /// Fills `out` with page `index`, whose slot `g` holds locked, and marks it accessed.
     fn load(
         &self,
-        streams: &mut [Option<Stream>],
-        buf: &mut [u8],
+        scratch: Scratch<'_>,
         index: PageIndex,
         g: &mut slot::SlotGuard<'_>,
         out: &mut [u8; PAGE_SIZE],
     ) -> Result<(), IoError> {
         let mut s = g.get();
-        self.decode(streams, buf, index, &s, out)?;
+        let buf = &mut *scratch.buf;
+        self.decode(
+            Scratch {
+                streams: &mut *scratch.streams,
+                buf: &mut *buf,
+                group: &mut *scratch.group,
+            },
+            index,
+            &s,
+            out,
+        )?;
         let now = self.now();
         if s.flags.contains(SlotFlags::WB) {
             self.tier.after_read_back(self, buf, index, g, s, now);
@@ -464,31 +478,34 @@ impl Device {
     /// Fills `out` with the page slot state `s` (locked by the caller) names.
     fn decode(
         &self,
-        streams: &mut [Option<Stream>],
-        buf: &mut [u8],
+        scratch: Scratch<'_>,
         index: PageIndex,
         s: &SlotState,
         out: &mut [u8; PAGE_SIZE],
     ) -> Result<(), IoError> {
-        if s.flags.contains(SlotFlags::SAME) {
-            fill(out, s.word);
-        } else if s.flags.contains(SlotFlags::STORED) {
-            let lost = |source| IoError::Lost { index, source };
-            let handle = Handle::from_raw(s.word)
-                .ok_or(uzram_allocator::Error::InvalidHandle { raw: 0 })
-                .map_err(lost)?;
-            if s.flags.contains(SlotFlags::HUGE) {
+        let lost = |source| IoError::Lost { index, source };
+        match s.held() {
+            Held::Same(word) => fill(out, word),
+            Held::Object(handle) if s.flags.contains(SlotFlags::HUGE) => {
                 self.pool.read_into(handle, out).map_err(lost)?;
-            } else {
+            }
+            Held::Object(handle) => {
                 // Copy the object out and decompress outside the pool's class lock, so threads
                 // reading pages of the same size class do not wait on each other's codec.
-                let n = self.pool.read_into(handle, buf).map_err(lost)?;
-                decompress_with(streams, index, s.prio, &buf[..n], out)?;
+                let n = self.pool.read_into(handle, scratch.buf).map_err(lost)?;
+                decompress_with(scratch.streams, index, s.prio, &scratch.buf[..n], out)?;
             }
-        } else if s.flags.contains(SlotFlags::WB) {
-            self.tier.load_written_back(streams, buf, index, s, out)?;
-        } else {
-            out.fill(0);
+            Held::Member { head, member } => {
+                self.read_member(scratch.group, index, head, member, out)?;
+            }
+            Held::WrittenBack => {
+                self.tier
+                    .load_written_back(scratch.streams, scratch.buf, index, s, out)?;
+            }
+            Held::Broken => {
+                return Err(lost(uzram_allocator::Error::InvalidHandle { raw: 0 }));
+            }
+            Held::Nothing => out.fill(0),
         }
         Ok(())
     }
@@ -501,14 +518,15 @@ impl Device {
         self.counters.remove(shard, &old);
         self.counters.add(shard, &new);
         self.tier.replaced(index, &old);
-        if old.flags.contains(SlotFlags::STORED) {
-            if let Some(h) = Handle::from_raw(old.word) {
-                // A handle the slot held is live; failing here would be a pool bug, and the
-                // page is already replaced, so count it rather than fail the write.
-                if self.pool.free(h).is_err() {
-                    self.counters.bump(shard, Field::FreeErrors);
-                }
-            }
+        // What the slot held is live; failing here would be a bug, and the page is already
+        // replaced, so count it rather than fail the write.
+        let freed = match old.held() {
+            Held::Object(h) => self.pool.free(h).is_ok(),
+            Held::Member { head, member } => self.drop_member(head, member),
+            Held::Same(_) | Held::WrittenBack | Held::Nothing | Held::Broken => true,
+        };
+        if !freed {
+            self.counters.bump(shard, Field::FreeErrors);
         }
     }
 }

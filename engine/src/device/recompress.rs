@@ -245,7 +245,9 @@ impl Device {
         now: u32,
     ) -> bool {
         let f = s.flags;
+        // A grouped page is already compressed with its neighbours.
         if !f.contains(SlotFlags::STORED)
+            || s.is_grouped()
             || f.contains(SlotFlags::INCOMPRESSIBLE)
             || f.contains(SlotFlags::WB)
             || min_age.is_some_and(|a| now.saturating_sub(s.atime) < a)
@@ -282,10 +284,8 @@ impl Device {
         if !self.eligible(&s, req, prios, min_age, self.now()) {
             return Outcome::Skipped;
         }
-        if self
-            .decode(&mut ctx.streams, &mut ctx.buf, index, &s, &mut ctx.page)
-            .is_err()
-        {
+        let (scratch, page) = ctx.scratch_and_page();
+        if self.decode(scratch, index, &s, page).is_err() {
             return Outcome::Skipped;
         }
         let before = usize::from(s.size);

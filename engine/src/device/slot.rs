@@ -2,7 +2,9 @@
 //! 256 as pages are first written ([`SlotTable`]).
 //!
 //! ```text
-//! word (64 bits): the pool handle (stored page), the fill word (SAME), or 0 (empty)
+//! word (64 bits): the pool handle (stored page), the fill word (SAME), a group member's word
+//!                 (bit 63, the page's place in its group at bits 56..63, the group's head handle
+//!                 below bit 48; see `Held::Member`), a backing-store location (WB), or 0
 //!
 //! meta (64 bits):
 //!  63            32 31    29 28         16 15    11 10 9 8       2 1       0
@@ -26,6 +28,16 @@ mod table;
 
 pub(crate) use journal::{Journal, JOURNAL_TAG};
 pub(crate) use table::SlotTable;
+
+use uzram_allocator::Handle;
+
+/// In a STORED slot's word: the page is a member of a cold group, whose place in the group is
+/// at [`MEMBER_SHIFT`] and whose head chunk's handle is below [`HEAD_MASK`]'s top. A pool's
+/// handles use 48 bits (the class above bit 32), so no page's own handle has this bit set, and
+/// a binary that knows no groups finds no live object under the word.
+const GROUPED: u64 = 1 << 63;
+const MEMBER_SHIFT: u32 = 56;
+const HEAD_MASK: u64 = (1 << 48) - 1;
 
 const LOCK: u64 = 1 << 0;
 const WAITERS: u64 = 1 << 1;
@@ -155,12 +167,72 @@ impl SlotState {
         }
     }
 
+    /// What the slot names, decoded from its flags and word in this one place.
+    pub(crate) fn held(&self) -> Held {
+        let f = self.flags;
+        if f.contains(SlotFlags::SAME) {
+            Held::Same(self.word)
+        } else if f.contains(SlotFlags::STORED) {
+            if self.word & GROUPED != 0 {
+                match Handle::from_raw(self.word & HEAD_MASK) {
+                    Some(head) => Held::Member {
+                        head,
+                        member: ((self.word >> MEMBER_SHIFT) & 0x7f) as u8,
+                    },
+                    None => Held::Broken,
+                }
+            } else {
+                Handle::from_raw(self.word).map_or(Held::Broken, Held::Object)
+            }
+        } else if f.contains(SlotFlags::WB) {
+            Held::WrittenBack
+        } else {
+            Held::Nothing
+        }
+    }
+
+    /// Whether the page is held in a cold group (see [`Held::Member`]).
+    pub fn is_grouped(&self) -> bool {
+        self.flags.contains(SlotFlags::STORED) && self.word & GROUPED != 0
+    }
+
+    /// The word of page `member` of the group whose head chunk is `head`; `None` for a handle
+    /// that does not fit below the member's place (a pool's handles use 48 bits).
+    pub(crate) fn member_word(head: Handle, member: u8) -> Option<u64> {
+        let raw = head.to_raw();
+        (raw & !HEAD_MASK == 0 && member < 0x80)
+            .then(|| GROUPED | u64::from(member) << MEMBER_SHIFT | raw)
+    }
+
     /// Whether the slot holds nothing (reads as zeros, costs nothing).
     pub fn is_empty(&self) -> bool {
         !self
             .flags
             .intersects(SlotFlags::SAME | SlotFlags::STORED | SlotFlags::WB)
     }
+}
+
+/// What a slot names: [`SlotState::held`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// Empty: reads as zeros.
+    Nothing,
+    /// Same-filled with this word.
+    Same(u64),
+    /// Its own object in the pool (compressed, or raw when HUGE).
+    Object(Handle),
+    /// Page `member` of the cold group whose head chunk is `head` (see `group.rs`); the slot's
+    /// size is 0, as the group's bytes are counted once, by the group table.
+    Member {
+        /// The group's head chunk.
+        head: Handle,
+        /// The page's place in the group.
+        member: u8,
+    },
+    /// A record in the backing store (the word is its location).
+    WrittenBack,
+    /// STORED with a word that names no object (0): a bug or a damaged region.
+    Broken,
 }
 
 /// One page's entry. 16 bytes, by design (see `ARCHITECTURE.md`); `repr(C)`, so that a

@@ -244,6 +244,25 @@ pub struct DeviceStats {
     /// Pages whose data was freed because their user marked them freed (swap's freed slots,
     /// through [`FreedPages`](super::FreedPages)), as zram frees on `swap_slot_free_notify`.
     pub notice_freed_pages: u64,
+    /// Cold groups: neighbouring idle pages compressed together.
+    pub groups: GroupFigures,
+}
+
+/// What a device's cold groups hold and have done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupFigures {
+    /// Groups live now.
+    pub live: u64,
+    /// Pages held in them (members still holding their page).
+    pub pages: u64,
+    /// Their frames' bytes (in `compr_data_size`).
+    pub bytes: u64,
+    /// Groups made since the device was created.
+    pub made: u64,
+    /// Reads that decompressed a group.
+    pub decompressions: u64,
+    /// Groups split back into single pages.
+    pub split: u64,
 }
 
 #[cfg(test)]

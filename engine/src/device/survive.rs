@@ -353,6 +353,13 @@ impl Device {
                     .map_err(|why| format!("page {i}: {why}"))?;
                 continue;
             }
+            if s.is_grouped() {
+                // Grouping is not yet something a daemon does; until adoption rebuilds the
+                // group table, refuse rather than lose track of a group's chunks.
+                return Err(format!(
+                    "page {i} is in a cold group, which this version cannot adopt"
+                ));
+            }
             if s.flags.contains(SlotFlags::STORED) {
                 let size = Handle::from_raw(s.word)
                     .and_then(|h| pool.object_size(h).ok())

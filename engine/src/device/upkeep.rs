@@ -5,7 +5,8 @@ use uzram_allocator::Handle;
 
 use super::stats::Totals;
 use super::{
-    Device, DeviceStats, IoStat, Maintenance, MmStat, PageIndex, SlotFlags, SlotState, PAGE_SIZE,
+    Device, DeviceStats, Held, IoStat, Maintenance, MmStat, PageIndex, SlotFlags, SlotState,
+    PAGE_SIZE,
 };
 use crate::{Error, IoError};
 
@@ -98,7 +99,8 @@ impl Device {
         DeviceStats {
             mm: MmStat {
                 orig_data_size: c.pages_stored * page,
-                compr_data_size: c.compr_data_size,
+                // A group's bytes once, for all its members (their slots count none).
+                compr_data_size: c.compr_data_size.wrapping_add(self.groups.bytes()),
                 mem_used_total: pool.pages_used * page,
                 mem_limit: pool.limit_pages * page,
                 mem_used_max: pool.max_pages_used * page,
@@ -118,6 +120,7 @@ impl Device {
             pool_reserve_target_bytes: pool.pages_reserve_target * page,
             stored_pages: c.stored_pages,
             notice_freed_pages: c.notice_freed,
+            groups: self.groups.figures(),
         }
     }
 
@@ -141,10 +144,13 @@ impl Device {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.pool.check_invariants()?;
         let mut expect = Totals::default();
+        let mut members = super::group::Members::default();
         for (i, slot) in self.slots.iter() {
             let s = slot.peek();
             expect.add(&s);
-            if s.flags.contains(SlotFlags::STORED) {
+            if let Held::Member { head, member } = s.held() {
+                members.note(i, &s, head, member)?;
+            } else if s.flags.contains(SlotFlags::STORED) {
                 let h =
                     Handle::from_raw(s.word).ok_or(format!("page {i}: stored with handle 0"))?;
                 let size = self
@@ -190,10 +196,12 @@ impl Device {
                 return Err(format!("{name}: counter {got}, slots add up to {want}"));
             }
         }
+        let chunks = self.check_groups(&members)?;
+        let grouped = self.groups.figures().pages;
         let objects = self.pool.stats().objects;
-        if objects != c.stored_pages {
+        if Some(objects) != c.stored_pages.checked_sub(grouped).map(|n| n + chunks) {
             return Err(format!(
-                "pool holds {objects} objects for {} stored pages",
+                "pool holds {objects} objects for {} stored pages ({grouped} of them in groups of {chunks} chunks)",
                 c.stored_pages
             ));
         }

@@ -104,7 +104,8 @@ impl Device {
                 // time nor a promotion of a written-back page would last.
                 let mut g = slot.lock();
                 let old = g.get();
-                self.decode(&mut ctx.streams, &mut ctx.buf, index, &old, &mut ctx.page)?;
+                let (scratch, page) = ctx.scratch_and_page();
+                self.decode(scratch, index, &old, page)?;
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
                 let new = self.encode(
                     &mut ctx.streams,

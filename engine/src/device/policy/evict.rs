@@ -149,7 +149,7 @@ impl Tiering {
                 }
                 let i = PageIndex((start + k) % n);
                 let s = dev.peek(i);
-                if !s.flags.contains(SlotFlags::STORED) {
+                if !s.flags.contains(SlotFlags::STORED) || s.is_grouped() {
                     continue;
                 }
                 let same = pool.class_size(usize::from(s.size)) == Ok(class);

@@ -360,7 +360,9 @@ impl Tiering {
             };
             let (s, gen) = (g.get(), g.generation());
             drop(g);
-            if !s.flags.contains(SlotFlags::STORED) || !keep(&s) {
+            // A grouped page stays in its group: the densest pages there are (a group is written
+            // back whole, if ever, not page by page).
+            if !s.flags.contains(SlotFlags::STORED) || s.is_grouped() || !keep(&s) {
                 continue;
             }
             // A page its user freed (marked, not yet reclaimed) is not worth a write to the
