@@ -196,6 +196,59 @@ fn a_write_killed_halfway_is_undone_and_its_object_freed() {
 }
 
 #[test]
+fn cold_groups_are_adopted_whole_even_with_a_member_write_killed_halfway() {
+    let (d, region) = new_device();
+    let mut ctx = d.context().unwrap();
+    let mut model = Model::default();
+    // Runs of text pages, grouped; then churn takes some pages out of their groups.
+    for run in 0..8u64 {
+        for i in 0..16 {
+            let text = PageKind::Text.content((run * 16 + i) as u8, PAGE_SIZE);
+            model.write(&d, &mut ctx, 100 + run * 20 + i, &text);
+        }
+    }
+    d.mark_idle(None);
+    let pass = d.make_groups(&mut ctx, 1, 16).unwrap();
+    assert!(pass.groups >= 6, "{pass:?}");
+    model.churn(&d, &mut ctx, 6);
+    let grouped = (0..PAGES)
+        .find(|&p| d.slot_state(PageIndex(p)).unwrap().is_grouped())
+        .expect("a page still grouped");
+    // A write over a grouped page dies after storing the slot's new word.
+    let noise: [u8; PAGE_SIZE] = PageKind::Noise.content(5, PAGE_SIZE).try_into().unwrap();
+    d.die_in_write(PageIndex(grouped), &noise).unwrap();
+    let before = d.stats();
+    assert!(before.groups.live > 0);
+    let fd = fd_of(&region);
+    drop(region);
+    std::mem::forget(d);
+    let (d, found) = adopt(fd);
+    assert_eq!((found.undone, found.orphans), (1, 1));
+    assert!(d.slot_state(PageIndex(grouped)).unwrap().is_grouped());
+    let mut ctx = d.context().unwrap();
+    model.verify(&d, &mut ctx);
+    let after = d.stats();
+    assert_eq!(
+        (after.groups.live, after.groups.pages, after.groups.bytes),
+        (before.groups.live, before.groups.pages, before.groups.bytes)
+    );
+    assert_eq!(after.mm.compr_data_size, before.mm.compr_data_size);
+    // It goes on: the page takes its write, the groups lose members and are split.
+    model.write(&d, &mut ctx, grouped, &noise);
+    model.churn(&d, &mut ctx, 7);
+    d.split_sparse_groups(&mut ctx).unwrap();
+    model.verify(&d, &mut ctx);
+    let region = d.region().unwrap().clone();
+    let fd = fd_of(&region);
+    drop(region);
+    d.leave();
+    let (d, found) = adopt(fd);
+    assert_eq!(found.orphans, 0);
+    let mut ctx = d.context().unwrap();
+    model.verify(&d, &mut ctx);
+}
+
+#[test]
 fn other_settings_are_refused_and_the_region_is_left_whole() {
     let (d, region) = new_device();
     let mut ctx = d.context().unwrap();

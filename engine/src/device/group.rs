@@ -299,4 +299,4 @@ pub(crate) use check::Members;
 pub use estimate::{GroupEstimate, MIN_GROUP_PAGES};
 pub use make::GroupPass;
 pub(crate) use read::ReadCache;
-pub(crate) use table::{Dropped, Groups};
+pub(crate) use table::{Dropped, Entry, Groups};

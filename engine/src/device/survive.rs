@@ -8,7 +8,8 @@ use uzram_allocator::{
     Chunk, Handle, Pool, PoolConfig, Region, RegionSize, ARENA_PAGES, USER_CHUNK_TAG,
 };
 
-use super::slot::{SlotFlags, SlotTable};
+use super::group;
+use super::slot::{Held, SlotFlags, SlotTable};
 use super::writeback::{BackingStore, FileIdentity};
 use super::{Device, DeviceConfig, PAGE_SIZE};
 use crate::Error;
@@ -330,15 +331,17 @@ impl Device {
     }
 
     /// The objects the slots name, sorted, once every slot is checked against the pool: a
-    /// stored page's object is live and of its slot's size, and no object is named twice. A
-    /// written-back page's record is taken into `backing`'s space map (it lies in its file and
-    /// over no other's); without a backing store none may be.
+    /// stored page's object is live and of its slot's size, a grouped page's group is whole
+    /// ([`group::Members::adopt`]), and no object is named twice. A written-back page's record
+    /// is taken into `backing`'s space map (it lies in its file and over no other's); without a
+    /// backing store none may be. Also returns the groups, for the device's table.
     fn named_objects(
         slots: &SlotTable,
         pool: &Pool,
         backing: Option<&BackingStore>,
-    ) -> Result<Vec<u64>, String> {
+    ) -> Result<(Vec<u64>, Vec<(Handle, group::Entry)>), String> {
         let mut named: Vec<u64> = Vec::new();
+        let mut members = group::Members::default();
         for (i, slot) in slots.iter() {
             let s = slot.peek();
             if s.flags.contains(SlotFlags::WB) {
@@ -353,14 +356,9 @@ impl Device {
                     .map_err(|why| format!("page {i}: {why}"))?;
                 continue;
             }
-            if s.is_grouped() {
-                // Grouping is not yet something a daemon does; until adoption rebuilds the
-                // group table, refuse rather than lose track of a group's chunks.
-                return Err(format!(
-                    "page {i} is in a cold group, which this version cannot adopt"
-                ));
-            }
-            if s.flags.contains(SlotFlags::STORED) {
+            if let Held::Member { head, member } = s.held() {
+                members.note(i, &s, head, member)?;
+            } else if s.flags.contains(SlotFlags::STORED) {
                 let size = Handle::from_raw(s.word)
                     .and_then(|h| pool.object_size(h).ok())
                     .ok_or_else(|| {
@@ -375,11 +373,13 @@ impl Device {
                 named.push(s.word);
             }
         }
+        let (chunks, groups) = members.adopt(pool)?;
+        named.extend(chunks);
         named.sort_unstable();
         if named.windows(2).any(|w| w[0] == w[1]) {
-            return Err("two pages name one object".into());
+            return Err("two pages or groups name one object".into());
         }
-        Ok(named)
+        Ok((named, groups))
     }
 
     /// What a region must hold for a device of `disksize` bytes: its slot table, arena places
@@ -476,10 +476,10 @@ impl Device {
             .and_then(|(slots, undone)| {
                 let backing = backing_head.map(open_backing).transpose()?;
                 let store = backing.as_ref().map(|(store, _)| store);
-                let named = Self::named_objects(&slots, &pool, store).map_err(not)?;
-                Ok((slots, undone, named, backing))
+                let (named, groups) = Self::named_objects(&slots, &pool, store).map_err(not)?;
+                Ok((slots, undone, named, groups, backing))
             });
-        let (slots, undone, named, backing) = match checked {
+        let (slots, undone, named, groups, backing) = match checked {
             Ok(c) => c,
             Err(e) => {
                 pool.leave();
@@ -507,6 +507,7 @@ impl Device {
         let now = Instant::now();
         let epoch = now.checked_sub(age).unwrap_or(now);
         let device = Self::assemble(&config, disksize, slots, pool, codecs, backing, epoch);
+        device.groups.adopt(&groups);
         let mut found = Adopted {
             undone,
             orphans,

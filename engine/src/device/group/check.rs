@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use uzram_allocator::Handle;
+use uzram_allocator::{Handle, Pool};
+
+use super::table::Entry;
 
 use crate::device::{Device, SlotFlags, SlotState};
 
@@ -37,6 +39,42 @@ impl Members {
         *bits |= bit;
         at.push((member, index));
         Ok(())
+    }
+}
+
+impl Members {
+    /// The groups the slots name, as an adoption takes them over: each one's header and chunks
+    /// checked against the pool ([`super::verify`]), its members within its pages and at the
+    /// pages that follow from one first page. Returns every object the groups hold (for the
+    /// check that no object is named twice) and the table's entries.
+    pub(crate) fn adopt(&self, pool: &Pool) -> Result<(Vec<u64>, Vec<(Handle, Entry)>), String> {
+        let mut objects = Vec::new();
+        let mut entries = Vec::with_capacity(self.0.len());
+        for (&raw, (bits, at)) in &self.0 {
+            let head = Handle::from_raw(raw).ok_or("a group at handle 0")?;
+            let (header, chunks) =
+                super::verify(pool, head).map_err(|e| format!("group {raw:#x}: {e}"))?;
+            let first = at.first().map_or(0, |&(m, i)| i.wrapping_sub(u64::from(m)));
+            if let Some(&(m, i)) = at
+                .iter()
+                .find(|&&(m, i)| m >= header.pages || i != first.wrapping_add(u64::from(m)))
+            {
+                return Err(format!(
+                    "page {i} names member {m} of group {raw:#x}, which has {} pages from page {first}",
+                    header.pages
+                ));
+            }
+            objects.push(raw);
+            objects.extend(chunks.into_iter().flatten().map(Handle::to_raw));
+            let entry = Entry {
+                live: *bits,
+                pages: header.pages,
+                first,
+                frame_len: header.frame_len,
+            };
+            entries.push((head, entry));
+        }
+        Ok((objects, entries))
     }
 }
 

@@ -82,6 +82,18 @@ impl Groups {
         self.made.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Takes over the groups an adopted region's slots name ([`super::Members::adopt`]).
+    pub(crate) fn adopt(&self, entries: &[(Handle, Entry)]) {
+        let mut live = self.live.lock();
+        for &(head, e) in entries {
+            live.insert(head.to_raw(), e);
+            self.bytes
+                .fetch_add(u64::from(e.frame_len), Ordering::Relaxed);
+            self.pages
+                .fetch_add(u64::from(e.live.count_ones()), Ordering::Relaxed);
+        }
+    }
+
     /// Member `member` of the group at `head` no longer holds its page (its slot was replaced
     /// under its lock, or it never took it). At the last member the group leaves the table.
     pub(crate) fn drop_member(&self, head: Handle, member: u8) -> Dropped {
