@@ -295,8 +295,8 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use check::Members;
+pub(crate) use check::{Entries, Members};
 pub use estimate::{GroupEstimate, MIN_GROUP_PAGES};
 pub use make::GroupPass;
 pub(crate) use read::ReadCache;
-pub(crate) use table::{Dropped, Entry, Groups};
+pub(crate) use table::{Dropped, Groups};

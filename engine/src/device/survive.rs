@@ -339,7 +339,7 @@ impl Device {
         slots: &SlotTable,
         pool: &Pool,
         backing: Option<&BackingStore>,
-    ) -> Result<(Vec<u64>, Vec<(Handle, group::Entry)>), String> {
+    ) -> Result<(Vec<u64>, group::Entries), String> {
         let mut named: Vec<u64> = Vec::new();
         let mut members = group::Members::default();
         for (i, slot) in slots.iter() {

@@ -129,7 +129,16 @@ impl Device {
 
     /// What the policy and eviction have done.
     pub fn policy_stats(&self) -> PolicyStats {
-        self.tier.policy.stats()
+        let mut s = self.tier.policy.stats();
+        // The groups' figures are the device's, whoever made the groups.
+        let g = self.groups.figures();
+        (
+            s.groups_made,
+            s.grouped_pages,
+            s.group_reads,
+            s.groups_split,
+        ) = (g.made, g.pages, g.decompressions, g.split);
+        s
     }
 
     /// Hand-off mode: a write that finds no room asks the policy thread (which must be running

@@ -196,6 +196,11 @@ impl Device {
                 return Err(format!("{name}: counter {got}, slots add up to {want}"));
             }
         }
+        // A free that failed (a handle the pool did not know, a group member the table did not
+        // know live) is a bug the counters would otherwise hide.
+        if c.free_errors != 0 {
+            return Err(format!("{} frees failed", c.free_errors));
+        }
         let chunks = self.check_groups(&members)?;
         let grouped = self.groups.figures().pages;
         let objects = self.pool.stats().objects;

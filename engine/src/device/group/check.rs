@@ -7,6 +7,9 @@ use uzram_allocator::{Handle, Pool};
 
 use super::table::Entry;
 
+/// Groups as an adoption found them: each head and its table entry.
+pub(crate) type Entries = Vec<(Handle, Entry)>;
+
 use crate::device::{Device, SlotFlags, SlotState};
 
 /// The members the slots name, by head: a bit per member, and the page index each one is at.
@@ -47,7 +50,7 @@ impl Members {
     /// checked against the pool ([`super::verify`]), its members within its pages and at the
     /// pages that follow from one first page. Returns every object the groups hold (for the
     /// check that no object is named twice) and the table's entries.
-    pub(crate) fn adopt(&self, pool: &Pool) -> Result<(Vec<u64>, Vec<(Handle, Entry)>), String> {
+    pub(crate) fn adopt(&self, pool: &Pool) -> Result<(Vec<u64>, Entries), String> {
         let mut objects = Vec::new();
         let mut entries = Vec::with_capacity(self.0.len());
         for (&raw, (bits, at)) in &self.0 {

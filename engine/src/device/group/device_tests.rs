@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use crate::device::testutil::text_page;
-use crate::device::{Device, IoContext, PageIndex, PAGE_SIZE};
+use crate::device::{Device, Held, IoContext, PageIndex, PAGE_SIZE};
 use crate::DeviceSetup;
 
 fn device() -> Device {
@@ -187,6 +187,106 @@ fn a_writer_racing_the_pass_loses_no_page() {
         changed > 0,
         "the writer never raced a commit: this run proved nothing"
     );
+}
+
+#[test]
+fn a_copy_kept_for_an_earlier_group_at_the_same_handle_is_not_read() {
+    let d = device();
+    let mut ctx = d.context().unwrap();
+    let model = fill(&d, &mut ctx, 16, 20);
+    d.mark_idle(None);
+    d.make_groups(&mut ctx, 1, 16).unwrap();
+    let Held::Member { head, .. } = d.slot_state(PageIndex(0)).unwrap().held() else {
+        panic!("page 0 is not grouped");
+    };
+    let stamp = super::header(d.pool(), head).unwrap().stamp;
+    // What a context holds after reading an earlier group whose head had this handle.
+    ctx.group.pretend(head, stamp.wrapping_sub(1), 0xee);
+    let reads = d.stats().groups.decompressions;
+    check(&d, &mut ctx, &model, 16);
+    assert_eq!(d.stats().groups.decompressions, reads + 1);
+    // The same key is this group's copy: read from it, no decompression.
+    ctx.group.pretend(head, stamp, 0xee);
+    let mut back = vec![0u8; PAGE_SIZE];
+    d.read(&mut ctx, 0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0xee));
+    assert_eq!(d.stats().groups.decompressions, reads + 1);
+}
+
+#[test]
+fn lz4_groups_read_back_too() {
+    let d = device();
+    let mut ctx = d.context().unwrap();
+    let model = fill(&d, &mut ctx, 32, 60);
+    d.mark_idle(None);
+    assert_eq!(d.make_groups(&mut ctx, 0, 8).unwrap().pages, 32);
+    ctx.group.forget();
+    check(&d, &mut ctx, &model, 32);
+}
+
+#[test]
+fn writeback_and_eviction_pass_grouped_pages_by() {
+    let dir = crate::device::testutil::tempdir("groups-wb");
+    let mut setup = DeviceSetup::new();
+    setup.set_recomp_algorithm("algo=zstd priority=1").unwrap();
+    setup.set_backing_dev(&dir.join("backing"));
+    let d = setup.init(4 << 20).unwrap();
+    let mut ctx = d.context().unwrap();
+    let model = fill(&d, &mut ctx, 40, 80);
+    d.mark_idle(None);
+    // The policy groups nothing on a device with a backing store ...
+    let r = d
+        .recompress(&mut ctx, &"type=idle".parse().unwrap())
+        .unwrap();
+    assert_eq!(r.grouped_pages, 0, "{r:?}");
+    // ... but a group made by hand stays in RAM when idle pages are written back.
+    d.mark_idle(None);
+    let pass = d.make_groups(&mut ctx, 1, 16).unwrap();
+    assert!(pass.pages >= 32, "{pass:?}");
+    let wb = d
+        .writeback(&mut ctx, crate::device::writeback::WritebackRequest::Idle)
+        .unwrap();
+    assert_eq!(wb.candidates + pass.pages, 40, "{wb:?}");
+    assert_eq!(wb.written, wb.candidates);
+    assert_eq!(d.stats().groups.pages, pass.pages);
+    check(&d, &mut ctx, &model, 40);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn readers_of_a_group_see_old_or_new_pages_while_writers_empty_it() {
+    for round in 0..4u64 {
+        let d = device();
+        let mut ctx = d.context().unwrap();
+        let old = fill(&d, &mut ctx, 16, 100 + round);
+        d.mark_idle(None);
+        assert_eq!(d.make_groups(&mut ctx, 1, 16).unwrap().pages, 16);
+        let new: HashMap<u64, [u8; PAGE_SIZE]> =
+            (0..16).map(|i| (i, text_page(5000 + i))).collect();
+        std::thread::scope(|scope| {
+            for r in 0..2u64 {
+                let (d, old, new) = (&d, &old, &new);
+                scope.spawn(move || {
+                    let mut ctx = d.context().unwrap();
+                    let mut back = vec![0u8; PAGE_SIZE];
+                    for k in 0..400u64 {
+                        let i = (k * 7 + r * 3) % 16;
+                        d.read(&mut ctx, i * 4096, &mut back).unwrap();
+                        assert!(
+                            back[..] == old[&i][..] || back[..] == new[&i][..],
+                            "page {i}: neither its old nor its new bytes"
+                        );
+                    }
+                });
+            }
+            let mut wctx = d.context().unwrap();
+            for i in (0..16).rev() {
+                d.write(&mut wctx, i * 4096, &new[&i]).unwrap();
+            }
+        });
+        assert_eq!(d.stats().groups.live, 0);
+        check(&d, &mut ctx, &new, 16);
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@
 use uzram_codecs::{GroupStream, GROUP_COMPRESS_BOUND};
 
 use super::make::Run;
-use crate::device::{Device, IoContext};
+use crate::device::{Device, IoContext, SlotFlags, SlotState};
 use crate::Error;
 
 /// Runs shorter than this stay single pages: a group's header and its read cost are not worth
@@ -44,19 +44,11 @@ impl Device {
         max_pages: usize,
     ) -> Result<GroupEstimate, Error> {
         self.fit_context(ctx)?;
-        let codec = ctx
-            .streams
-            .get(usize::from(prio))
-            .and_then(Option::as_ref)
-            .map(|s| s.codec().clone())
-            .ok_or_else(|| Error::InvalidRequest {
-                text: format!("group estimate with priority {prio}"),
-                why: "the device has no codec at that priority",
-            })?;
-        let mut groups = GroupStream::new(&codec)?;
+        let mut groups = self.group_stream(prio, "group estimate")?;
         let mut frame = vec![0u8; GROUP_COMPRESS_BOUND];
         let mut est = GroupEstimate::default();
-        self.for_each_run(ctx, max_pages, &mut |run| {
+        let idle = |s: &SlotState| s.flags.contains(SlotFlags::IDLE);
+        self.for_each_run(ctx, max_pages, u64::MAX, &idle, &mut |run| {
             self.price_run(&mut groups, run, &mut frame, &mut est)
         })?;
         Ok(est)

@@ -7,6 +7,8 @@
 //! member is dead in the group from the start). The group enters the table with every member
 //! live before any slot names it, so it cannot be freed while members are still to commit.
 
+use std::sync::atomic::Ordering;
+
 use uzram_codecs::{GroupStream, GROUP_COMPRESS_BOUND, MAX_GROUP_LEN, MAX_GROUP_PAGES};
 
 use super::{Dropped, Header, MIN_GROUP_PAGES};
@@ -30,11 +32,11 @@ pub struct GroupPass {
     pub pool_after: u64,
 }
 
-/// Whether a grouping pass takes this page: stored compressed on its own, marked idle, not
-/// written back. (A page the slot-free probe marked freed is left out by the caller: its data
-/// is garbage waiting for the next reclaim.)
+/// Whether a grouping pass may take this page: stored compressed on its own, not written
+/// back (which pages it does take, idle ones, is the caller's). A page the slot-free probe
+/// marked freed is left out too: its data is garbage waiting for the next reclaim.
 fn groupable(s: &SlotState) -> bool {
-    s.flags.contains(SlotFlags::STORED | SlotFlags::IDLE)
+    s.flags.contains(SlotFlags::STORED)
         && !s
             .flags
             .intersects(SlotFlags::HUGE | SlotFlags::WB | SlotFlags::INCOMPRESSIBLE)
@@ -71,11 +73,14 @@ impl Device {
     }
 
     /// Calls `on_run` with every run of [`MIN_GROUP_PAGES`] to `max_pages` (taken between that
-    /// and [`MAX_GROUP_PAGES`]) neighbouring groupable pages, each read under its lock.
+    /// and [`MAX_GROUP_PAGES`]) neighbouring groupable pages that `take` accepts, each read
+    /// under its lock, until runs of `limit` pages in all have been offered.
     pub(super) fn for_each_run(
         &self,
         ctx: &mut IoContext,
         max_pages: usize,
+        limit: u64,
+        take: &dyn Fn(&SlotState) -> bool,
         on_run: &mut dyn FnMut(&Run) -> Result<(), Error>,
     ) -> Result<(), Error> {
         self.fit_context(ctx)?;
@@ -86,27 +91,30 @@ impl Device {
             taken: Vec::with_capacity(MAX_GROUP_PAGES),
             first: 0,
         };
-        let mut close = |run: &mut Run| {
-            let r = if run.taken.len() >= MIN_GROUP_PAGES {
-                on_run(run)
-            } else {
-                Ok(())
-            };
+        let mut offered = 0u64;
+        // Offers a run long enough; returns the pages offered so far.
+        let mut close = |run: &mut Run| -> Result<u64, Error> {
+            if run.taken.len() >= MIN_GROUP_PAGES {
+                offered += run.taken.len() as u64;
+                on_run(run)?;
+            }
             run.pages.clear();
             run.taken.clear();
-            r
+            Ok(offered)
         };
+        let ok = |s: &SlotState| groupable(s) && take(s);
         for (i, slot) in self.slots.iter() {
-            if run.next() != Some(i) || run.taken.len() == max_pages {
-                close(&mut run)?;
+            if (run.next() != Some(i) || run.taken.len() == max_pages) && close(&mut run)? >= limit
+            {
+                return Ok(());
             }
-            if !groupable(&slot.peek()) || freed.is_some_and(|f| f.is_marked(PageIndex(i))) {
+            if !ok(&slot.peek()) || freed.is_some_and(|f| f.is_marked(PageIndex(i))) {
                 continue;
             }
             let g = slot.lock();
             let s = g.get();
             let (scratch, page) = ctx.scratch_and_page();
-            if !groupable(&s) || self.decode(scratch, PageIndex(i), &s, page).is_err() {
+            if !ok(&s) || self.decode(scratch, PageIndex(i), &s, page).is_err() {
                 continue;
             }
             let gen = g.generation();
@@ -117,7 +125,7 @@ impl Device {
             run.pages.extend_from_slice(&ctx.page[..]);
             run.taken.push((s, gen));
         }
-        close(&mut run)
+        close(&mut run).map(|_| ())
     }
 
     pub(super) fn compress_run(
@@ -142,20 +150,36 @@ impl Device {
         (alone, Header::chunk_sizes(n).map(class).sum())
     }
 
-    /// Compresses every run of neighbouring idle pages (as [`Device::estimate_groups`] finds
-    /// them) that stores in less pool as one group, with the codec at priority `prio`, in groups
-    /// of at most `max_pages`. A read of a grouped page decompresses its group; a write or
-    /// discard takes the page out of it.
+    /// Compresses every run of neighbouring pages marked idle (as [`Device::estimate_groups`]
+    /// finds them) that stores in less pool as one group, with the codec at priority `prio`,
+    /// in groups of at most `max_pages`. A read of a grouped page decompresses its group; a
+    /// write or discard takes the page out of it.
     pub fn make_groups(
         &self,
         ctx: &mut IoContext,
         prio: u8,
         max_pages: usize,
     ) -> Result<GroupPass, Error> {
+        self.make_groups_of(ctx, prio, max_pages, u64::MAX, &|s| {
+            s.flags.contains(SlotFlags::IDLE)
+        })
+    }
+
+    /// [`Device::make_groups`] of the pages `take` accepts, offering runs of at most `limit`
+    /// pages in all.
+    pub(in crate::device) fn make_groups_of(
+        &self,
+        ctx: &mut IoContext,
+        prio: u8,
+        max_pages: usize,
+        limit: u64,
+        take: &dyn Fn(&SlotState) -> bool,
+    ) -> Result<GroupPass, Error> {
         let mut groups = self.group_stream(prio, "grouping")?;
         let mut frame = vec![0u8; GROUP_COMPRESS_BOUND];
         let mut pass = GroupPass::default();
-        self.for_each_run(ctx, max_pages, &mut |run| {
+        let class = |size: u16| self.pool.class_size(usize::from(size)).unwrap_or(PAGE_SIZE);
+        self.for_each_run(ctx, max_pages, limit, take, &mut |run| {
             let n = self.compress_run(&mut groups, run, &mut frame)?;
             let (alone, grouped) = self.pool_cost(run, n);
             if grouped >= alone {
@@ -170,20 +194,26 @@ impl Device {
             };
             self.groups.insert(head, run.first, pages as u8, n as u32);
             let committed = self.commit_run(run, head, prio);
-            pass.groups += u64::from(committed > 0);
-            pass.pages += committed as u64;
-            pass.changed += (pages - committed) as u64;
-            pass.pool_before += alone as u64;
-            pass.pool_after += grouped as u64;
+            pass.pages += committed.len() as u64;
+            pass.changed += (pages - committed.len()) as u64;
+            if !committed.is_empty() {
+                pass.groups += 1;
+                pass.pool_before += committed.iter().map(|&s| class(s)).sum::<usize>() as u64;
+                pass.pool_after += grouped as u64;
+            } else {
+                // Every page changed: the group was freed with its last member.
+                self.groups.made.fetch_sub(1, Ordering::Relaxed);
+            }
             Ok(())
         })?;
         Ok(pass)
     }
 
     /// Points each page of `run` that still holds what was read at its member of the group at
-    /// `head`; drops the others' members. Returns the pages committed.
-    fn commit_run(&self, run: &Run, head: uzram_allocator::Handle, prio: u8) -> usize {
-        let mut committed = 0;
+    /// `head`; drops the others' members. Returns the sizes of the objects the committed pages
+    /// held alone.
+    fn commit_run(&self, run: &Run, head: uzram_allocator::Handle, prio: u8) -> Vec<u16> {
+        let mut committed = Vec::with_capacity(run.taken.len());
         for (m, &(s, gen)) in run.taken.iter().enumerate() {
             let index = PageIndex(run.first + m as u64);
             let word = SlotState::member_word(head, m as u8);
@@ -207,7 +237,7 @@ impl Device {
                 _ => false,
             };
             if done {
-                committed += 1;
+                committed.push(s.size);
             } else if !self.drop_member(head, m as u8) {
                 self.counters
                     .bump(super::super::gauge_shard(index), Field::FreeErrors);
@@ -238,17 +268,16 @@ impl Device {
             };
             if self.split_group(ctx, head)? {
                 split += 1;
+                self.groups.split.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.groups
-            .split
-            .fetch_add(split, std::sync::atomic::Ordering::Relaxed);
         Ok(split)
     }
 
     /// Stores each live member of the group at `head` as a page of its own, compressed with the
-    /// group's codec (raw if that does not shrink it below the huge threshold). False if the
-    /// group is gone, or the pool had no room (its pages stay grouped).
+    /// group's codec (raw if that does not shrink it below the huge threshold). True once the
+    /// group is gone; false if the pool had no room (its other pages stay grouped), or the
+    /// group was already gone.
     fn split_group(
         &self,
         ctx: &mut IoContext,
@@ -296,6 +325,6 @@ impl Device {
             };
             self.replace(index, &mut g, single);
         }
-        Ok(true)
+        Ok(self.groups.get(head).is_none())
     }
 }

@@ -25,6 +25,14 @@ impl ReadCache {
     pub(crate) fn forget(&mut self) {
         self.key = None;
     }
+
+    /// A test seam: holds a copy of bytes `fill` as the group at `head` with `stamp`.
+    #[cfg(test)]
+    pub(crate) fn pretend(&mut self, head: Handle, stamp: u32, fill: u8) {
+        self.pages.clear();
+        self.pages.resize(MAX_GROUP_LEN, fill);
+        self.key = Some((head.to_raw(), stamp));
+    }
 }
 
 fn damaged(index: PageIndex, head: Handle, e: GroupError) -> IoError {

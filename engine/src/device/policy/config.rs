@@ -52,6 +52,11 @@ pub struct PolicyConfig {
     /// writeback sooner than the pool's coldest pages have gone untouched (`promote`, 1/0): a
     /// page the kernel keeps reading from the backing store is hotter than what the pool holds.
     pub promote: bool,
+    /// When idle pages are recompressed (by this policy or zram's `recompress type=idle`),
+    /// compress runs of neighbouring idle pages together, up to this many pages a group
+    /// (`groups`, 4..=16; `off`). A read of a grouped page decompresses its whole group. Only
+    /// on a device without a backing store: eviction and writeback pass grouped pages by.
+    pub groups: Option<u8>,
 }
 
 impl Default for PolicyConfig {
@@ -70,6 +75,7 @@ impl Default for PolicyConfig {
             spill: true,
             reuse: true,
             promote: true,
+            groups: Some(16),
         }
     }
 }
@@ -122,7 +128,7 @@ impl fmt::Display for PolicyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} share_floor={} budget={} evict={} spill={} reuse={} promote={}",
+            "recompress_after={} writeback_after={} high_watermark={} low_watermark={} min_free={} psi={} pool_share={} share_floor={} budget={} evict={} spill={} reuse={} promote={} groups={}",
             duration_text(self.recompress_after),
             duration_text(self.writeback_after),
             self.high_watermark,
@@ -136,6 +142,7 @@ impl fmt::Display for PolicyConfig {
             u8::from(self.spill),
             u8::from(self.reuse),
             u8::from(self.promote),
+            self.groups.map_or("off".into(), |g| g.to_string()),
         )
     }
 }
@@ -207,9 +214,21 @@ impl PolicyConfig {
                 "spill" => next.spill = on_off(v).ok_or(bad("spill is 1 or 0"))?,
                 "reuse" => next.reuse = on_off(v).ok_or(bad("reuse is 1 or 0"))?,
                 "promote" => next.promote = on_off(v).ok_or(bad("promote is 1 or 0"))?,
+                "groups" => {
+                    next.groups = if v == "off" || v == "0" {
+                        None
+                    } else {
+                        Some(
+                            v.parse::<u8>()
+                                .ok()
+                                .filter(|g| (4..=16).contains(g))
+                                .ok_or(bad("groups is 4..=16 pages a group, or off"))?,
+                        )
+                    }
+                }
                 _ => {
                     return Err(bad(
-                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share share_floor budget evict spill reuse promote",
+                        "known settings: recompress_after writeback_after high_watermark low_watermark min_free psi pool_share share_floor budget evict spill reuse promote groups",
                     ))
                 }
             }

@@ -225,6 +225,8 @@ enum Reason {
 pub struct TickReport {
     /// Pages recompressed.
     pub recompressed: u64,
+    /// Pages put in cold groups.
+    pub grouped: u64,
     /// Pages written back (all reasons).
     pub written_back: u64,
     /// The tick wanted to write back but the budget said no.
@@ -324,6 +326,43 @@ impl Policy {
         done.written
     }
 
+    /// The age scan's recompression: pages idle `after` seconds, in cold groups of neighbours
+    /// first (where the `groups` setting is on), the rest one by one; then the groups that
+    /// have lost more than half their pages are split.
+    fn recompress_idle(
+        &mut self,
+        device: &Device,
+        ctx: &mut IoContext,
+        after: u32,
+        report: &mut TickReport,
+    ) -> Result<(), Error> {
+        if device.recomp_algorithms().is_empty() {
+            return Ok(());
+        }
+        let counters = &device.tiering().policy.counters;
+        let req = RecompressRequest {
+            max_pages: Some(TICK_RECOMPRESS),
+            ..RecompressRequest::default()
+        };
+        let s = device.recompress_older(ctx, &req, after, &mut self.candidates)?;
+        let add = |c: &AtomicU64, n: u64| c.fetch_add(n, Ordering::Relaxed);
+        add(&counters.recompressed_pages, s.recompressed);
+        add(
+            &counters.recompress_saved,
+            s.bytes_before.saturating_sub(s.bytes_after),
+        );
+        add(&counters.group_saved, s.group_saved);
+        add(&counters.pages_compacted, s.pages_compacted);
+        report.recompressed = s.recompressed;
+        report.grouped = s.grouped_pages;
+        // Groups whose pages were mostly rewritten hold dead bytes: what is left of them is
+        // stored singly.
+        if device.split_sparse_groups(ctx)? > 0 {
+            add(&counters.pages_compacted, device.compact());
+        }
+        Ok(())
+    }
+
     /// One round of the policy on `device`, with `ctx`'s codec streams and the host's
     /// `pressure`: recompression and writeback of idle pages (every few seconds), writeback of
     /// the coldest pages above the watermark or under host pressure (every tick).
@@ -346,24 +385,7 @@ impl Policy {
             self.last_age_scan = Some(now);
             self.measure_promote_age(device, now);
             if let Some(after) = cfg.recompress_after {
-                if !device.recomp_algorithms().is_empty() {
-                    let req = RecompressRequest {
-                        max_pages: Some(TICK_RECOMPRESS),
-                        ..RecompressRequest::default()
-                    };
-                    let s = device.recompress_older(ctx, &req, after, &mut self.candidates)?;
-                    tier.counters
-                        .recompressed_pages
-                        .fetch_add(s.recompressed, Ordering::Relaxed);
-                    tier.counters.recompress_saved.fetch_add(
-                        s.bytes_before.saturating_sub(s.bytes_after),
-                        Ordering::Relaxed,
-                    );
-                    tier.counters
-                        .pages_compacted
-                        .fetch_add(s.pages_compacted, Ordering::Relaxed);
-                    report.recompressed = s.recompressed;
-                }
+                self.recompress_idle(device, ctx, after, &mut report)?;
             }
         }
         let Some(_) = device.backing() else {
@@ -521,7 +543,7 @@ impl Policy {
                 continue;
             }
             let keep = |s: &SlotState| {
-                s.flags.contains(SlotFlags::STORED) && {
+                s.flags.contains(SlotFlags::STORED) && !s.is_grouped() && {
                     let age = now.saturating_sub(s.atime);
                     age >= min_age && age_bucket(age).min(BUCKETS - 1) >= min_bucket
                 }

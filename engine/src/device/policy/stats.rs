@@ -110,6 +110,17 @@ policy_counters! {
     promote_hits => "promote_hits",
     /// Promoted pages read again later than that, or written back again unread.
     promote_misses => "promote_misses",
+    /// Cold groups made on the device (by the policy or zram's `recompress`).
+    groups_made => "groups_made",
+    /// A gauge: pages held in cold groups now.
+    grouped_pages => "grouped_pages",
+    /// Pool bytes the policy's groups took less than their pages had alone, when made.
+    group_saved => "group_saved_bytes",
+    /// Reads that decompressed a group (a neighbour read next from the I/O thread's copy is
+    /// not one).
+    group_reads => "group_reads",
+    /// Groups split back into single pages once fewer than half their pages were left.
+    groups_split => "groups_split",
 }
 
 /// Adds what a batch (or a pass of batches) wrote back to a pair of counters: its pages and
@@ -147,7 +158,7 @@ mod tests {
         c.pages_compacted.store(3, Ordering::Relaxed);
         let text = c.snapshot(Some(42)).to_string();
         let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
-        assert_eq!(keys.len(), 30);
+        assert_eq!(keys.len(), 35);
         assert_eq!(keys.first(), Some(&"ticks"));
         assert_eq!(
             keys[21..],
@@ -160,6 +171,11 @@ mod tests {
                 "promoted_first_pages",
                 "promote_hits",
                 "promote_misses",
+                "groups_made",
+                "grouped_pages",
+                "group_saved_bytes",
+                "group_reads",
+                "groups_split",
                 "budget_left_bytes"
             ]
         );

@@ -26,7 +26,7 @@ fn settings_parse_print_and_refuse_nonsense() {
     let mut c = PolicyConfig::default();
     assert_eq!(
         c.to_string(),
-        "recompress_after=10m writeback_after=1h high_watermark=90 low_watermark=80 min_free=5 psi=20 pool_share=70 share_floor=50 budget=off evict=1 spill=1 reuse=1 promote=1"
+        "recompress_after=10m writeback_after=1h high_watermark=90 low_watermark=80 min_free=5 psi=20 pool_share=70 share_floor=50 budget=off evict=1 spill=1 reuse=1 promote=1 groups=16"
     );
     c.update("writeback_after=2d budget=1G/day psi=off recompress_after=90 pool_share=35")
         .unwrap();

@@ -265,16 +265,17 @@ impl Tiering {
     fn wb_eligible(s: &SlotState, req: WritebackRequest, index: u64) -> bool {
         match req {
             WritebackRequest::Pages { first, last } => {
-                (first..=last).contains(&index) && s.flags.contains(SlotFlags::STORED)
+                (first..=last).contains(&index) && Self::wb_eligible_flags(s, req)
             }
             _ => Self::wb_eligible_flags(s, req),
         }
     }
 
-    /// The flag part of [`Tiering::wb_eligible`] (a page range is checked by the caller).
+    /// The flag part of [`Tiering::wb_eligible`] (a page range is checked by the caller). A
+    /// grouped page is not written back (see `write_batch`).
     fn wb_eligible_flags(s: &SlotState, req: WritebackRequest) -> bool {
         let f = s.flags;
-        if !f.contains(SlotFlags::STORED) {
+        if !f.contains(SlotFlags::STORED) || s.is_grouped() {
             return false;
         }
         match req {
