@@ -11,12 +11,13 @@
 # checked for a marker placed in this script's own environment. Writes:
 #   OUTDIR/{python,node,java,rustc}.pages  full dumps
 #   OUTDIR/all.pages                       BIG_MIB of the four, an even seeded sample, interleaved
-#   OUTDIR/sample.pages.zst                SAMPLE_PAGES pages of the same mix, zstd -19; copy it to
-#                                          testdata/ to refresh the checked-in sample
+#   OUTDIR/sample.pages.zst                SAMPLE_PAGES pages of the same mix in runs of SAMPLE_RUN
+#                                          neighbours, zstd -19; copy it to testdata/ to refresh
+#                                          the checked-in sample
 #
 # Environment knobs: UZRAM_BIN (default: build target/debug/uzram), WORKLOAD_MIB (200),
 # RUSTC_CRATE (clap_builder), RUSTC_STOP_MIB (200), MAX_DUMP_MIB (1024), BIG_MIB (96),
-# SAMPLE_PAGES (1280), SEED (1).
+# SAMPLE_PAGES (1280), SAMPLE_RUN (32), SEED (1).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +29,7 @@ RUSTC_STOP_MIB=${RUSTC_STOP_MIB:-200}
 MAX_DUMP_MIB=${MAX_DUMP_MIB:-1024}
 BIG_MIB=${BIG_MIB:-96}
 SAMPLE_PAGES=${SAMPLE_PAGES:-1280}
+SAMPLE_RUN=${SAMPLE_RUN:-32}
 SEED=${SEED:-1}
 READY_TIMEOUT=${READY_TIMEOUT:-300}
 
@@ -186,7 +188,7 @@ echo "no dump contains the parent's environment marker"
 "$PYTHON" "$WORKLOADS/sample_pages.py" --seed "$SEED" --pages $((BIG_MIB * 256)) \
     "$OUT/all.pages" "${DUMPS[@]}"
 "$PYTHON" "$WORKLOADS/sample_pages.py" --seed "$((SEED + 1))" --pages "$SAMPLE_PAGES" \
-    "$WORK/sample.pages" "${DUMPS[@]}"
+    --run "$SAMPLE_RUN" "$WORK/sample.pages" "${DUMPS[@]}"
 zstd -q -f -19 "$WORK/sample.pages" -o "$OUT/sample.pages.zst"
 echo "$OUT/sample.pages.zst: $(stat -c %s "$OUT/sample.pages.zst") bytes" \
     "(to refresh the checked-in sample: cp $OUT/sample.pages.zst $REPO/testdata/)"

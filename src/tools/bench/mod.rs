@@ -119,16 +119,25 @@ pub struct RecompressFigures {
     pub stats: uzram_engine::RecompressStats,
     /// Wall time of the pass (recompression and compaction).
     pub seconds: f64,
-    /// What cold groups of up to 16 idle neighbours, compressed with the first secondary
-    /// algorithm, would store after the pass (the device's own estimate; nothing is grouped).
-    pub groups: uzram_engine::GroupEstimate,
+    /// Cold groups made after the pass (the policy's `groups`, on by default; not on a device
+    /// with a backing store): the same pages, idle again, recompressed again with groups on.
+    pub groups: Option<GroupFigures>,
 }
 
-impl RecompressFigures {
-    /// `compr_data_size` after the pass had the estimate's groups been made.
-    pub fn compr_with_groups(&self) -> u64 {
-        self.compr_after.saturating_sub(self.groups.compr_alone) + self.groups.compr_grouped
-    }
+/// What grouping the recompressed pages did: zram's `idle all` and `recompress type=idle`
+/// again, with the device's `groups` setting.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupFigures {
+    /// The most pages a group (the `groups` setting).
+    pub max_pages: u8,
+    /// What the pass did (`groups`, `grouped_pages`).
+    pub stats: uzram_engine::RecompressStats,
+    /// `compr_data_size` after it.
+    pub compr_after: u64,
+    /// `mem_used_total` after it and its compaction.
+    pub mem_used_total_after: u64,
+    /// Wall time of the pass.
+    pub seconds: f64,
 }
 
 /// Why a bench could not run.
@@ -448,12 +457,32 @@ fn slow_path(
             kind: Some(uzram_engine::RecompressType::Idle),
             ..Default::default()
         };
+        // Page by page first (the figure without groups), then groups as the device's setting
+        // makes them.
+        let groups_setting = device.policy().groups;
+        device.set_policy("groups=off")?;
         let t0 = Instant::now();
         let stats = device.recompress(&mut ctx, &request)?;
         let seconds = t0.elapsed().as_secs_f64();
         let after = device.stats().mm;
-        let first = device.recomp_algorithms().first().map_or(0, |&(p, _)| p);
-        let groups = device.estimate_groups(&mut ctx, first, uzram_codecs::MAX_GROUP_PAGES)?;
+        let groups = match groups_setting {
+            Some(n) if device.backing().is_none() => {
+                device.set_policy(&format!("groups={n}"))?;
+                device.mark_idle(None);
+                let t0 = Instant::now();
+                let stats = device.recompress(&mut ctx, &request)?;
+                let seconds = t0.elapsed().as_secs_f64();
+                let mm = device.stats().mm;
+                Some(GroupFigures {
+                    max_pages: n,
+                    stats,
+                    compr_after: mm.compr_data_size,
+                    mem_used_total_after: mm.mem_used_total,
+                    seconds,
+                })
+            }
+            _ => None,
+        };
         Some(RecompressFigures {
             mem_used_total_primary: before.mem_used_total,
             compr_primary: before.compr_data_size,

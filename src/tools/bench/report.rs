@@ -2,7 +2,6 @@
 
 use std::fmt::Write;
 
-use uzram_codecs::MAX_GROUP_PAGES;
 use uzram_engine::{format_size, MIN_GROUP_PAGES, PAGE_SIZE};
 
 use super::BenchReport;
@@ -80,16 +79,23 @@ impl BenchReport {
                 "recompress_pages_compacted": r.stats.pages_compacted,
                 "incompressible_pages": r.stats.incompressible,
                 "recompress_pages_per_s": (r.stats.candidates as f64 / r.seconds.max(1e-9)).round(),
-                "group_estimate_groups": r.groups.groups,
-                "group_estimate_pages": r.groups.pages,
-                "group_estimate_pool_alone": r.groups.pool_alone,
-                "group_estimate_pool_grouped": r.groups.pool_grouped,
-                "group_estimate_compr_alone": r.groups.compr_alone,
-                "group_estimate_compr_grouped": r.groups.compr_grouped,
-                "compr_data_size_after_recompress_with_groups": r.compr_with_groups(),
             });
             if let (Some(obj), serde_json::Value::Object(add)) = (json.as_object_mut(), extra) {
                 obj.extend(add);
+            }
+            if let (Some(obj), Some(g)) = (json.as_object_mut(), &r.groups) {
+                let add = serde_json::json!({
+                    "groups": g.stats.groups,
+                    "grouped_pages": g.stats.grouped_pages,
+                    "compr_data_size_after_groups": g.compr_after,
+                    "mem_used_total_after_groups": g.mem_used_total_after,
+                    "groups_compr_ratio": g.compr_after as f64 / r.compr_after.max(1) as f64,
+                    "groups_memory_ratio": g.mem_used_total_after as f64 / r.mem_used_total_after.max(1) as f64,
+                    "group_pages_per_s": (g.stats.grouped_pages as f64 / g.seconds.max(1e-9)).round(),
+                });
+                if let serde_json::Value::Object(add) = add {
+                    obj.extend(add);
+                }
             }
         }
         json
@@ -196,29 +202,31 @@ impl BenchReport {
                 r.stats.incompressible,
                 r.stats.candidates as f64 / r.seconds.max(1e-9)
             );
-            let g = &r.groups;
-            let with_groups = r.compr_with_groups();
-            let _ = if g.groups == 0 {
-                writeln!(
-                    s,
-                    "cold groups (an estimate; uzram does not group yet): no run of {MIN_GROUP_PAGES} or more idle neighbours would store less grouped"
-                )
-            } else {
-                writeln!(
-                    s,
-                    "cold groups (an estimate; uzram does not group yet): {} of the idle pages in {} groups of {MIN_GROUP_PAGES} to {MAX_GROUP_PAGES} neighbours would take {} of pool instead of {} ({:.3}x), compr {} instead of {}; compr after recompression {} -> {} with groups ({:.3}x)",
-                    g.pages,
-                    g.groups,
-                    format_size(g.pool_grouped),
-                    format_size(g.pool_alone),
-                    g.pool_grouped as f64 / g.pool_alone.max(1) as f64,
-                    format_size(g.compr_grouped),
-                    format_size(g.compr_alone),
-                    format_size(r.compr_after),
-                    format_size(with_groups),
-                    with_groups as f64 / r.compr_after.max(1) as f64
-                )
-            };
+            match &r.groups {
+                Some(g) if g.stats.groups > 0 => {
+                    let _ = writeln!(
+                        s,
+                        "cold groups: {} of the idle pages in {} groups of {MIN_GROUP_PAGES} to {} neighbours; mem_used_total {} -> {} ({:.3}x), compr {} -> {} ({:.3}x of page by page); {:.0} pages/s",
+                        g.stats.grouped_pages,
+                        g.stats.groups,
+                        g.max_pages,
+                        format_size(r.mem_used_total_after),
+                        format_size(g.mem_used_total_after),
+                        g.mem_used_total_after as f64 / r.mem_used_total_after.max(1) as f64,
+                        format_size(r.compr_after),
+                        format_size(g.compr_after),
+                        g.compr_after as f64 / r.compr_after.max(1) as f64,
+                        g.stats.grouped_pages as f64 / g.seconds.max(1e-9)
+                    );
+                }
+                Some(_) => {
+                    let _ = writeln!(
+                        s,
+                        "cold groups: no run of {MIN_GROUP_PAGES} or more idle neighbours stores less grouped"
+                    );
+                }
+                None => {}
+            }
         }
         if let Some(w) = &self.writeback {
             let _ = writeln!(
