@@ -52,6 +52,8 @@ fn op() -> impl Strategy<Value = DeviceOp> {
         1 => (wild, prop_oneof![any::<u64>(), 0u64..300_000], any::<u16>())
             .prop_map(|(op, offset, len_bytes)| DeviceOp::Wild { op, offset, len_bytes }),
         1 => Just(DeviceOp::Restart),
+        1 => (any::<u8>(), proptest::bool::weighted(0.3))
+            .prop_map(|(max, split)| DeviceOp::Group { max, split }),
     ]
 }
 
@@ -151,6 +153,8 @@ fn fuzz_corpus_replays() {
         ("pages freed by their marks", t.notice_freed_pages),
         ("restarts", t.restarts),
         ("promoted pages", t.promoted_pages),
+        ("grouped pages", t.grouped_pages),
+        ("pages split out of groups", t.split_pages),
     ] {
         assert!(n > 0, "the corpus has no {what}: {t:?}");
     }

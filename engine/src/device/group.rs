@@ -295,7 +295,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use check::{Entries, Members};
+pub(crate) use check::{Adopted, Members};
 pub use estimate::{GroupEstimate, MIN_GROUP_PAGES};
 pub use make::GroupPass;
 pub(crate) use read::ReadCache;

@@ -220,7 +220,8 @@ impl Device {
         // Largest objects first: they gain the most, and max_pages keeps the best of them.
         candidates.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         if let Some(max) = req.max_pages {
-            candidates.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+            let left = max.saturating_sub(grouped.pages + grouped.changed);
+            candidates.truncate(usize::try_from(left).unwrap_or(usize::MAX));
         }
         let mut stats = RecompressStats {
             candidates: candidates.len() as u64,
@@ -250,7 +251,8 @@ impl Device {
     /// them in runs of neighbours are compressed as groups with the codec at `prio`, where the
     /// policy's `groups` is on and the device has no backing store (eviction and writeback
     /// pass grouped pages by): those aged `min_age` for the policy, those marked idle for
-    /// zram's `recompress` with no type or `type=idle`. `max_pages` bounds them too.
+    /// zram's `recompress` with no type or `type=idle` (and no `threshold`, `algo` or
+    /// `priority`). `max_pages` bounds the pages grouped and recompressed together.
     fn group_cold(
         &self,
         ctx: &mut IoContext,
@@ -262,7 +264,12 @@ impl Device {
         let Some(pages) = self.policy().groups else {
             return Ok(GroupPass::default());
         };
-        if self.backing().is_some() || !matches!(req.kind, None | Some(RecompressType::Idle)) {
+        // A request that picks pages by size or names a codec asks for page-by-page work.
+        let picks = req.threshold.is_some() || req.algo.is_some() || req.priority.is_some();
+        if self.backing().is_some()
+            || picks
+            || !matches!(req.kind, None | Some(RecompressType::Idle))
+        {
             return Ok(GroupPass::default());
         }
         let take = |s: &SlotState| match min_age {
@@ -527,13 +534,36 @@ mod tests {
             d.read(&mut ctx, i as u64 * 4096, &mut back).unwrap();
             assert_eq!(&back, p, "page {i}");
         }
+        // max_pages bounds the pages grouped and recompressed together; threshold= asks for
+        // page-by-page work.
+        for i in 0..100u64 {
+            d.write(&mut ctx, i * 4096, &pages[i as usize]).unwrap();
+        }
+        d.mark_idle(None);
+        let s = d
+            .recompress(&mut ctx, &"type=idle max_pages=10".parse().unwrap())
+            .unwrap();
+        assert_eq!((s.grouped_pages, s.candidates), (10, 0), "{s:?}");
+        let s = d
+            .recompress(&mut ctx, &"type=idle max_pages=21".parse().unwrap())
+            .unwrap();
+        assert_eq!((s.grouped_pages, s.candidates), (21, 0), "{s:?}");
+        let s = d
+            .recompress(&mut ctx, &"type=idle threshold=100".parse().unwrap())
+            .unwrap();
+        assert_eq!(s.grouped_pages, 0, "{s:?}");
+        assert!(s.recompressed > 0, "{s:?}");
         // type=huge makes no groups; nor does a device with groups off.
         d.set_policy("groups=off").unwrap();
         d.mark_idle(None);
         let s = d
             .recompress(&mut ctx, &"type=idle".parse().unwrap())
             .unwrap();
-        assert_eq!((s.groups, s.candidates), (0, 3), "{s:?}");
+        assert_eq!(s.groups, 0, "{s:?}");
+        for (i, p) in pages.iter().enumerate() {
+            d.read(&mut ctx, i as u64 * 4096, &mut back).unwrap();
+            assert_eq!(&back, p, "page {i}");
+        }
         d.check_invariants().unwrap();
     }
 }

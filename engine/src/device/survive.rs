@@ -339,7 +339,7 @@ impl Device {
         slots: &SlotTable,
         pool: &Pool,
         backing: Option<&BackingStore>,
-    ) -> Result<(Vec<u64>, group::Entries), String> {
+    ) -> Result<(Vec<u64>, group::Adopted), String> {
         let mut named: Vec<u64> = Vec::new();
         let mut members = group::Members::default();
         for (i, slot) in slots.iter() {
@@ -373,8 +373,8 @@ impl Device {
                 named.push(s.word);
             }
         }
-        let (chunks, groups) = members.adopt(pool)?;
-        named.extend(chunks);
+        let groups = members.adopt(pool, slots.len())?;
+        named.extend(&groups.objects);
         named.sort_unstable();
         if named.windows(2).any(|w| w[0] == w[1]) {
             return Err("two pages or groups name one object".into());

@@ -232,8 +232,12 @@ uzram_setup() { # ALGO SIZE: a fresh device; sets UZRAM_DEV
     _sf=probe
     [ "${UZRAM_VM_SLOT_FREE:-probe}" = discard ] && _sf=discard
     if [ -z "$UZRAM_VM_RESERVE" ]; then
+        # UZRAM_SETUP_EXTRA: more options for this device, word-split (--recomp-algorithm zstd);
+        # UZRAM_VM_DEVICE_OPTS (tests/vm/run's knob, "+" for blanks): for every device
+        _extra=${UZRAM_SETUP_EXTRA:-$(echo "${UZRAM_VM_DEVICE_OPTS:-}" | tr + ' ')}
+        # shellcheck disable=SC2086
         UZRAM_DEV=$(UZRAM_TEST_BREAK_READS=$_break UZRAM_PROGRESS_SECS=5 UZRAM_STALL_SYSRQ=1 "$UZRAM_BIN" --find --size "$2" --algorithm "$1" \
-            --slot-free $_sf --log "$UZRAM_LOG" 2>/tmp/uzram-find.err)
+            --slot-free $_sf --log "$UZRAM_LOG" $_extra 2>/tmp/uzram-find.err)
         _rc=$?
     else
         # UZRAM_VM_RESERVE=SIZE: the daemon's --reserve, a `serve` option (not one of --find's);
@@ -283,6 +287,9 @@ uzram_reset() { # uzram --reset: the daemon deletes its device and exits
     [ -n "$UZRAM_DEV" ] || return 0
     # a check that failed half way may have left the device mounted or as swap
     type check_cleanup >/dev/null 2>&1 && check_cleanup
+    # with extra device options (cold groups made within seconds, say): what the groups did
+    [ -n "${UZRAM_VM_DEVICE_OPTS:-}" ] &&
+        note "uzram $UZRAM_DEV before its reset: $("$UZRAM_BIN" attr "$UZRAM_DEV" policy_stat 2>/dev/null | grep group | tr '\n' ' ')"
     "$UZRAM_BIN" --reset "$UZRAM_DEV" >/tmp/uzram-reset.err 2>&1 ||
         fail uzram-reset "uzram --reset $UZRAM_DEV failed: $(cat /tmp/uzram-reset.err)"
     [ -b "$UZRAM_DEV" ] && fail uzram-reset "$UZRAM_DEV still there after uzram --reset"

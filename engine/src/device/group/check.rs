@@ -7,8 +7,16 @@ use uzram_allocator::{Handle, Pool};
 
 use super::table::Entry;
 
-/// Groups as an adoption found them: each head and its table entry.
-pub(crate) type Entries = Vec<(Handle, Entry)>;
+/// The groups an adoption found.
+pub(crate) struct Adopted {
+    /// Every object they hold, heads and chunks.
+    pub(crate) objects: Vec<u64>,
+    /// Each head and its table entry.
+    pub(crate) entries: Vec<(Handle, Entry)>,
+    /// A stamp past every adopted group's, for the next group made: a stamp seen again could
+    /// match an I/O context's copy of an adopted group whose head handle is handed out again.
+    pub(crate) next_stamp: u32,
+}
 
 use crate::device::{Device, SlotFlags, SlotState};
 
@@ -50,23 +58,29 @@ impl Members {
     /// checked against the pool ([`super::verify`]), its members within its pages and at the
     /// pages that follow from one first page. Returns every object the groups hold (for the
     /// check that no object is named twice) and the table's entries.
-    pub(crate) fn adopt(&self, pool: &Pool) -> Result<(Vec<u64>, Entries), String> {
+    pub(crate) fn adopt(&self, pool: &Pool, device_pages: u64) -> Result<Adopted, String> {
         let mut objects = Vec::new();
         let mut entries = Vec::with_capacity(self.0.len());
+        let mut stamp = 0u32;
         for (&raw, (bits, at)) in &self.0 {
             let head = Handle::from_raw(raw).ok_or("a group at handle 0")?;
             let (header, chunks) =
                 super::verify(pool, head).map_err(|e| format!("group {raw:#x}: {e}"))?;
-            let first = at.first().map_or(0, |&(m, i)| i.wrapping_sub(u64::from(m)));
-            if let Some(&(m, i)) = at
-                .iter()
-                .find(|&&(m, i)| m >= header.pages || i != first.wrapping_add(u64::from(m)))
-            {
+            // Every member at the page its place gives, from one first page, all of the group's
+            // pages on the device.
+            let first = at.first().and_then(|&(m, i)| i.checked_sub(u64::from(m)));
+            let placed = |&&(m, i): &&(u8, u64)| {
+                m < header.pages && first.and_then(|f| f.checked_add(u64::from(m))) == Some(i)
+            };
+            let fits = first.is_some_and(|f| f + u64::from(header.pages) <= device_pages);
+            if let Some(&(m, i)) = at.iter().find(|t| !placed(t)).or((!fits).then_some(&at[0])) {
                 return Err(format!(
-                    "page {i} names member {m} of group {raw:#x}, which has {} pages from page {first}",
+                    "page {i} names member {m} of group {raw:#x}, whose {} pages do not fit there",
                     header.pages
                 ));
             }
+            let first = first.unwrap_or(0);
+            stamp = stamp.max(header.stamp);
             objects.push(raw);
             objects.extend(chunks.into_iter().flatten().map(Handle::to_raw));
             let entry = Entry {
@@ -77,7 +91,11 @@ impl Members {
             };
             entries.push((head, entry));
         }
-        Ok((objects, entries))
+        Ok(Adopted {
+            objects,
+            entries,
+            next_stamp: stamp.wrapping_add(1),
+        })
     }
 }
 

@@ -364,3 +364,40 @@ proptest! {
         check(&d, &mut ctx, &model, PAGES);
     }
 }
+
+#[test]
+fn adoption_checks_each_members_place_and_stamps_past_every_group() {
+    let d = device();
+    let mut ctx = d.context().unwrap();
+    fill(&d, &mut ctx, 40, 70);
+    d.mark_idle(None);
+    assert_eq!(d.make_groups(&mut ctx, 1, 16).unwrap().groups, 3);
+    let named = |skip: u64| {
+        let mut m = super::Members::default();
+        for i in skip..40 {
+            let s = d.slot_state(PageIndex(i)).unwrap();
+            if let Held::Member { head, member } = s.held() {
+                m.note(i, &s, head, member).unwrap();
+            }
+        }
+        m
+    };
+    let found = named(0).adopt(d.pool(), d.pages()).unwrap();
+    assert_eq!(found.entries.len(), 3);
+    let stamps: Vec<u32> = found
+        .entries
+        .iter()
+        .map(|&(h, _)| super::header(d.pool(), h).unwrap().stamp)
+        .collect();
+    assert!(stamps.iter().all(|&s| s < found.next_stamp), "{stamps:?}");
+    // A group whose pages would not fit the device, and a member at a page below its place.
+    assert!(named(0).adopt(d.pool(), 39).is_err());
+    let s = d.slot_state(PageIndex(5)).unwrap();
+    let Held::Member { head, member } = s.held() else {
+        panic!("page 5 is not grouped")
+    };
+    let mut bad = super::Members::default();
+    bad.note(u64::from(member) - 1, &s, head, member).unwrap();
+    let err = bad.adopt(d.pool(), d.pages()).map(|_| ()).unwrap_err();
+    assert!(err.contains("do not fit"), "{err}");
+}

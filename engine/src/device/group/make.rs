@@ -35,11 +35,10 @@ pub struct GroupPass {
 /// Whether a grouping pass may take this page: stored compressed on its own, not written
 /// back (which pages it does take, idle ones, is the caller's). A page the slot-free probe
 /// marked freed is left out too: its data is garbage waiting for the next reclaim.
+/// (INCOMPRESSIBLE says no codec shrinks the page alone; with its neighbours one may.)
 fn groupable(s: &SlotState) -> bool {
     s.flags.contains(SlotFlags::STORED)
-        && !s
-            .flags
-            .intersects(SlotFlags::HUGE | SlotFlags::WB | SlotFlags::INCOMPRESSIBLE)
+        && !s.flags.intersects(SlotFlags::HUGE | SlotFlags::WB)
         && matches!(s.held(), Held::Object(_))
 }
 
@@ -91,21 +90,23 @@ impl Device {
             taken: Vec::with_capacity(MAX_GROUP_PAGES),
             first: 0,
         };
-        let mut offered = 0u64;
+        let offered = std::cell::Cell::new(0u64);
         // Offers a run long enough; returns the pages offered so far.
         let mut close = |run: &mut Run| -> Result<u64, Error> {
             if run.taken.len() >= MIN_GROUP_PAGES {
-                offered += run.taken.len() as u64;
+                offered.set(offered.get() + run.taken.len() as u64);
                 on_run(run)?;
             }
             run.pages.clear();
             run.taken.clear();
-            Ok(offered)
+            Ok(offered.get())
         };
         let ok = |s: &SlotState| groupable(s) && take(s);
         for (i, slot) in self.slots.iter() {
-            if (run.next() != Some(i) || run.taken.len() == max_pages) && close(&mut run)? >= limit
-            {
+            // A run ends at a gap, at its most pages, or where it would pass the limit.
+            let room = limit.saturating_sub(offered.get());
+            let full = run.taken.len() == max_pages || run.taken.len() as u64 >= room;
+            if (run.next() != Some(i) || full) && close(&mut run)? >= limit {
                 return Ok(());
             }
             if !ok(&slot.peek()) || freed.is_some_and(|f| f.is_marked(PageIndex(i))) {
@@ -260,13 +261,18 @@ impl Device {
     /// Stores the pages of every group that has fewer than half its pages left singly again
     /// (compressed with the group's codec), which frees the group. Returns the groups split.
     pub fn split_sparse_groups(&self, ctx: &mut IoContext) -> Result<u64, Error> {
+        if self.groups.figures().live == 0 {
+            return Ok(0);
+        }
         self.fit_context(ctx)?;
         let mut split = 0;
         for head in self.groups.sparse() {
             let Some(head) = uzram_allocator::Handle::from_raw(head) else {
                 continue;
             };
-            if self.split_group(ctx, head)? {
+            // A group that cannot be read (damaged) stays as it is, and its readers get the
+            // error; the other groups are split all the same.
+            if self.split_group(ctx, head).unwrap_or(false) {
                 split += 1;
                 self.groups.split.fetch_add(1, Ordering::Relaxed);
             }

@@ -83,9 +83,10 @@ impl Groups {
     }
 
     /// Takes over the groups an adopted region's slots name ([`super::Members::adopt`]).
-    pub(crate) fn adopt(&self, entries: &[(Handle, Entry)]) {
+    pub(crate) fn adopt(&self, found: &super::Adopted) {
+        self.stamp.store(found.next_stamp, Ordering::Relaxed);
         let mut live = self.live.lock();
-        for &(head, e) in entries {
+        for &(head, e) in &found.entries {
             live.insert(head.to_raw(), e);
             self.bytes
                 .fetch_add(u64::from(e.frame_len), Ordering::Relaxed);

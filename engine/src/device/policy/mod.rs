@@ -327,8 +327,7 @@ impl Policy {
     }
 
     /// The age scan's recompression: pages idle `after` seconds, in cold groups of neighbours
-    /// first (where the `groups` setting is on), the rest one by one; then the groups that
-    /// have lost more than half their pages are split.
+    /// first (where the `groups` setting is on), the rest one by one.
     fn recompress_idle(
         &mut self,
         device: &Device,
@@ -355,11 +354,6 @@ impl Policy {
         add(&counters.pages_compacted, s.pages_compacted);
         report.recompressed = s.recompressed;
         report.grouped = s.grouped_pages;
-        // Groups whose pages were mostly rewritten hold dead bytes: what is left of them is
-        // stored singly.
-        if device.split_sparse_groups(ctx)? > 0 {
-            add(&counters.pages_compacted, device.compact());
-        }
         Ok(())
     }
 
@@ -386,6 +380,13 @@ impl Policy {
             self.measure_promote_age(device, now);
             if let Some(after) = cfg.recompress_after {
                 self.recompress_idle(device, ctx, after, &mut report)?;
+            }
+            // Groups whose pages were mostly rewritten hold dead bytes, however they were made
+            // (the policy, zram's `recompress`): what is left of them is stored singly.
+            if device.split_sparse_groups(ctx)? > 0 {
+                tier.counters
+                    .pages_compacted
+                    .fetch_add(device.compact(), Ordering::Relaxed);
             }
         }
         let Some(_) = device.backing() else {

@@ -108,6 +108,10 @@ impl Harness {
                     );
                     continue;
                 }
+                Stored::Grouped => {
+                    assert_eq!(now, old, "step {step}: page {index}: grouped page changed");
+                    continue;
+                }
                 Stored::Compressed(n) => n,
                 Stored::Huge => PAGE_SIZE,
             };
@@ -150,6 +154,66 @@ impl Harness {
         self.check_all();
     }
 
+    /// Groups (or splits groups), then checks every page against the model: a page is grouped
+    /// only if it was stored compressed on its own and marked idle, and then holds no bytes of
+    /// its own; a page split out of its group holds what the secondary codec makes of it alone
+    /// (raw if that is not below the huge threshold); every other page is as it was.
+    pub(super) fn group(&mut self, max: u8, split: bool) {
+        let step = self.step;
+        let before: HashMap<PageIndex, SlotState> = self
+            .pages
+            .keys()
+            .map(|&i| (i, self.device.slot_state(i).expect("in range")))
+            .collect();
+        let ctx = &mut self.ctxs[self.current];
+        let grouped = if split {
+            self.device.split_sparse_groups(ctx).expect("split");
+            0
+        } else {
+            let pass = self.device.make_groups(ctx, 1, usize::from(max % 17));
+            pass.expect("make_groups").pages
+        };
+        let threshold = self.device.huge_threshold();
+        let mut now_grouped = 0;
+        for (&index, page) in self.pages.iter_mut() {
+            let (old, now) = (
+                before[&index],
+                self.device.slot_state(index).expect("in range"),
+            );
+            if now == old {
+                continue;
+            }
+            if now.is_grouped() {
+                assert!(
+                    !split
+                        && matches!(page.stored, Stored::Compressed(_))
+                        && old.flags.contains(SlotFlags::IDLE),
+                    "step {step}: page {index} grouped: {old:?} -> {now:?}"
+                );
+                now_grouped += 1;
+                self.tally.grouped_pages += 1;
+                page.stored = Stored::Grouped;
+            } else {
+                assert!(
+                    split && page.stored == Stored::Grouped,
+                    "step {step}: page {index} changed: {old:?} -> {now:?}"
+                );
+                let n = self
+                    .sizer2
+                    .compress(&page.data, &mut self.scratch)
+                    .expect("a page compresses into MAX_COMPRESSED_LEN");
+                self.tally.split_pages += 1;
+                page.stored = if n < threshold {
+                    Stored::Compressed(n)
+                } else {
+                    Stored::Huge
+                };
+            }
+        }
+        assert_eq!(now_grouped, grouped, "step {step}: pages grouped");
+        self.check_all();
+    }
+
     /// Compares every figure of [`Device::stats`] with the model.
     pub(super) fn check_stats(&mut self) {
         let s = self.device.stats();
@@ -173,12 +237,14 @@ impl Harness {
                 }
                 // Off RAM: counted in bd_stat, not in mm_stat (zram's rule).
                 Stored::Backing(_) => written_back += 1,
+                // Its bytes are its group's, counted once for all its members (below).
+                Stored::Grouped => stored += 1,
             }
         }
         let mm = &s.mm;
         let want = (
             (self.pages.len() as u64 - written_back) * PAGE_SIZE as u64,
-            compr,
+            compr + s.groups.bytes,
             same,
             huge,
             self.huge_pages_since,
@@ -275,6 +341,7 @@ pub(super) fn check_slot(s: SlotState, want: Option<Stored>) -> Result<(), Strin
             s.flags.contains(SlotFlags::STORED | SlotFlags::HUGE)
                 && usize::from(s.size) == PAGE_SIZE
         }
+        Some(Stored::Grouped) => s.is_grouped() && s.size == 0,
         Some(Stored::Backing(n)) => {
             s.flags.contains(SlotFlags::WB)
                 && !s.flags.intersects(SlotFlags::STORED | SlotFlags::SAME)

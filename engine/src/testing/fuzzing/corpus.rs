@@ -16,7 +16,7 @@ fn variant(out: &mut Vec<u8>, index: usize, count: usize) {
 /// The bytes that [`device_ops`] decodes into `algorithm` and `ops`: how the seed corpus is
 /// written. Mirrors arbitrary 1.x's encoding; a unit test checks the round trip.
 pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
-    const OPS: usize = 15;
+    const OPS: usize = 16;
     let mut out = Vec::new();
     let alg = Algorithm::ALL
         .iter()
@@ -94,6 +94,10 @@ pub fn encode(algorithm: Algorithm, ops: &[DeviceOp]) -> Vec<u8> {
             }
             DeviceOp::ReclaimFreed => variant(&mut out, 13, OPS),
             DeviceOp::Restart => variant(&mut out, 14, OPS),
+            DeviceOp::Group { max, split } => {
+                variant(&mut out, 15, OPS);
+                out.extend([max, u8::from(split)]);
+            }
         }
     }
     out.push(0); // no more elements
@@ -279,6 +283,56 @@ fn restart() -> Vec<DeviceOp> {
         .collect()
 }
 
+/// Cold groups: runs of idle text and pointer pages grouped, read, partly rewritten, discarded
+/// and marked freed, written back around, split below half, carried over a restart.
+fn groups() -> Vec<DeviceOp> {
+    use DeviceOp::*;
+    use PageKind::*;
+    (0..40u16)
+        .map(|p| {
+            whole(
+                p,
+                1,
+                [Text, Text, Pointers, Sparse, Noise][p as usize % 5],
+                p as u8,
+            )
+        })
+        .chain([
+            MarkIdle { all: true },
+            Group {
+                max: 16,
+                split: false,
+            },
+            read(0, 255),
+            whole(1, 3, Mixed, 60),
+            part(9 * 8 + 3, 2, Sparse, 61),
+            discard(12 * 8, 24),
+            FreeSlots { page: 20, pages: 3 },
+            Writeback {
+                page: 16,
+                pages: 12,
+                fail: false,
+            },
+            Restart,
+            read(0, 255),
+            ReclaimFreed,
+            Group {
+                max: 0,
+                split: true,
+            },
+            MarkIdle { all: true },
+            Group {
+                max: 5,
+                split: false,
+            },
+            Recompress { huge_only: false },
+            Compact,
+            Restart,
+            read(0, 255),
+        ])
+        .collect()
+}
+
 /// Pages written back (once with failing writes), read, freed, written back again.
 fn writeback() -> Vec<DeviceOp> {
     use DeviceOp::*;
@@ -357,7 +411,10 @@ pub fn seeds() -> Vec<(&'static str, Algorithm, Vec<DeviceOp>)> {
     let (recompress, writeback) = (recompress(), writeback());
     let freed = freed_slots();
     let restart = restart();
+    let groups = groups();
     vec![
+        ("seed-lz4-groups", Algorithm::Lz4, groups.clone()),
+        ("seed-zstd-groups", Algorithm::Zstd, groups),
         // Pages rewritten with the very bytes they hold while the pool is at its limit (a
         // case the fuzzer once found); written by `encode`, so that a new operation does not
         // turn it into another input.

@@ -25,6 +25,8 @@ pub(super) enum Stored {
     Huge,
     /// On the backing file: this many stored bytes (compressed, or 4096 raw).
     Backing(usize),
+    /// In a cold group with its neighbours.
+    Grouped,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -377,7 +379,9 @@ impl Harness {
             Stored::Same(_) => return false,
             Stored::Compressed(n) => n,
             Stored::Huge => PAGE_SIZE,
-            Stored::Backing(_) => unreachable!("a page being written is never on the backing file"),
+            Stored::Backing(_) | Stored::Grouped => {
+                unreachable!("a page being written is never on the backing file or in a group")
+            }
         };
         let pool = self.device.pool();
         let class = pool
@@ -401,7 +405,7 @@ impl Harness {
                         self.tally.huge_pages += 1;
                     }
                     Stored::Same(_) => self.tally.same_pages += 1,
-                    Stored::Compressed(_) | Stored::Backing(_) => {}
+                    Stored::Compressed(_) | Stored::Backing(_) | Stored::Grouped => {}
                 }
                 self.pages.insert(index, p);
             }

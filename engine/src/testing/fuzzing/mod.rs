@@ -179,6 +179,15 @@ pub enum DeviceOp {
     /// adopts it from its region ([`Device::adopt`]), reopening the backing file with the same
     /// key; then a full check.
     Restart,
+    /// [`Device::make_groups`] with the secondary codec, groups of at most `max % 17` pages
+    /// (the engine takes 4 to 16): every idle compressed page in a run that stores less grouped
+    /// is grouped; with `split`, [`Device::split_sparse_groups`] instead.
+    Group {
+        /// The most pages a group.
+        max: u8,
+        /// Split the groups below half instead.
+        split: bool,
+    },
 }
 
 impl PageKind {
@@ -271,6 +280,10 @@ pub struct Tally {
     pub reused_pages: u64,
     /// Written-back pages a second read brought back into the pool.
     pub promoted_pages: u64,
+    /// Pages put in cold groups.
+    pub grouped_pages: u64,
+    /// Pages split out of their groups into pages of their own.
+    pub split_pages: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -289,6 +302,8 @@ impl std::ops::AddAssign for Tally {
         self.restarts += o.restarts;
         self.reused_pages += o.reused_pages;
         self.promoted_pages += o.promoted_pages;
+        self.grouped_pages += o.grouped_pages;
+        self.split_pages += o.split_pages;
     }
 }
 

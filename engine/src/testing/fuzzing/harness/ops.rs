@@ -182,7 +182,12 @@ impl Harness {
                 let stored = self
                     .pages
                     .values()
-                    .filter(|p| matches!(p.stored, Stored::Compressed(_) | Stored::Huge))
+                    .filter(|p| {
+                        matches!(
+                            p.stored,
+                            Stored::Compressed(_) | Stored::Huge | Stored::Grouped
+                        )
+                    })
                     .count() as u64;
                 assert_eq!(
                     marked,
@@ -192,6 +197,7 @@ impl Harness {
                 );
             }
             DeviceOp::Recompress { huge_only } => self.recompress(huge_only),
+            DeviceOp::Group { max, split } => self.group(max, split),
             DeviceOp::Writeback { page, pages, fail } => self.writeback(page, pages, fail),
             DeviceOp::FreeSlots { page, pages } => {
                 let first = u64::from(page) % DEVICE_PAGES;
