@@ -272,7 +272,7 @@ memory_recompressed() {
         fi
         stat=$(dev_mm_stat /dev/zram0 | tr -s ' ' | sed 's/^ //')
         slab=$(($(meminfo_kb SUnreclaim) - slab0)) vmalloc=$(($(meminfo_kb VmallocUsed) - vm0))
-        emit "{"kind":"allin","device":"zram","algorithm":"recompressed","setup":"$zalgo","cpus":$(nproc),"fill_mb":$mb,"disksize":$disk,"table":$table,"mm_stat":"$stat","slab_delta_kb":$slab,"vmalloc_delta_kb":$vmalloc}"
+        emit "{\"kind\":\"allin\",\"device\":\"zram\",\"algorithm\":\"recompressed\",\"setup\":\"$zalgo\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",\"slab_delta_kb\":$slab,\"vmalloc_delta_kb\":$vmalloc}"
     fi
     zram_reset
     if UZRAM_SETUP_EXTRA="--recomp-algorithm zstd" uzram_setup lz4 1G && fill "$UZRAM_DEV"; then
@@ -285,8 +285,8 @@ memory_recompressed() {
         settle_s=$(settle "$UZRAM_DEV")
         stat=$(dev_mm_stat "$UZRAM_DEV" | tr -s ' ' | sed 's/^ //')
         mem=$(uzram_mem "$UZRAM_DEV")
-        emit "{"kind":"smaps","algorithm":"recompressed","cpus":$(nproc),"fill_mb":$mb,"mappings":"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")"}"
-        emit "{"kind":"allin","device":"uzram","algorithm":"recompressed","setup":"lz4+zstd","cpus":$(nproc),"fill_mb":$mb,"disksize":$disk,"table":$table,"mm_stat":"$stat",$mem,"burst_rss_kb":$burst,"settle_s":$settle_s,"policy_stat":"$("$UZRAM_BIN" attr "$UZRAM_DEV" policy_stat | tr '\n' ' ')","uzram_stat":"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')"}"
+        emit "{\"kind\":\"smaps\",\"algorithm\":\"recompressed\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
+        emit "{\"kind\":\"allin\",\"device\":\"uzram\",\"algorithm\":\"recompressed\",\"setup\":\"lz4+zstd\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",$mem,\"burst_rss_kb\":$burst,\"settle_s\":$settle_s,\"policy_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" policy_stat | tr '\n' ' ')\",\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
     fi
     uzram_reset
 }
