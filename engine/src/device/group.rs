@@ -298,5 +298,6 @@ mod tests;
 pub(crate) use check::{Adopted, Members};
 pub use estimate::{GroupEstimate, MIN_GROUP_PAGES};
 pub use make::GroupPass;
+pub(crate) use make::Grouper;
 pub(crate) use read::ReadCache;
 pub(crate) use table::{Dropped, Groups};

@@ -83,6 +83,9 @@ pub struct Device {
     tier: tier::Tiering,
     /// The live cold groups (see `group.rs`).
     groups: group::Groups,
+    /// The grouping pass's codec state, kept from its first pass; its lock makes one pass at a
+    /// time (taken before any slot lock).
+    grouper: parking_lot::Mutex<Option<group::Grouper>>,
     counters: Counters,
     next_shard: AtomicUsize,
 }
@@ -259,6 +262,7 @@ impl Device {
             clock_skew: std::sync::atomic::AtomicU32::new(0),
             tier: tier::Tiering::new(config.policy, backing),
             groups: group::Groups::default(),
+            grouper: parking_lot::Mutex::new(None),
             next_shard: AtomicUsize::new(0),
             counters: Counters::new(
                 (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4)

@@ -42,6 +42,14 @@ fn groupable(s: &SlotState) -> bool {
         && matches!(s.held(), Held::Object(_))
 }
 
+/// What the grouping pass keeps between passes (`Device::grouper`).
+pub(crate) struct Grouper {
+    /// The codec priority `stream` compresses with.
+    prio: u8,
+    stream: GroupStream,
+    frame: Vec<u8>,
+}
+
 /// A run being gathered: its pages back to back, each one's state and generation as read,
 /// and its first index.
 pub(super) struct Run {
@@ -176,12 +184,30 @@ impl Device {
         limit: u64,
         take: &dyn Fn(&SlotState) -> bool,
     ) -> Result<GroupPass, Error> {
-        let mut groups = self.group_stream(prio, "grouping")?;
-        let mut frame = vec![0u8; GROUP_COMPRESS_BOUND];
+        // One pass at a time, with the device's grouping state, made at the first pass and
+        // kept: a zstd context for 64 KiB runs is 650 KiB, which a pass every few seconds
+        // would otherwise allocate and free each time.
+        let mut kept = self.grouper.lock();
+        if kept.as_ref().map(|g| g.prio) != Some(prio) {
+            *kept = None;
+            *kept = Some(Grouper {
+                prio,
+                stream: self.group_stream(prio, "grouping")?,
+                frame: vec![0u8; GROUP_COMPRESS_BOUND],
+            });
+        }
+        let Some(Grouper {
+            stream: groups,
+            frame,
+            ..
+        }) = kept.as_mut()
+        else {
+            return Ok(GroupPass::default());
+        };
         let mut pass = GroupPass::default();
         let class = |size: u16| self.pool.class_size(usize::from(size)).unwrap_or(PAGE_SIZE);
         self.for_each_run(ctx, max_pages, limit, take, &mut |run| {
-            let n = self.compress_run(&mut groups, run, &mut frame)?;
+            let n = self.compress_run(groups, run, frame)?;
             let (alone, grouped) = self.pool_cost(run, n);
             if grouped >= alone {
                 pass.runs_left_single += 1;

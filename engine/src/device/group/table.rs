@@ -3,7 +3,7 @@
 //! and when fewer than half are left (it is worth splitting). In memory only: it can be rebuilt
 //! from the slots, which name their group and their place in it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -45,8 +45,10 @@ pub(crate) enum Dropped {
 /// The live groups and their counters (see `policy_stat`).
 #[derive(Debug, Default)]
 pub(crate) struct Groups {
-    /// By the head chunk's raw handle. Taken after a slot's lock, never before one.
-    live: Mutex<HashMap<u64, Entry>>,
+    /// By the head chunk's raw handle. Taken after a slot's lock, never before one. A B-tree:
+    /// it grows a node at a time, where a hash table would rehash (and hold the lock while it
+    /// did) and leave its old tables free in a heap that is not trimmed.
+    live: Mutex<BTreeMap<u64, Entry>>,
     /// Compressed bytes the live groups hold: `compr_data_size` adds it.
     pub(crate) bytes: AtomicU64,
     /// Members' pages held in groups.
@@ -157,10 +159,8 @@ impl Groups {
             .collect()
     }
 
-    /// Every live group (for checks).
+    /// Every live group, by head (for checks).
     pub(crate) fn snapshot(&self) -> Vec<(u64, Entry)> {
-        let mut all: Vec<_> = self.live.lock().iter().map(|(&h, &e)| (h, e)).collect();
-        all.sort_unstable_by_key(|&(h, _)| h);
-        all
+        self.live.lock().iter().map(|(&h, &e)| (h, e)).collect()
     }
 }
