@@ -548,6 +548,11 @@ mod tests {
             .recompress(&mut ctx, &"type=idle max_pages=21".parse().unwrap())
             .unwrap();
         assert_eq!((s.grouped_pages, s.candidates), (21, 0), "{s:?}");
+        // Room for fewer than the least group: no group, the rest page by page.
+        let s = d
+            .recompress(&mut ctx, &"type=idle max_pages=3".parse().unwrap())
+            .unwrap();
+        assert_eq!((s.grouped_pages, s.candidates), (0, 3), "{s:?}");
         let s = d
             .recompress(&mut ctx, &"type=idle threshold=100".parse().unwrap())
             .unwrap();

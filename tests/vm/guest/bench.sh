@@ -252,23 +252,26 @@ memory_suite() {
 # memory_recompressed MB: the same pages idle and recompressed through zram's own attributes
 # (`idle all`, `recompress type=idle`). Kernel zram at its best on this kernel: lz4 with zstd
 # as its recompression algorithm where it has CONFIG_ZRAM_MULTI_COMP, zstd alone where it has
-# not (Debian's 6.12 refuses recomp_algorithm). uzram as a user would set it up: lz4 with
+# not (Debian's 6.12 is built without it: no recomp_algorithm). uzram as a user would set it up: lz4 with
 # --recomp-algorithm zstd, every other setting its default (the policy's groups among them).
 memory_recompressed() {
-    local mb=$1 disk=1073741824 table stat slab vmalloc zalgo mem burst settle_s t0 rs
+    local mb=$1 disk=1073741824 table stat slab vmalloc zalgo usetup mem burst settle_s t0 rs slab0 vm0
     table=$((disk / 4096 * 16))
     zram_reset
     slab0=$(meminfo_kb SUnreclaim) vm0=$(meminfo_kb VmallocUsed)
     zalgo=
-    if zram_setup lz4 1G && echo "algo=zstd" >$ZRAM/recomp_algorithm 2>/dev/null; then
+    # recomp_algorithm (CONFIG_ZRAM_MULTI_COMP only) is set before disksize, as comp_algorithm is
+    if [ "$ZRAM_OURS" = 1 ] && [ -e $ZRAM/recomp_algorithm ] && echo lz4 >$ZRAM/comp_algorithm &&
+        echo "algo=zstd" 2>/dev/null >$ZRAM/recomp_algorithm && echo 1G >$ZRAM/disksize; then
         zalgo=lz4+zstd
-    elif zram_reset && zram_has_algo zstd && zram_setup zstd 1G; then
+        note "zram0: lz4, recomp_algorithm zstd, disksize 1G"
+    elif zram_reset; zram_has_algo zstd && zram_setup zstd 1G; then
         zalgo=zstd
     fi
     if [ -n "$zalgo" ] && fill /dev/zram0; then
-        if [ "$zalgo" = lz4+zstd ]; then
-            echo all >$ZRAM/idle && echo type=idle >$ZRAM/recompress ||
-                note "memory: zram's recompress failed"
+        if [ "$zalgo" = lz4+zstd ] && ! { echo all >$ZRAM/idle && echo type=idle >$ZRAM/recompress; }; then
+            note "memory: zram's recompress failed"
+            zalgo=lz4-not-recompressed
         fi
         stat=$(dev_mm_stat /dev/zram0 | tr -s ' ' | sed 's/^ //')
         slab=$(($(meminfo_kb SUnreclaim) - slab0)) vmalloc=$(($(meminfo_kb VmallocUsed) - vm0))
@@ -277,16 +280,19 @@ memory_recompressed() {
     zram_reset
     if UZRAM_SETUP_EXTRA="--recomp-algorithm zstd" uzram_setup lz4 1G && fill "$UZRAM_DEV"; then
         t0=$(uptime_s)
-        "$UZRAM_BIN" attr "$UZRAM_DEV" idle all >/dev/null &&
-            rs=$("$UZRAM_BIN" attr "$UZRAM_DEV" recompress type=idle 2>&1) ||
+        usetup=lz4+zstd
+        if ! { "$UZRAM_BIN" attr "$UZRAM_DEV" idle all >/dev/null &&
+            rs=$("$UZRAM_BIN" attr "$UZRAM_DEV" recompress type=idle 2>&1); }; then
             note "memory: uzram's recompress failed: $rs"
+            usetup=lz4-not-recompressed
+        fi
         note "memory: uzram recompressed $mb MiB in $(elapsed "$t0") s"
         burst=$(uzram_mem "$UZRAM_DEV" | sed 's/.*"all_kb":\([0-9]*\).*/\1/')
         settle_s=$(settle "$UZRAM_DEV")
         stat=$(dev_mm_stat "$UZRAM_DEV" | tr -s ' ' | sed 's/^ //')
         mem=$(uzram_mem "$UZRAM_DEV")
         emit "{\"kind\":\"smaps\",\"algorithm\":\"recompressed\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
-        emit "{\"kind\":\"allin\",\"device\":\"uzram\",\"algorithm\":\"recompressed\",\"setup\":\"lz4+zstd\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",$mem,\"burst_rss_kb\":$burst,\"settle_s\":$settle_s,\"policy_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" policy_stat | tr '\n' ' ')\",\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
+        emit "{\"kind\":\"allin\",\"device\":\"uzram\",\"algorithm\":\"recompressed\",\"setup\":\"$usetup\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",$mem,\"burst_rss_kb\":$burst,\"settle_s\":$settle_s,\"policy_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" policy_stat | tr '\n' ' ')\",\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
     fi
     uzram_reset
 }

@@ -114,7 +114,9 @@ impl Device {
             // A run ends at a gap, at its most pages, or where it would pass the limit.
             let room = limit.saturating_sub(offered.get());
             let full = run.taken.len() == max_pages || run.taken.len() as u64 >= room;
-            if (run.next() != Some(i) || full) && close(&mut run)? >= limit {
+            // Done once the room left cannot hold the least group.
+            if (run.next() != Some(i) || full) && close(&mut run)? + MIN_GROUP_PAGES as u64 > limit
+            {
                 return Ok(());
             }
             if !ok(&slot.peek()) || freed.is_some_and(|f| f.is_marked(PageIndex(i))) {

@@ -206,6 +206,9 @@ impl Harness {
                 page.stored = if n < threshold {
                     Stored::Compressed(n)
                 } else {
+                    // Stored raw: one more huge page since the device was made.
+                    self.huge_pages_since += 1;
+                    self.tally.huge_pages += 1;
                     Stored::Huge
                 };
             }
