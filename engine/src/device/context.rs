@@ -55,11 +55,7 @@ pub(super) struct Scratch<'a> {
 
 impl IoContext {
     pub(super) fn scratch(&mut self) -> Scratch<'_> {
-        Scratch {
-            streams: &mut self.streams,
-            buf: &mut self.buf,
-            group: &mut self.group,
-        }
+        self.scratch_and_page().0
     }
 
     /// [`IoContext::scratch`] and the context's page buffer.

@@ -441,26 +441,17 @@ impl Device {
     /// Fills `out` with page `index`, whose slot `g` holds locked, and marks it accessed.
     fn load(
         &self,
-        scratch: Scratch<'_>,
+        mut scratch: Scratch<'_>,
         index: PageIndex,
         g: &mut slot::SlotGuard<'_>,
         out: &mut [u8; PAGE_SIZE],
     ) -> Result<(), IoError> {
         let mut s = g.get();
-        let buf = &mut *scratch.buf;
-        self.decode(
-            Scratch {
-                streams: &mut *scratch.streams,
-                buf: &mut *buf,
-                group: &mut *scratch.group,
-            },
-            index,
-            &s,
-            out,
-        )?;
+        self.decode(&mut scratch, index, &s, out)?;
         let now = self.now();
         if s.flags.contains(SlotFlags::WB) {
-            self.tier.after_read_back(self, buf, index, g, s, now);
+            self.tier
+                .after_read_back(self, scratch.buf, index, g, s, now);
             return Ok(());
         }
         // A promoted page is judged by its next read in a later second: the other parts of a
@@ -482,7 +473,7 @@ impl Device {
     /// Fills `out` with the page slot state `s` (locked by the caller) names.
     fn decode(
         &self,
-        scratch: Scratch<'_>,
+        scratch: &mut Scratch<'_>,
         index: PageIndex,
         s: &SlotState,
         out: &mut [u8; PAGE_SIZE],
@@ -496,7 +487,10 @@ impl Device {
             Held::Object(handle) => {
                 // Copy the object out and decompress outside the pool's class lock, so threads
                 // reading pages of the same size class do not wait on each other's codec.
-                let n = self.pool.read_into(handle, scratch.buf).map_err(lost)?;
+                let n = self
+                    .pool
+                    .read_into(handle, &mut *scratch.buf)
+                    .map_err(lost)?;
                 decompress_with(scratch.streams, index, s.prio, &scratch.buf[..n], out)?;
             }
             Held::Member { head, member } => {

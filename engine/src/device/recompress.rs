@@ -328,8 +328,8 @@ impl Device {
         if !self.eligible(&s, req, prios, min_age, self.now()) {
             return Outcome::Skipped;
         }
-        let (scratch, page) = ctx.scratch_and_page();
-        if self.decode(scratch, index, &s, page).is_err() {
+        let (mut scratch, page) = ctx.scratch_and_page();
+        if self.decode(&mut scratch, index, &s, page).is_err() {
             return Outcome::Skipped;
         }
         let before = usize::from(s.size);

@@ -104,8 +104,8 @@ impl Device {
                 // time nor a promotion of a written-back page would last.
                 let mut g = slot.lock();
                 let old = g.get();
-                let (scratch, page) = ctx.scratch_and_page();
-                self.decode(scratch, index, &old, page)?;
+                let (mut scratch, page) = ctx.scratch_and_page();
+                self.decode(&mut scratch, index, &old, page)?;
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
                 let new = self.encode(
                     &mut ctx.streams,

@@ -121,13 +121,13 @@ pub struct RecompressFigures {
     pub seconds: f64,
     /// Cold groups made after the pass (the policy's `groups`, on by default; not on a device
     /// with a backing store): the same pages, idle again, recompressed again with groups on.
-    pub groups: Option<GroupFigures>,
+    pub groups: Option<GroupingFigures>,
 }
 
 /// What grouping the recompressed pages did: zram's `idle all` and `recompress type=idle`
 /// again, with the device's `groups` setting.
 #[derive(Debug, Clone, Copy)]
-pub struct GroupFigures {
+pub struct GroupingFigures {
     /// The most pages a group (the `groups` setting).
     pub max_pages: u8,
     /// What the pass did (`groups`, `grouped_pages`).
@@ -473,7 +473,7 @@ fn slow_path(
                 let stats = device.recompress(&mut ctx, &request)?;
                 let seconds = t0.elapsed().as_secs_f64();
                 let mm = device.stats().mm;
-                Some(GroupFigures {
+                Some(GroupingFigures {
                     max_pages: n,
                     stats,
                     compr_after: mm.compr_data_size,

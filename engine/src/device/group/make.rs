@@ -124,8 +124,8 @@ impl Device {
             }
             let g = slot.lock();
             let s = g.get();
-            let (scratch, page) = ctx.scratch_and_page();
-            if !ok(&s) || self.decode(scratch, PageIndex(i), &s, page).is_err() {
+            let (mut scratch, page) = ctx.scratch_and_page();
+            if !ok(&s) || self.decode(&mut scratch, PageIndex(i), &s, page).is_err() {
                 continue;
             }
             let gen = g.generation();
@@ -225,13 +225,12 @@ impl Device {
             let committed = self.commit_run(run, head, prio);
             pass.pages += committed.len() as u64;
             pass.changed += (pages - committed.len()) as u64;
+            // (If every page changed, the group was freed with its last member.)
             if !committed.is_empty() {
+                self.groups.made.fetch_add(1, Ordering::Relaxed);
                 pass.groups += 1;
                 pass.pool_before += committed.iter().map(|&s| class(s)).sum::<usize>() as u64;
                 pass.pool_after += grouped as u64;
-            } else {
-                // Every page changed: the group was freed with its last member.
-                self.groups.made.fetch_sub(1, Ordering::Relaxed);
             }
             Ok(())
         })?;
@@ -289,12 +288,13 @@ impl Device {
     /// Stores the pages of every group that has fewer than half its pages left singly again
     /// (compressed with the group's codec), which frees the group. Returns the groups split.
     pub fn split_sparse_groups(&self, ctx: &mut IoContext) -> Result<u64, Error> {
-        if self.groups.figures().live == 0 {
+        let sparse = self.groups.sparse();
+        if sparse.is_empty() {
             return Ok(0);
         }
         self.fit_context(ctx)?;
         let mut split = 0;
-        for head in self.groups.sparse() {
+        for head in sparse {
             let Some(head) = uzram_allocator::Handle::from_raw(head) else {
                 continue;
             };

@@ -64,7 +64,8 @@ pub(crate) struct Groups {
 }
 
 impl Groups {
-    /// Registers a group just stored, every member live.
+    /// Registers a group just stored, every member live (the pass counts it made once a page
+    /// has committed to it).
     pub(crate) fn insert(&self, head: Handle, first: u64, pages: u8, frame_len: u32) {
         let live = if pages >= 16 {
             u16::MAX
@@ -81,7 +82,6 @@ impl Groups {
         self.bytes
             .fetch_add(u64::from(frame_len), Ordering::Relaxed);
         self.pages.fetch_add(u64::from(pages), Ordering::Relaxed);
-        self.made.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes over the groups an adopted region's slots name ([`super::Members::adopt`]).

@@ -71,11 +71,7 @@ impl Harness {
     /// stays as it was), and then holds exactly that many bytes.
     pub(super) fn recompress(&mut self, huge_only: bool) {
         let step = self.step;
-        let before: HashMap<PageIndex, SlotState> = self
-            .pages
-            .keys()
-            .map(|&i| (i, self.device.slot_state(i).expect("in range")))
-            .collect();
+        let before = self.slot_states();
         let req = crate::RecompressRequest {
             kind: huge_only.then_some(crate::RecompressType::Huge),
             ..Default::default()
@@ -160,11 +156,7 @@ impl Harness {
     /// (raw if that is not below the huge threshold); every other page is as it was.
     pub(super) fn group(&mut self, max: u8, split: bool) {
         let step = self.step;
-        let before: HashMap<PageIndex, SlotState> = self
-            .pages
-            .keys()
-            .map(|&i| (i, self.device.slot_state(i).expect("in range")))
-            .collect();
+        let before = self.slot_states();
         let ctx = &mut self.ctxs[self.current];
         let grouped = if split {
             self.device.split_sparse_groups(ctx).expect("split");
@@ -215,6 +207,14 @@ impl Harness {
         }
         assert_eq!(now_grouped, grouped, "step {step}: pages grouped");
         self.check_all();
+    }
+
+    /// The slot of every page the model holds, as it is now.
+    fn slot_states(&self) -> HashMap<PageIndex, SlotState> {
+        self.pages
+            .keys()
+            .map(|&i| (i, self.device.slot_state(i).expect("in range")))
+            .collect()
     }
 
     /// Compares every figure of [`Device::stats`] with the model.
