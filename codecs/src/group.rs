@@ -4,8 +4,10 @@
 //! can, and a heap's neighbouring pages repeat each other's strings, layouts and pointers (zstd
 //! over 16-page runs stored 30 % fewer bytes than page by page on a dumped `cargo` heap, see
 //! `docs/design/cold-groups.md`). One frame per run, in the codec's own format (an lz4 block, a
-//! zstd frame) at the codec's level; a codec's dictionary is trained for single pages and is
-//! not used here.
+//! zstd frame); a codec's dictionary is trained for single pages and is not used here. zstd
+//! groups take the level the codec was given, or [`GROUP_ZSTD_LEVEL`] where it was given none:
+//! a group is made once, from pages that have gone cold, and read rarely, and zstd's
+//! decompression costs the same at every level.
 //!
 //! A [`GroupStream`] has its own contexts: zstd sizes a context's workspace from the source
 //! length, so a page [`Stream`](crate::Stream) that compressed a group would allocate on its
@@ -22,6 +24,13 @@ use crate::{Algorithm, Codec, CodecError, ConfigError, PAGE_SIZE};
 /// The most pages one group holds: 16 stored 30 % fewer bytes than page by page on a real heap
 /// (zstd) for about ten times one page's decompression; 32 gained 4 % more for twice the read.
 pub const MAX_GROUP_PAGES: usize = 16;
+
+/// The zstd level of a group whose codec was given no level (zstd's own default, 3, is for
+/// pages compressed as they are written). Measured on the checked-in sample and three dumped
+/// heaps (docs/design/cold-groups.md): against level 3, groups at 6 stored 4.6-7.8 % fewer
+/// bytes and at 9 5.4-9.3 % fewer, for 2-4 times the compression time; levels from 10 on
+/// search harder for little more.
+pub const GROUP_ZSTD_LEVEL: i32 = 9;
 
 /// The longest run, in bytes.
 pub const MAX_GROUP_LEN: usize = MAX_GROUP_PAGES * PAGE_SIZE;
@@ -49,8 +58,9 @@ enum GroupState {
 }
 
 impl GroupStream {
-    /// A stream for `codec`'s algorithm and level. zstd's workspace is allocated here, by
-    /// compressing a whole group of zeros once.
+    /// A stream for `codec`'s algorithm, at the level it was given (for zstd without one,
+    /// [`GROUP_ZSTD_LEVEL`]). zstd's workspace is allocated here, by compressing a whole group
+    /// of zeros once.
     /// zstd's frames carry its checksum (4 bytes a group), so that a frame put together from
     /// the wrong chunks fails its read instead of decoding to other bytes.
     pub fn new(codec: &Codec) -> Result<Self, ConfigError> {
@@ -62,7 +72,9 @@ impl GroupStream {
                 let mut cctx = CCtx::try_create().ok_or(out_of_memory.clone())?;
                 cctx.set_parameter(zstd_safe::CParameter::ChecksumFlag(true))
                     .and_then(|_| {
-                        cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(codec.level()))
+                        cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(
+                            Self::level(codec),
+                        ))
                     })
                     .map_err(|_| out_of_memory.clone())?;
                 GroupState::Zstd {
@@ -77,6 +89,16 @@ impl GroupStream {
             .compress(&vec![0u8; MAX_GROUP_LEN], &mut warm_up)
             .map_err(|_| out_of_memory)?;
         Ok(stream)
+    }
+
+    /// The level groups of `codec` are compressed at: the one it was given, or for zstd
+    /// [`GROUP_ZSTD_LEVEL`] (lz4's block format has no level).
+    pub fn level(codec: &Codec) -> i32 {
+        match (codec.algorithm(), codec.params().level) {
+            (_, Some(level)) => level,
+            (Algorithm::Zstd, None) => GROUP_ZSTD_LEVEL,
+            (Algorithm::Lz4, None) => codec.level(),
+        }
     }
 
     /// A stream that only decompresses (its [`GroupStream::compress`] fails): what a thread
