@@ -27,9 +27,8 @@ pub const MAX_GROUP_PAGES: usize = 16;
 
 /// The zstd level of a group whose codec was given no level (zstd's own default, 3, is for
 /// pages compressed as they are written). Measured on the checked-in sample and three dumped
-/// heaps (docs/design/cold-groups.md): against level 3, groups at 6 stored 4.6-7.8 % fewer
-/// bytes and at 9 5.4-9.3 % fewer, for 2-4 times the compression time; levels from 10 on
-/// search harder for little more.
+/// heaps (docs/design/cold-groups.md): against level 3, groups at 6 stored 4.6-6.6 % fewer
+/// bytes and at 9 5.4-8.4 % fewer, for 2-5 times the compression time.
 pub const GROUP_ZSTD_LEVEL: i32 = 9;
 
 /// The longest run, in bytes.
@@ -72,9 +71,9 @@ impl GroupStream {
                 let mut cctx = CCtx::try_create().ok_or(out_of_memory.clone())?;
                 cctx.set_parameter(zstd_safe::CParameter::ChecksumFlag(true))
                     .and_then(|_| {
-                        cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(
-                            Self::level(codec),
-                        ))
+                        cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(Self::level(
+                            codec,
+                        )))
                     })
                     .map_err(|_| out_of_memory.clone())?;
                 GroupState::Zstd {

@@ -155,6 +155,7 @@ fn fuzz_corpus_replays() {
         ("promoted pages", t.promoted_pages),
         ("grouped pages", t.grouped_pages),
         ("pages split out of groups", t.split_pages),
+        ("grouped pages written back", t.grouped_written_back),
     ] {
         assert!(n > 0, "the corpus has no {what}: {t:?}");
     }

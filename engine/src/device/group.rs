@@ -299,5 +299,5 @@ pub(crate) use check::{Adopted, Members};
 pub use estimate::{GroupEstimate, MIN_GROUP_PAGES};
 pub use make::GroupPass;
 pub(crate) use make::Grouper;
-pub(crate) use read::ReadCache;
+pub(crate) use read::{Alone, AloneScratch, ReadCache};
 pub(crate) use table::{Dropped, Groups};

@@ -119,8 +119,8 @@ pub struct RecompressFigures {
     pub stats: uzram_engine::RecompressStats,
     /// Wall time of the pass (recompression and compaction).
     pub seconds: f64,
-    /// Cold groups made after the pass (the policy's `groups`, on by default; not on a device
-    /// with a backing store): the same pages, idle again, recompressed again with groups on.
+    /// Cold groups made after the pass (the policy's `groups`, on by default): the same pages,
+    /// idle again, recompressed again with groups on.
     pub groups: Option<GroupingFigures>,
 }
 
@@ -466,7 +466,7 @@ fn slow_path(
         let seconds = t0.elapsed().as_secs_f64();
         let after = device.stats().mm;
         let groups = match groups_setting {
-            Some(n) if device.backing().is_none() => {
+            Some(n) => {
                 device.set_policy(&format!("groups={n}"))?;
                 device.mark_idle(None);
                 let t0 = Instant::now();

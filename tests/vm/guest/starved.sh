@@ -27,7 +27,9 @@ STARVED_FAMILY=${UZRAM_BENCH_STARVED_FAMILY:-swapfill,mixed,$STARVED_X10,0}
 STARVED_TIMEOUT=${UZRAM_BENCH_STARVED_TIMEOUT:-1800}
 # uzram-lz4-shareN: uzram with pool_share=N; uzram-lz4-nospill: uzram with spill=0;
 # uzram-lz4-noreuse: uzram with reuse=0; uzram-lz4-floorN: uzram with share_floor=N;
-# uzram-lz4-nopromote: uzram with promote=0
+# uzram-lz4-nopromote: uzram with promote=0; uzram-lz4-groupsN: uzram with recompress_after=Ns
+# (cold groups made from pages idle N s, the policy's groups on as by default);
+# uzram-lz4-nogroupsN: the same with groups=off (idle pages recompressed page by page)
 # zswap comes last: in Debian's 6.12.117 under TCG it has oopsed the guest's kernel under
 # zswap_store (in ZSTD_CCtx_reset with zstd; a double fault with lz4), which ends the run.
 STARVED_CONFIGS=${UZRAM_BENCH_STARVED_CONFIGS:-disk zram-lz4 uzram-lz4 zram-zstd uzram-lz4-pc3 uzram-lz4-nospill zswap-lz4 zswap-zstd}
@@ -309,6 +311,8 @@ starved_config() {
     uzram-lz4-noreuse) starved_uzram "$c" "reuse=0" ;;
     uzram-lz4-nopromote) starved_uzram "$c" "promote=0" ;;
     uzram-lz4-floor*) starved_uzram "$c" "share_floor=${c#uzram-lz4-floor}" ;;
+    uzram-lz4-groups*) starved_uzram "$c" "recompress_after=${c#uzram-lz4-groups}s" ;;
+    uzram-lz4-nogroups*) starved_uzram "$c" "recompress_after=${c#uzram-lz4-nogroups}s groups=off" ;;
     *) note "starved: unknown configuration $c" ;;
     esac
 }

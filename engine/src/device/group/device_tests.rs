@@ -224,32 +224,92 @@ fn lz4_groups_read_back_too() {
     check(&d, &mut ctx, &model, 32);
 }
 
-#[test]
-fn writeback_and_eviction_pass_grouped_pages_by() {
-    let dir = crate::device::testutil::tempdir("groups-wb");
+/// A device with a backing file, zstd for recompression, the policy's `groups` as given.
+fn backed(dir: &std::path::Path, name: &str, groups: &str) -> Device {
     let mut setup = DeviceSetup::new();
     setup.set_recomp_algorithm("algo=zstd priority=1").unwrap();
-    setup.set_backing_dev(&dir.join("backing"));
+    setup.set_backing_dev(&dir.join(name));
     let d = setup.init(4 << 20).unwrap();
+    d.set_policy(groups).unwrap();
+    d
+}
+
+#[test]
+fn grouped_pages_are_written_back_alone_as_if_never_grouped() {
+    let dir = crate::device::testutil::tempdir("groups-wb");
+    // The same pages on two devices: one groups them, the other does not.
+    let (g, p) = (
+        backed(&dir, "grouped", "groups=16"),
+        backed(&dir, "plain", "groups=off"),
+    );
+    let (mut gc, mut pc) = (g.context().unwrap(), p.context().unwrap());
+    let model = fill(&g, &mut gc, 40, 80);
+    fill(&p, &mut pc, 40, 80);
+    g.mark_idle(None);
+    let r = g
+        .recompress(&mut gc, &"type=idle".parse().unwrap())
+        .unwrap();
+    assert!(r.grouped_pages >= 32, "{r:?}");
+    let grouped: Vec<u64> = (0..40)
+        .filter(|&i| g.slot_state(PageIndex(i)).unwrap().is_grouped())
+        .collect();
+    let decompressions = g.stats().groups.decompressions;
+    for (d, ctx) in [(&g, &mut gc), (&p, &mut pc)] {
+        d.mark_idle(None);
+        let wb = d
+            .writeback(ctx, crate::device::writeback::WritebackRequest::Idle)
+            .unwrap();
+        assert_eq!((wb.written, wb.failed), (40, 0), "{wb:?}");
+    }
+    // Every group left with its last member, each decompressed once for the batch.
+    let after = g.stats().groups;
+    assert_eq!(
+        (after.live, after.pages, after.bytes),
+        (0, 0, 0),
+        "{after:?}"
+    );
+    assert_eq!(after.decompressions - decompressions, r.groups);
+    // Each grouped page's record is the one it would have had never grouped: the primary
+    // codec's bytes alone, as many (so the store's bytes do not grow).
+    for &i in &grouped {
+        let (a, b) = (
+            g.slot_state(PageIndex(i)).unwrap(),
+            p.slot_state(PageIndex(i)).unwrap(),
+        );
+        assert_eq!(
+            (a.flags, a.prio, a.size),
+            (b.flags, b.prio, b.size),
+            "page {i}"
+        );
+    }
+    check(&g, &mut gc, &model, 40);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn writes_at_the_limit_evict_grouped_pages_rather_than_fail() {
+    let dir = crate::device::testutil::tempdir("groups-evict");
+    let d = backed(&dir, "backing", "groups=16");
     let mut ctx = d.context().unwrap();
-    let model = fill(&d, &mut ctx, 40, 80);
+    let mut model = fill(&d, &mut ctx, 256, 7);
     d.mark_idle(None);
-    // The policy groups nothing on a device with a backing store ...
     let r = d
         .recompress(&mut ctx, &"type=idle".parse().unwrap())
         .unwrap();
-    assert_eq!(r.grouped_pages, 0, "{r:?}");
-    // ... but a group made by hand stays in RAM when idle pages are written back.
-    d.mark_idle(None);
-    let pass = d.make_groups(&mut ctx, 1, 16).unwrap();
-    assert!(pass.pages >= 32, "{pass:?}");
-    let wb = d
-        .writeback(&mut ctx, crate::device::writeback::WritebackRequest::Idle)
-        .unwrap();
-    assert_eq!(wb.candidates + pass.pages, 40, "{wb:?}");
-    assert_eq!(wb.written, wb.candidates);
-    assert_eq!(d.stats().groups.pages, pass.pages);
-    check(&d, &mut ctx, &model, 40);
+    assert!(r.grouped_pages >= 240, "{r:?}");
+    // The pool holds groups alone, and no room is left: the next writes must evict grouped
+    // pages (nothing else is there to evict).
+    d.set_mem_limit(Some(d.stats().mm.mem_used_total));
+    for i in 256..320u64 {
+        let p = text_page(1000 + i);
+        d.write(&mut ctx, i * PAGE_SIZE as u64, &p).unwrap();
+        model.insert(i, p);
+    }
+    let s = d.stats();
+    assert_eq!(s.io.failed_writes, 0);
+    assert!(s.groups.pages < r.grouped_pages, "{:?}", s.groups);
+    assert!(d.policy_stats().evicted_pages > 0);
+    check(&d, &mut ctx, &model, 320);
     let _ = std::fs::remove_dir_all(dir);
 }
 

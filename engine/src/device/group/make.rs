@@ -153,6 +153,16 @@ impl Device {
         })
     }
 
+    /// The pool bytes page state `s` stands for: its object's size, or for a grouped page its
+    /// share of its group's frame (on average over the groups live now).
+    pub(in crate::device) fn pool_bytes_of(&self, s: &SlotState) -> u64 {
+        if s.is_grouped() {
+            self.groups.member_share()
+        } else {
+            u64::from(s.size)
+        }
+    }
+
     /// The pool a run's pages take alone and would take as a group with an `n`-byte frame,
     /// each object at its size class.
     pub(super) fn pool_cost(&self, run: &Run, n: usize) -> (usize, usize) {

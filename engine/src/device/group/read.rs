@@ -1,11 +1,16 @@
 //! Reads of a grouped page: the group is decompressed once into the I/O context's copy, which
 //! is kept, so the neighbours that swap readahead asks for next cost a copy.
+//!
+//! A grouped page written back goes on its own ([`Device::member_alone`]): its group is
+//! decompressed (once for the neighbours a batch takes with it) and the page compressed alone
+//! with the primary codec, so that its record on the store is what it would have been had it
+//! never been grouped: the same bytes on disk, and a read back that needs no group.
 
 use uzram_allocator::Handle;
-use uzram_codecs::{GroupStream, GROUP_COMPRESS_BOUND, MAX_GROUP_LEN};
+use uzram_codecs::{CodecError, GroupStream, Stream, GROUP_COMPRESS_BOUND, MAX_GROUP_LEN};
 
 use super::GroupError;
-use crate::device::{Device, PageIndex, PAGE_SIZE};
+use crate::device::{Device, Held, PageIndex, SlotState, PAGE_SIZE};
 use crate::IoError;
 
 /// One I/O context's state for reading groups. Holds nothing until its first grouped page:
@@ -123,5 +128,69 @@ impl Device {
                 &mut cache.pages[..len],
             )
             .map_err(|source| IoError::Corrupt { index, source })
+    }
+}
+
+/// What a batch needs to write grouped pages back: made at the first one, then kept with the
+/// batch's buffers (a batch that meets no grouped page allocates nothing for them).
+#[derive(Default)]
+pub(crate) struct AloneScratch {
+    cache: ReadCache,
+    primary: Option<Stream>,
+    page: Option<Box<[u8; PAGE_SIZE]>>,
+}
+
+/// A grouped page compressed alone: its stored size, and whether it is stored raw (it did not
+/// compress below the device's huge threshold).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Alone {
+    pub(crate) size: u16,
+    pub(crate) huge: bool,
+}
+
+impl Device {
+    /// Compresses grouped page `index` (state `s`, its slot locked by the caller, so its group
+    /// is live) alone with the primary codec into `dst` (at least a page long).
+    pub(in crate::device) fn member_alone(
+        &self,
+        m: &mut AloneScratch,
+        index: PageIndex,
+        s: &SlotState,
+        dst: &mut [u8],
+    ) -> Result<Alone, IoError> {
+        let Held::Member { head, member } = s.held() else {
+            return Err(IoError::Group {
+                index,
+                head: s.word,
+                reason: "not a grouped page",
+            });
+        };
+        let page = m.page.get_or_insert_with(|| Box::new([0; PAGE_SIZE]));
+        self.read_member(&mut m.cache, index, head, member, page)?;
+        if m.primary.is_none() {
+            let codec = self.codecs[0]
+                .as_ref()
+                .ok_or(IoError::NoCodec { index, priority: 0 })?;
+            m.primary = Some(codec.stream().map_err(IoError::Context)?);
+        }
+        let stream = m
+            .primary
+            .as_mut()
+            .ok_or(IoError::NoCodec { index, priority: 0 })?;
+        // As a write stores it: compressed, or raw from the huge threshold on.
+        match stream.compress(page, &mut dst[..PAGE_SIZE]) {
+            Ok(n) if n < self.huge_threshold() => Ok(Alone {
+                size: n as u16,
+                huge: false,
+            }),
+            Ok(_) | Err(CodecError::DoesNotFit { .. }) => {
+                dst[..PAGE_SIZE].copy_from_slice(&page[..]);
+                Ok(Alone {
+                    size: PAGE_SIZE as u16,
+                    huge: true,
+                })
+            }
+            Err(source) => Err(IoError::Compress { index, source }),
+        }
     }
 }

@@ -131,6 +131,12 @@ impl Groups {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// The pool bytes a grouped page stands for, on average: its group's frame shared among
+    /// the pages in groups now (no lock; the two figures may be a moment apart).
+    pub(crate) fn member_share(&self) -> u64 {
+        self.bytes() / self.pages.load(Ordering::Relaxed).max(1)
+    }
+
     /// The figures `DeviceStats` reports.
     pub(crate) fn figures(&self) -> GroupFigures {
         let live = self.live.lock().len() as u64;

@@ -54,8 +54,8 @@ pub struct PolicyConfig {
     pub promote: bool,
     /// When idle pages are recompressed (by this policy or zram's `recompress type=idle`),
     /// compress runs of neighbouring idle pages together, up to this many pages a group
-    /// (`groups`, 4..=16; `off`). A read of a grouped page decompresses its whole group. Only
-    /// on a device without a backing store: eviction and writeback pass grouped pages by.
+    /// (`groups`, 4..=16; `off`). A read of a grouped page decompresses its whole group;
+    /// writeback and eviction take a grouped page out of its group, compressed alone.
     pub groups: Option<u8>,
 }
 

@@ -139,7 +139,8 @@ impl Tiering {
         let mut pages = std::mem::take(&mut bufs.pages);
         let mut any_class = false;
         // Passes: same class and not touched for 10 s; same class; huge pages (each one written
-        // back frees a whole pool page at once); any class (then compaction frees zspages).
+        // back frees a whole pool page at once) and grouped ones; any class (then compaction
+        // frees zspages).
         for pass in 0..4 {
             pages.clear();
             any_class = pass == 3;
@@ -149,15 +150,17 @@ impl Tiering {
                 }
                 let i = PageIndex((start + k) % n);
                 let s = dev.peek(i);
-                if !s.flags.contains(SlotFlags::STORED) || s.is_grouped() {
+                if !s.flags.contains(SlotFlags::STORED) {
                     continue;
                 }
-                let same = pool.class_size(usize::from(s.size)) == Ok(class);
+                let same = !s.is_grouped() && pool.class_size(usize::from(s.size)) == Ok(class);
                 let cold = now.saturating_sub(s.atime) >= 10;
                 if match pass {
                     0 => same && cold,
                     1 => same,
-                    2 => usize::from(s.size) == PAGE_SIZE,
+                    // Huge pages, and grouped ones: a group's last member gives its chunks
+                    // (whole pool pages mostly) back.
+                    2 => usize::from(s.size) == PAGE_SIZE || s.is_grouped(),
                     _ => true,
                 } {
                     pages.push(i);

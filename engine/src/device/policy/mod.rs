@@ -178,8 +178,9 @@ fn stored_by_age(device: &Device, now: u32, min_age: u32) -> ([u64; BUCKETS], u6
         if s.flags.contains(SlotFlags::STORED) {
             let age = now.saturating_sub(s.atime);
             if age >= min_age {
-                hist[age_bucket(age).min(BUCKETS - 1)] += u64::from(s.size);
-                total += u64::from(s.size);
+                let bytes = device.pool_bytes_of(&s);
+                hist[age_bucket(age).min(BUCKETS - 1)] += bytes;
+                total += bytes;
             }
         }
     }
@@ -544,7 +545,7 @@ impl Policy {
                 continue;
             }
             let keep = |s: &SlotState| {
-                s.flags.contains(SlotFlags::STORED) && !s.is_grouped() && {
+                s.flags.contains(SlotFlags::STORED) && {
                     let age = now.saturating_sub(s.atime);
                     age >= min_age && age_bucket(age).min(BUCKETS - 1) >= min_bucket
                 }
@@ -581,7 +582,7 @@ impl Policy {
                 let s = device.peek(PageIndex(i));
                 if keep(&s) {
                     self.pages.push(PageIndex(i));
-                    batch_bytes += u64::from(s.size);
+                    batch_bytes += device.pool_bytes_of(&s);
                 }
                 i += 1;
             }

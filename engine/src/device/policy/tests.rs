@@ -137,7 +137,8 @@ fn idle_pages_are_recompressed_then_written_back_by_age() {
     let d = device(
         &dir,
         512,
-        "recompress_after=10m writeback_after=1h min_free=0 psi=off",
+        // Page by page: groups are tested in `device::group`.
+        "recompress_after=10m writeback_after=1h min_free=0 psi=off groups=off",
     );
     let mut ctx = d.context().unwrap();
     let mut policy = Policy::new();

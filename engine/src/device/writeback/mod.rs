@@ -89,27 +89,49 @@ pub(in crate::device) fn record_bytes(len: usize) -> u64 {
 }
 
 /// The buffers of one writeback batch, made once and reused: eviction inside a write must not
-/// allocate.
+/// allocate (but for the first grouped page it writes back: see `Device::member_alone`).
 pub(super) struct WbBuffers {
-    plain: Box<[u8; PAGE_SIZE]>,
     out: AlignedBuf,
-    /// Page, its state and its slot's generation when picked, its record's sector offset in
-    /// the batch, and whether its record was sealed (only sealed records are committed).
-    taken: Vec<(PageIndex, SlotState, u8, u64, bool)>,
+    taken: Vec<Taken>,
     /// Candidates, for callers that pick pages without allocating (eviction).
     pub(super) pages: Vec<PageIndex>,
+    members: super::group::AloneScratch,
     capacity: usize,
+}
+
+/// A page a batch took.
+#[derive(Debug, Clone, Copy)]
+struct Taken {
+    index: PageIndex,
+    /// Its state and its slot's generation when picked.
+    state: SlotState,
+    gen: u8,
+    /// Its record's sector offset in the batch.
+    off: u64,
+    /// A grouped page: compressed alone when picked, its bytes already at its record's body
+    /// in the batch's buffer.
+    alone: Option<super::group::Alone>,
+    /// Its record was sealed (only sealed records are committed).
+    sealed: bool,
+}
+
+impl Taken {
+    /// The bytes its record holds.
+    fn stored_len(&self) -> usize {
+        self.alone
+            .map_or(usize::from(self.state.size), |a| usize::from(a.size))
+    }
 }
 
 impl WbBuffers {
     pub(super) fn new(capacity: usize) -> WbBuffers {
         WbBuffers {
-            plain: Box::new([0; PAGE_SIZE]),
             out: AlignedBuf::new(
                 (capacity * MAX_RECORD.next_multiple_of(SECTOR as usize)).next_multiple_of(ALIGN),
             ),
             taken: Vec::with_capacity(capacity),
             pages: Vec::with_capacity(capacity),
+            members: super::group::AloneScratch::default(),
             capacity,
         }
     }
@@ -124,7 +146,8 @@ impl WbBuffers {
 pub(super) struct BatchStats {
     /// Pages now on the store.
     pub written: u64,
-    /// Their stored bytes (what left the pool).
+    /// Their stored bytes (what left the pool; for a grouped page, its bytes alone: its
+    /// group's room is given back with its last member).
     pub object_bytes: u64,
     /// Bytes written to the file.
     pub bytes: u64,
@@ -271,11 +294,10 @@ impl Tiering {
         }
     }
 
-    /// The flag part of [`Tiering::wb_eligible`] (a page range is checked by the caller). A
-    /// grouped page is not written back (see `write_batch`).
+    /// The flag part of [`Tiering::wb_eligible`] (a page range is checked by the caller).
     fn wb_eligible_flags(s: &SlotState, req: WritebackRequest) -> bool {
         let f = s.flags;
-        if !f.contains(SlotFlags::STORED) || s.is_grouped() {
+        if !f.contains(SlotFlags::STORED) {
             return false;
         }
         match req {
@@ -341,7 +363,8 @@ impl Tiering {
 
     /// Takes into `bufs.taken` those of `pages` that are stored, not marked freed, and that
     /// `keep` accepts, with their records' sector offsets in the batch; returns the batch's
-    /// sectors.
+    /// sectors. A grouped page is compressed alone here, under its lock, into its record's place
+    /// in `bufs.out` (its record's length depends on it).
     fn pick(
         &self,
         dev: &Device,
@@ -360,10 +383,7 @@ impl Tiering {
                 continue;
             };
             let (s, gen) = (g.get(), g.generation());
-            drop(g);
-            // A grouped page stays in its group: the densest pages there are (a group is written
-            // back whole, if ever, not page by page).
-            if !s.flags.contains(SlotFlags::STORED) || s.is_grouped() || !keep(&s) {
+            if !s.flags.contains(SlotFlags::STORED) || !keep(&s) {
                 continue;
             }
             // A page its user freed (marked, not yet reclaimed) is not worth a write to the
@@ -371,15 +391,35 @@ impl Tiering {
             if self.freed.get().is_some_and(|f| f.is_marked(index)) {
                 continue;
             }
-            bufs.taken.push((index, s, gen, sectors, false));
-            sectors += BackingStore::sectors_for(usize::from(s.size));
+            let alone = if s.is_grouped() {
+                let at = (sectors * SECTOR) as usize + NONCE;
+                match dev.member_alone(&mut bufs.members, index, &s, &mut bufs.out[at..]) {
+                    Ok(a) => Some(a),
+                    // Left in RAM, where its read reports the same error.
+                    Err(_) => continue,
+                }
+            } else {
+                None
+            };
+            drop(g);
+            let t = Taken {
+                index,
+                state: s,
+                gen,
+                off: sectors,
+                alone,
+                sealed: false,
+            };
+            sectors += BackingStore::sectors_for(t.stored_len());
+            bufs.taken.push(t);
         }
         sectors
     }
 
     /// Seals each taken page's object into `bufs.out[..len]` at its offset. A page that changed
-    /// since it was picked, or that was busy, is left out (its record stays zeros, which never
-    /// open) and not committed.
+    /// since it was picked, or that was busy, is left out (its record is zeros, which never
+    /// open) and not committed. Every byte of `bufs.out[..len]` outside the sealed records is
+    /// zeroed: no plain byte of a page reaches the store.
     fn seal_taken(
         &self,
         dev: &Device,
@@ -390,25 +430,37 @@ impl Tiering {
         wait: bool,
     ) {
         let out = &mut bufs.out[..len];
-        out.fill(0);
-        for (index, s, gen, off, sealed) in bufs.taken.iter_mut() {
-            let (index, s, gen, off) = (*index, *s, *gen, *off);
-            let Some(g) = Self::lock_for_writeback(dev, index, wait) else {
-                continue;
-            };
-            let n = usize::from(s.size);
-            let ok = g.get() == s
-                && g.generation() == gen
-                && uzram_allocator::Handle::from_raw(s.word)
-                    .is_some_and(|h| dev.pool().read_into(h, &mut bufs.plain[..]).is_ok());
+        let mut end = 0;
+        for t in bufs.taken.iter_mut() {
+            let (index, s, n) = (t.index, t.state, t.stored_len());
+            let at = (t.off * SECTOR) as usize;
+            let record = at..at + record_bytes(n) as usize;
+            end = record.end;
+            // The object is copied to its record's body under its lock (a grouped page's bytes
+            // alone are there since it was picked), then sealed in place.
+            let body = at + NONCE..at + NONCE + n;
+            let g = Self::lock_for_writeback(dev, index, wait);
+            let ok = g.as_ref().is_some_and(|g| {
+                g.get() == s
+                    && g.generation() == t.gen
+                    && (t.alone.is_some()
+                        || uzram_allocator::Handle::from_raw(s.word).is_some_and(|h| {
+                            dev.pool()
+                                .read_into(h, &mut out[body])
+                                .is_ok_and(|len| len == n)
+                        }))
+            });
             drop(g);
-            if ok {
-                let at = (off * SECTOR) as usize;
-                let location = BackingStore::location(extent.file, extent.start + off);
-                backing.seal(index, location, &bufs.plain[..n], &mut out[at..]);
-                *sealed = true;
+            if !ok {
+                out[record].fill(0);
+                continue;
             }
+            let location = BackingStore::location(extent.file, extent.start + t.off);
+            backing.seal(index, location, n, &mut out[at..]);
+            out[at + NONCE + n + TAG..record.end].fill(0);
+            t.sealed = true;
         }
+        out[end..].fill(0);
     }
 
     /// After the extent is written: swaps each sealed page whose slot still holds what was
@@ -424,9 +476,10 @@ impl Tiering {
     ) {
         // A written-back slot's atime is its writeback's time (see `Device::load`).
         let now = dev.now();
-        for &(index, s, gen, off, sealed) in &bufs.taken {
-            let sector = extent.start + off;
-            let g = if sealed {
+        for t in &bufs.taken {
+            let (index, s, gen) = (t.index, t.state, t.gen);
+            let sector = extent.start + t.off;
+            let g = if t.sealed {
                 Self::lock_for_writeback(dev, index, wait)
             } else {
                 None
@@ -438,30 +491,37 @@ impl Tiering {
                 backing.release(
                     extent.file,
                     sector,
-                    BackingStore::sectors_for(usize::from(s.size)),
+                    BackingStore::sectors_for(t.stored_len()),
                 );
                 continue;
             };
             if s.flags.contains(SlotFlags::PROMOTED) {
                 self.policy.note_promote_miss();
             }
+            let flags = s
+                .flags
+                .difference(SlotFlags::STORED)
+                .difference(SlotFlags::IDLE)
+                .difference(SlotFlags::PROMOTED)
+                | SlotFlags::WB;
+            // A grouped page's record holds it alone, with the primary codec (or raw).
+            let (flags, prio, size) = match t.alone {
+                Some(a) if a.huge => (flags | SlotFlags::HUGE, 0, a.size),
+                Some(a) => (flags, 0, a.size),
+                None => (flags, s.prio, s.size),
+            };
             let wb = SlotState {
                 word: BackingStore::location(extent.file, sector),
-                flags: s
-                    .flags
-                    .difference(SlotFlags::STORED)
-                    .difference(SlotFlags::IDLE)
-                    .difference(SlotFlags::PROMOTED)
-                    | SlotFlags::WB,
-                prio: s.prio,
-                size: s.size,
+                flags,
+                prio,
+                size,
                 atime: now,
             };
             backing.counters.count.fetch_add(1, Ordering::Relaxed);
             backing.counters.writes.fetch_add(1, Ordering::Relaxed);
             dev.replace(index, &mut g, wb);
             stats.written += 1;
-            stats.object_bytes += u64::from(s.size);
+            stats.object_bytes += u64::from(size);
         }
     }
 

@@ -414,20 +414,20 @@ impl BackingStore {
         aad
     }
 
-    /// Seals `data` (page `index`'s stored bytes) into `out` as the record at `location`.
-    pub(super) fn seal(&self, index: PageIndex, location: u64, data: &[u8], out: &mut [u8]) {
+    /// Seals the `len` bytes at `out[NONCE..]` (page `index`'s stored bytes) in place, as the
+    /// record at `location` that `out` starts.
+    pub(super) fn seal(&self, index: PageIndex, location: u64, len: usize, out: &mut [u8]) {
         let n = self.nonce.fetch_add(1, Ordering::Relaxed);
         let mut nonce = [0u8; NONCE];
         nonce[..8].copy_from_slice(&n.to_le_bytes());
         nonce[8..].copy_from_slice(&self.epoch.to_le_bytes());
         out[..NONCE].copy_from_slice(&nonce);
-        let body = &mut out[NONCE..NONCE + data.len()];
-        body.copy_from_slice(data);
+        let body = &mut out[NONCE..NONCE + len];
         let tag = self
             .cipher
             .encrypt_in_place_detached(Nonce::from_slice(&nonce), &Self::aad(index, location), body)
             .expect("a page is far below the AEAD's length limit");
-        out[NONCE + data.len()..NONCE + data.len() + TAG].copy_from_slice(&tag);
+        out[NONCE + len..NONCE + len + TAG].copy_from_slice(&tag);
     }
 
     /// Reserves an extent for `sectors` of records on the file with the most free space, its

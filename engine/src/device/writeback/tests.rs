@@ -417,7 +417,13 @@ fn a_successors_nonces_are_its_own_and_records_open_across_epochs() {
                 .unwrap();
         assert_eq!(store.epoch(), adopting.unwrap_or(0));
         let mut out = vec![0u8; NONCE + data.len() + TAG];
-        store.seal(PageIndex(3), BackingStore::location(0, 8), &data, &mut out);
+        out[NONCE..NONCE + data.len()].copy_from_slice(&data);
+        store.seal(
+            PageIndex(3),
+            BackingStore::location(0, 8),
+            data.len(),
+            &mut out,
+        );
         assert_eq!(store.key_check(), key.check_value());
         sealed.push(out);
     }

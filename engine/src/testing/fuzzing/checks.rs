@@ -9,8 +9,8 @@ use crate::{PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 
 impl Harness {
     /// Writes back pages `first..first + n` (clamped to the device) and checks the model: every
-    /// stored page of the range is on the backing file afterwards, with its stored size, unless
-    /// the writes fail, when every page stays as it was.
+    /// stored page of the range is on the backing file afterwards, with its stored size (a
+    /// grouped page's alone), unless the writes fail, when every page stays as it was.
     pub(super) fn writeback(&mut self, first: u8, n: u8, fail: bool) {
         let step = self.step;
         let first = u64::from(first) % DEVICE_PAGES;
@@ -28,7 +28,8 @@ impl Harness {
             )
             .expect("writeback");
         backing.set_fail_writes(false);
-        let mut expected = 0;
+        let threshold = self.device.huge_threshold();
+        let (mut expected, mut grouped) = (0, 0);
         for i in first..=last {
             let index = PageIndex(i);
             // Marked freed: not written back (it is freed on the next reclaim).
@@ -41,6 +42,20 @@ impl Harness {
             let len = match page.stored {
                 Stored::Compressed(n) => n,
                 Stored::Huge => PAGE_SIZE,
+                // Out of its group, compressed alone with the primary codec (raw from the
+                // huge threshold on).
+                Stored::Grouped => {
+                    grouped += 1;
+                    let n = self
+                        .sizer
+                        .compress(&page.data, &mut self.scratch)
+                        .expect("a page compresses into MAX_COMPRESSED_LEN");
+                    if n < threshold {
+                        n
+                    } else {
+                        PAGE_SIZE
+                    }
+                }
                 _ => continue,
             };
             expected += 1;
@@ -61,6 +76,7 @@ impl Harness {
                 "step {step}: {stats:?}"
             );
             self.tally.written_back_pages += expected;
+            self.tally.grouped_written_back += grouped;
         }
         self.check_all();
     }

@@ -216,9 +216,12 @@ impl Harness {
             // Promotion on zstd's runs only: read requests come a second apart, so with it a
             // written-back page read twice would rarely stay on the store long enough for the
             // other operations to meet it.
+            // Groups are the `Group` op's: a recompression recompresses page by page, as the
+            // model's recompression check expects.
             policy: crate::PolicyConfig {
                 evict: false,
                 promote: algorithm == Algorithm::Zstd,
+                groups: None,
                 ..crate::PolicyConfig::default()
             },
             backing_key: Some(crate::BackingKey::generate()),

@@ -284,6 +284,8 @@ pub struct Tally {
     pub grouped_pages: u64,
     /// Pages split out of their groups into pages of their own.
     pub split_pages: u64,
+    /// Grouped pages written back (each alone).
+    pub grouped_written_back: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -304,6 +306,7 @@ impl std::ops::AddAssign for Tally {
         self.promoted_pages += o.promoted_pages;
         self.grouped_pages += o.grouped_pages;
         self.split_pages += o.split_pages;
+        self.grouped_written_back += o.grouped_written_back;
     }
 }
 
