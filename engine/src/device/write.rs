@@ -86,6 +86,7 @@ impl Device {
                 // Compress and allocate before taking the slot lock.
                 let new = self.encode(
                     &mut ctx.streams,
+                    &mut ctx.group,
                     &mut ctx.buf,
                     ctx.evict.as_mut(),
                     ctx.reserve_wait,
@@ -109,6 +110,7 @@ impl Device {
                 ctx.page[in_page..in_page + len].copy_from_slice(chunk);
                 let new = self.encode(
                     &mut ctx.streams,
+                    &mut ctx.group,
                     &mut ctx.buf,
                     ctx.evict.as_mut(),
                     ctx.reserve_wait,
@@ -164,9 +166,11 @@ impl Device {
     /// the slot state that names it. When the pool has no room (its limit, or no memory), cold
     /// pages are evicted to the backing store with `evict`'s buffers and the store retried, a
     /// few rounds at most. Nothing changes on error.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn encode(
         &self,
         streams: &mut [Option<Stream>],
+        group: &mut super::group::ReadCache,
         buf: &mut [u8],
         mut evict: Option<&mut writeback::WbBuffers>,
         reserve_wait: ReserveWait,
@@ -193,8 +197,10 @@ impl Device {
         } else {
             (&buf[..n], SlotFlags::STORED)
         };
+        // Eviction writes grouped pages back alone with this context's streams and group copy.
+        let mut lend = writeback::Lend { streams, group };
         self.tier
-            .over_ceiling(self, evict.as_deref_mut(), bytes.len());
+            .over_ceiling(self, evict.as_deref_mut(), Some(&mut lend), bytes.len());
         let mut rounds = 0;
         let handle = loop {
             let stored = match reserve_wait {
@@ -213,9 +219,13 @@ impl Device {
                     | uzram_allocator::Error::OutOfMemory { .. }
             );
             if no_room
-                && self
-                    .tier
-                    .no_room(self, evict.as_deref_mut(), bytes.len(), &mut rounds)
+                && self.tier.no_room(
+                    self,
+                    evict.as_deref_mut(),
+                    Some(&mut lend),
+                    bytes.len(),
+                    &mut rounds,
+                )
             {
                 continue;
             }

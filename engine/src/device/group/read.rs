@@ -3,11 +3,13 @@
 //!
 //! A grouped page written back goes on its own ([`Device::member_alone`]): its group is
 //! decompressed (once for the neighbours a batch takes with it) and the page compressed alone
-//! with the primary codec, so that its record on the store is what it would have been had it
-//! never been grouped: the same bytes on disk, and a read back that needs no group.
+//! with its group's codec, so that its record on the store is what a recompression of the page
+//! alone would have left there, and its read back needs no group.
 
 use uzram_allocator::Handle;
-use uzram_codecs::{CodecError, GroupStream, Stream, GROUP_COMPRESS_BOUND, MAX_GROUP_LEN};
+use uzram_codecs::{
+    CodecError, ConfigError, GroupStream, Stream, GROUP_COMPRESS_BOUND, MAX_GROUP_LEN,
+};
 
 use super::GroupError;
 use crate::device::{Device, Held, PageIndex, SlotState, PAGE_SIZE};
@@ -67,6 +69,19 @@ impl Device {
         member: u8,
         out: &mut [u8; PAGE_SIZE],
     ) -> Result<(), IoError> {
+        out.copy_from_slice(self.member_page(cache, index, head, member)?);
+        Ok(())
+    }
+
+    /// Page `member` of the group at `head`, in `cache` (decompressed there unless it holds
+    /// the group already); the caller holds the page's slot locked.
+    fn member_page<'c>(
+        &self,
+        cache: &'c mut ReadCache,
+        index: PageIndex,
+        head: Handle,
+        member: u8,
+    ) -> Result<&'c [u8; PAGE_SIZE], IoError> {
         let header = super::header(&self.pool, head).map_err(|e| damaged(index, head, e))?;
         let at = usize::from(member) * PAGE_SIZE;
         let len = usize::from(header.pages) * PAGE_SIZE;
@@ -86,8 +101,13 @@ impl Device {
                 .decompressions
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        out.copy_from_slice(&cache.pages[at..at + PAGE_SIZE]);
-        Ok(())
+        cache.pages[at..at + PAGE_SIZE]
+            .try_into()
+            .map_err(|_| IoError::Group {
+                index,
+                head: head.to_raw(),
+                reason: "the group's copy is shorter than its pages",
+            })
     }
 
     fn decompress_group(
@@ -131,13 +151,33 @@ impl Device {
     }
 }
 
-/// What a batch needs to write grouped pages back: made at the first one, then kept with the
-/// batch's buffers (a batch that meets no grouped page allocates nothing for them).
+/// A writeback batch's own means to write grouped pages back, for a thread that lends none
+/// (the policy thread, zram's `writeback`): a group copy and the group codecs' page streams,
+/// each made at its first use. An I/O thread's eviction lends its context's instead.
 #[derive(Default)]
 pub(crate) struct AloneScratch {
     cache: ReadCache,
-    primary: Option<Stream>,
-    page: Option<Box<[u8; PAGE_SIZE]>>,
+    streams: Vec<Option<Stream>>,
+}
+
+impl AloneScratch {
+    /// The streams (codec `prio`'s made) and the group copy to write back a grouped page of
+    /// `dev` whose group codec is `prio`.
+    pub(in crate::device) fn lend(
+        &mut self,
+        dev: &Device,
+        prio: u8,
+    ) -> Result<(&mut [Option<Stream>], &mut ReadCache), ConfigError> {
+        let p = usize::from(prio);
+        if self.streams.len() < dev.codecs.len() {
+            self.streams.resize_with(dev.codecs.len(), || None);
+        }
+        if let (Some(slot @ None), Some(Some(codec))) = (self.streams.get_mut(p), dev.codecs.get(p))
+        {
+            *slot = Some(codec.stream()?);
+        }
+        Ok((&mut self.streams, &mut self.cache))
+    }
 }
 
 /// A grouped page compressed alone: its stored size, and whether it is stored raw (it did not
@@ -150,10 +190,14 @@ pub(crate) struct Alone {
 
 impl Device {
     /// Compresses grouped page `index` (state `s`, its slot locked by the caller, so its group
-    /// is live) alone with the primary codec into `dst` (at least a page long).
+    /// is live) alone into `dst` (at least a page long) with its group's codec, the one its
+    /// slot names (`streams` holds that codec's stream; `cache` is the group copy to read it
+    /// from): what a recompression of the page alone would have made of it. Raw from the huge
+    /// threshold on, as a write stores a page.
     pub(in crate::device) fn member_alone(
         &self,
-        m: &mut AloneScratch,
+        streams: &mut [Option<Stream>],
+        cache: &mut ReadCache,
         index: PageIndex,
         s: &SlotState,
         dst: &mut [u8],
@@ -165,26 +209,21 @@ impl Device {
                 reason: "not a grouped page",
             });
         };
-        let page = m.page.get_or_insert_with(|| Box::new([0; PAGE_SIZE]));
-        self.read_member(&mut m.cache, index, head, member, page)?;
-        if m.primary.is_none() {
-            let codec = self.codecs[0]
-                .as_ref()
-                .ok_or(IoError::NoCodec { index, priority: 0 })?;
-            m.primary = Some(codec.stream().map_err(IoError::Context)?);
-        }
-        let stream = m
-            .primary
-            .as_mut()
-            .ok_or(IoError::NoCodec { index, priority: 0 })?;
-        // As a write stores it: compressed, or raw from the huge threshold on.
+        let page = self.member_page(cache, index, head, member)?;
+        let stream = streams
+            .get_mut(usize::from(s.prio))
+            .and_then(Option::as_mut)
+            .ok_or(IoError::NoCodec {
+                index,
+                priority: s.prio,
+            })?;
         match stream.compress(page, &mut dst[..PAGE_SIZE]) {
             Ok(n) if n < self.huge_threshold() => Ok(Alone {
                 size: n as u16,
                 huge: false,
             }),
             Ok(_) | Err(CodecError::DoesNotFit { .. }) => {
-                dst[..PAGE_SIZE].copy_from_slice(&page[..]);
+                dst[..PAGE_SIZE].copy_from_slice(page);
                 Ok(Alone {
                     size: PAGE_SIZE as u16,
                     huge: true,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{EVICT_FAST_FAIL, EVICT_SCAN, EVICT_WAIT};
 use crate::device::tier::Tiering;
-use crate::device::writeback::{BatchStats, WbBuffers};
+use crate::device::writeback::{BatchStats, Lend, WbBuffers};
 use crate::device::{Device, PageIndex, SlotFlags, PAGE_SIZE};
 
 impl super::Requests {
@@ -41,11 +41,12 @@ impl Tiering {
         &self,
         dev: &Device,
         bufs: Option<&mut WbBuffers>,
+        lend: Option<&mut Lend<'_>>,
         size: usize,
     ) -> bool {
         let tier = &self.policy;
         if !tier.hand_off.load(Ordering::Relaxed) {
-            return bufs.is_some_and(|b| self.evict(dev, b, size));
+            return bufs.is_some_and(|b| self.evict(dev, b, lend, size));
         }
         if self.backing.is_none() || !tier.config.lock().evict {
             return false;
@@ -87,12 +88,13 @@ impl Tiering {
         &self,
         dev: &Device,
         bufs: Option<&mut WbBuffers>,
+        lend: Option<&mut Lend<'_>>,
         size: usize,
     ) {
         let tier = &self.policy;
         if !tier.hand_off.load(Ordering::Relaxed) {
             if let Some(b) = bufs {
-                self.evict(dev, b, size);
+                self.evict(dev, b, lend, size);
             }
             return;
         }
@@ -107,7 +109,13 @@ impl Tiering {
     /// bounded scan from a clock hand, one batch, one `pwrite`, no allocation; busy slots are
     /// skipped. Returns whether the store is worth retrying: pages were written back, or there
     /// were none to write (room was made meanwhile).
-    pub(in crate::device) fn evict(&self, dev: &Device, bufs: &mut WbBuffers, size: usize) -> bool {
+    pub(in crate::device) fn evict(
+        &self,
+        dev: &Device,
+        bufs: &mut WbBuffers,
+        lend: Option<&mut Lend<'_>>,
+        size: usize,
+    ) -> bool {
         let Some(backing) = self.backing.as_ref() else {
             return false;
         };
@@ -177,6 +185,7 @@ impl Tiering {
                 dev,
                 backing,
                 bufs,
+                lend,
                 &pages,
                 &|s| s.flags.contains(SlotFlags::STORED),
                 false,
@@ -227,7 +236,7 @@ pub(super) fn serve_pending(bufs: &mut Option<WbBuffers>, device: &Device) -> bo
         // A class with room now (writes past the ceiling ask without waiting, several sizes of
         // one class may be pending, and an eviction for one made room for all) needs none.
         let size = usize::from(size);
-        if device.pool().has_room_for(size) || tiering.evict(device, bufs, size) {
+        if device.pool().has_room_for(size) || tiering.evict(device, bufs, None, size) {
             served += 1;
         }
     }

@@ -600,6 +600,7 @@ impl Policy {
                 device,
                 backing,
                 buffers(&mut self.bufs),
+                None,
                 &self.pages[..allowed],
                 keep,
                 true,

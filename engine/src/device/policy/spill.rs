@@ -153,6 +153,7 @@ impl Policy {
                 device,
                 backing,
                 super::buffers(&mut self.bufs),
+                None,
                 &self.pages[..allowed],
                 &keep,
                 true,

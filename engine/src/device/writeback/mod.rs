@@ -99,6 +99,14 @@ pub(super) struct WbBuffers {
     capacity: usize,
 }
 
+/// What an I/O thread lends a batch it writes (an eviction inside a write) so that a grouped
+/// page goes back without anything made for it: its context's codec streams and the group
+/// copy it reads with.
+pub(in crate::device) struct Lend<'a> {
+    pub(in crate::device) streams: &'a mut [Option<uzram_codecs::Stream>],
+    pub(in crate::device) group: &'a mut super::group::ReadCache,
+}
+
 /// A page a batch took.
 #[derive(Debug, Clone, Copy)]
 struct Taken {
@@ -146,8 +154,8 @@ impl WbBuffers {
 pub(super) struct BatchStats {
     /// Pages now on the store.
     pub written: u64,
-    /// Their stored bytes (what left the pool; for a grouped page, its bytes alone: its
-    /// group's room is given back with its last member).
+    /// Their stored bytes (what left the pool; for a grouped page its share of the groups'
+    /// bytes: its group's room is given back with its last member).
     pub object_bytes: u64,
     /// Bytes written to the file.
     pub bytes: u64,
@@ -312,18 +320,22 @@ impl Tiering {
     /// Writes back, as one batch, those of `pages` (at most the buffers' capacity) whose state
     /// `keep` accepts under their lock, and swaps their slots over to the records. With `wait`
     /// false a page whose lock is busy is skipped (eviction inside a write, which may hold a slot
-    /// lock itself). Allocates nothing.
+    /// lock itself). A grouped page is written back alone with `lend`'s streams and group copy,
+    /// or without one with the buffers' own (made at the first grouped page); nothing else is
+    /// allocated.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn write_batch(
         &self,
         dev: &Device,
         backing: &BackingStore,
         bufs: &mut WbBuffers,
+        lend: Option<&mut Lend<'_>>,
         pages: &[PageIndex],
         keep: &dyn Fn(&SlotState) -> bool,
         wait: bool,
     ) -> BatchStats {
         let mut stats = BatchStats::default();
-        let sectors = self.pick(dev, bufs, pages, keep, wait);
+        let sectors = self.pick(dev, bufs, lend, pages, keep, wait);
         if bufs.taken.is_empty() {
             return stats;
         }
@@ -369,6 +381,7 @@ impl Tiering {
         &self,
         dev: &Device,
         bufs: &mut WbBuffers,
+        mut lend: Option<&mut Lend<'_>>,
         pages: &[PageIndex],
         keep: &dyn Fn(&SlotState) -> bool,
         wait: bool,
@@ -393,7 +406,15 @@ impl Tiering {
             }
             let alone = if s.is_grouped() {
                 let at = (sectors * SECTOR) as usize + NONCE;
-                match dev.member_alone(&mut bufs.members, index, &s, &mut bufs.out[at..]) {
+                let dst = &mut bufs.out[at..];
+                let done = match lend.as_deref_mut() {
+                    Some(l) => dev.member_alone(l.streams, l.group, index, &s, dst),
+                    None => match bufs.members.lend(dev, s.prio) {
+                        Ok((streams, group)) => dev.member_alone(streams, group, index, &s, dst),
+                        Err(_) => continue,
+                    },
+                };
+                match done {
                     Ok(a) => Some(a),
                     // Left in RAM, where its read reports the same error.
                     Err(_) => continue,
@@ -504,16 +525,16 @@ impl Tiering {
                 .difference(SlotFlags::IDLE)
                 .difference(SlotFlags::PROMOTED)
                 | SlotFlags::WB;
-            // A grouped page's record holds it alone, with the primary codec (or raw).
-            let (flags, prio, size) = match t.alone {
-                Some(a) if a.huge => (flags | SlotFlags::HUGE, 0, a.size),
-                Some(a) => (flags, 0, a.size),
-                None => (flags, s.prio, s.size),
+            // A grouped page's record holds it alone, with its group's codec (or raw).
+            let (flags, size) = match t.alone {
+                Some(a) if a.huge => (flags | SlotFlags::HUGE, a.size),
+                Some(a) => (flags, a.size),
+                None => (flags, s.size),
             };
             let wb = SlotState {
                 word: BackingStore::location(extent.file, sector),
                 flags,
-                prio,
+                prio: s.prio,
                 size,
                 atime: now,
             };
@@ -521,7 +542,7 @@ impl Tiering {
             backing.counters.writes.fetch_add(1, Ordering::Relaxed);
             dev.replace(index, &mut g, wb);
             stats.written += 1;
-            stats.object_bytes += u64::from(size);
+            stats.object_bytes += dev.pool_bytes_of(&s);
         }
     }
 
@@ -568,7 +589,22 @@ impl Tiering {
                 break;
             }
             let keep = |s: &SlotState| Self::wb_eligible_flags(s, req);
-            let b = self.write_batch(dev, backing, &mut bufs, &chunk[..allowed], &keep, true);
+            let mut lend = {
+                let s = ctx.scratch();
+                Lend {
+                    streams: s.streams,
+                    group: s.group,
+                }
+            };
+            let b = self.write_batch(
+                dev,
+                backing,
+                &mut bufs,
+                Some(&mut lend),
+                &chunk[..allowed],
+                &keep,
+                true,
+            );
             stats.written += b.written;
             stats.bytes += b.bytes;
             stats.failed += b.failed;

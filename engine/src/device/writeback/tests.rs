@@ -374,7 +374,7 @@ fn a_page_rewritten_with_an_equal_state_during_writeback_keeps_its_new_data() {
     let keep = |_: &SlotState| true;
     let sectors = d
         .tiering()
-        .pick(&d, &mut bufs, &[PageIndex(0)], &keep, true);
+        .pick(&d, &mut bufs, None, &[PageIndex(0)], &keep, true);
     let extent = backing.reserve(sectors).unwrap();
     let len = ((sectors * SECTOR) as usize).next_multiple_of(ALIGN);
     d.tiering()

@@ -42,12 +42,12 @@ impl Harness {
             let len = match page.stored {
                 Stored::Compressed(n) => n,
                 Stored::Huge => PAGE_SIZE,
-                // Out of its group, compressed alone with the primary codec (raw from the
-                // huge threshold on).
+                // Out of its group, compressed alone with its group's codec (the secondary;
+                // raw from the huge threshold on).
                 Stored::Grouped => {
                     grouped += 1;
                     let n = self
-                        .sizer
+                        .sizer2
                         .compress(&page.data, &mut self.scratch)
                         .expect("a page compresses into MAX_COMPRESSED_LEN");
                     if n < threshold {

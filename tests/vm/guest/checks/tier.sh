@@ -258,7 +258,7 @@ bd_used_kib() { "$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "bd_file0_used" {
 # the watermark writeback and the idle recompression.
 check_tier() {
     local name=tier log=$UZ_TMP/tier.log lim=48 size avail fill rc zrc=skipped zfail=0 zerr=0 e0
-    local dev io fw ps bd used_max wm ev rp bad= t0 zline
+    local dev io fw ps bd used_max wm ev rp gp bad= t0 zline
     if [ ! -b /dev/vda ]; then
         skip "$name" "no /dev/vda: tests/vm/run attaches a scratch disk as backing device"
         return
@@ -328,12 +328,13 @@ check_tier() {
     fw=$(echo "$io" | awk '{ print $2 }')
     stat_of() { echo "$ps" | awk -v k="$1" '$1 == k { print $2 }'; }
     wm=$(stat_of watermark_writeback_pages) ev=$(stat_of evicted_pages) rp=$(stat_of recompressed_pages)
+    gp=$(stat_of grouped_pages)
     [ $rc = 0 ] || bad="$bad; vmtool swapfill $fill MiB exited $rc on uzram (1: data mismatch, >128: killed)"
     # zram fails millions; uzram may fail a rare write whose store found no room after 8
     # eviction rounds (seen in four runs: 6, 1, 1, 4 of about 200k requests; swap retries them)
     [ "$fw" -le 16 ] || bad="$bad; $fw failed writes on uzram"
     [ $((wm + ev)) -gt 0 ] || bad="$bad; nothing was written back (watermark $wm, evicted $ev)"
-    [ "$rp" -gt 0 ] || bad="$bad; nothing was recompressed"
+    [ $((rp + gp)) -gt 0 ] || bad="$bad; nothing was recompressed or grouped"
     [ "$used_max" -le $((lim << 20)) ] || bad="$bad; mem_used_max $(mib "$used_max") passed the ${lim}M limit"
     if [ "$zrc" != skipped ] && [ "$zfail" = 0 ] && [ "$zerr" = 0 ] && [ "$zrc" = 0 ]; then
         bad="$bad; kernel zram with the same limit did not fail: the check proves nothing (limit too generous?)"
@@ -342,5 +343,5 @@ check_tier() {
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "mem_limit ${lim}M: $fill MiB (1.5x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
+    pass "$name" "mem_limit ${lim}M: $fill MiB (1.5x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, grouped $gp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
 }
