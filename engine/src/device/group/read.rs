@@ -152,8 +152,8 @@ impl Device {
 }
 
 /// A writeback batch's own means to write grouped pages back, for a thread that lends none
-/// (the policy thread, zram's `writeback`): a group copy and the group codecs' page streams,
-/// each made at its first use. An I/O thread's eviction lends its context's instead.
+/// (the policy thread): a group copy and the group codecs' page streams, each made at its
+/// first use. An eviction inside a write, and zram's `writeback`, lend their I/O context's.
 #[derive(Default)]
 pub(crate) struct AloneScratch {
     cache: ReadCache,

@@ -525,24 +525,26 @@ impl Tiering {
                 .difference(SlotFlags::IDLE)
                 .difference(SlotFlags::PROMOTED)
                 | SlotFlags::WB;
-            // A grouped page's record holds it alone, with its group's codec (or raw).
-            let (flags, size) = match t.alone {
-                Some(a) if a.huge => (flags | SlotFlags::HUGE, a.size),
-                Some(a) => (flags, a.size),
-                None => (flags, s.size),
+            // A grouped page's record holds it alone, with its group's codec, or raw (priority
+            // 0, as a page stored raw always has).
+            let (flags, prio, size) = match t.alone {
+                Some(a) if a.huge => (flags | SlotFlags::HUGE, 0, a.size),
+                Some(a) => (flags, s.prio, a.size),
+                None => (flags, s.prio, s.size),
             };
             let wb = SlotState {
                 word: BackingStore::location(extent.file, sector),
                 flags,
-                prio: s.prio,
+                prio,
                 size,
                 atime: now,
             };
             backing.counters.count.fetch_add(1, Ordering::Relaxed);
             backing.counters.writes.fetch_add(1, Ordering::Relaxed);
+            // (A grouped page's share, taken before it leaves its group.)
+            stats.object_bytes += dev.pool_bytes_of(&s);
             dev.replace(index, &mut g, wb);
             stats.written += 1;
-            stats.object_bytes += dev.pool_bytes_of(&s);
         }
     }
 

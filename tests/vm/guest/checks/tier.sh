@@ -328,7 +328,7 @@ check_tier() {
     fw=$(echo "$io" | awk '{ print $2 }')
     stat_of() { echo "$ps" | awk -v k="$1" '$1 == k { print $2 }'; }
     wm=$(stat_of watermark_writeback_pages) ev=$(stat_of evicted_pages) rp=$(stat_of recompressed_pages)
-    gp=$(stat_of grouped_pages)
+    gp=$(stat_of groups_made) # (grouped_pages is a gauge: none are left once swap has freed them)
     [ $rc = 0 ] || bad="$bad; vmtool swapfill $fill MiB exited $rc on uzram (1: data mismatch, >128: killed)"
     # zram fails millions; uzram may fail a rare write whose store found no room after 8
     # eviction rounds (seen in four runs: 6, 1, 1, 4 of about 200k requests; swap retries them)
@@ -343,5 +343,5 @@ check_tier() {
         fail_log "$name" "$log" "${bad#; }"
         return
     fi
-    pass "$name" "mem_limit ${lim}M: $fill MiB (1.5x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, grouped $gp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
+    pass "$name" "mem_limit ${lim}M: $fill MiB (1.5x MemAvailable) verified twice on uzram with $fw failed writes, watermark writeback $wm pages, evicted $ev, recompressed $rp, groups made $gp, bd_stat $(echo $bd), peak mem_used $(mib "$used_max"); kernel zram with the same limit: exit $zrc, $zfail failed writes, $zerr write-error lines; $(elapsed "$t0")s"
 }
