@@ -249,8 +249,10 @@ impl Device {
 
     /// Before the pages a request selects are recompressed one by one, the cold ones among
     /// them in runs of neighbours are compressed as groups with the codec at `prio`, where the
-    /// policy's `groups` is on (writeback and eviction take a grouped page out of its group,
-    /// compressed alone): those aged `min_age` for the policy, those marked idle for
+    /// policy's `groups` is on and the device has no backing store (writeback and eviction can
+    /// take grouped pages, each compressed alone, but on the starved build that has not yet
+    /// proved better than page by page, see docs/design/cold-groups.md): those aged `min_age`
+    /// for the policy, those marked idle for
     /// zram's `recompress` with no type or `type=idle` (and no `threshold`, `algo` or
     /// `priority`). `max_pages` bounds the pages grouped and recompressed together.
     fn group_cold(
@@ -266,7 +268,10 @@ impl Device {
         };
         // A request that picks pages by size or names a codec asks for page-by-page work.
         let picks = req.threshold.is_some() || req.algo.is_some() || req.priority.is_some();
-        if picks || !matches!(req.kind, None | Some(RecompressType::Idle)) {
+        if self.backing().is_some()
+            || picks
+            || !matches!(req.kind, None | Some(RecompressType::Idle))
+        {
             return Ok(GroupPass::default());
         }
         let take = |s: &SlotState| match min_age {

@@ -254,7 +254,8 @@ fn zstd_alone(p: &[u8; PAGE_SIZE], threshold: usize) -> usize {
 #[test]
 fn grouped_pages_are_written_back_alone_with_their_groups_codec() {
     let dir = crate::device::testutil::tempdir("groups-wb");
-    // The same pages on two devices, both recompressed: one groups them, the other does not.
+    // The same pages on two devices: one groups them (by hand: the policy makes no groups on
+    // a device with a backing store), the other recompresses them page by page.
     let (g, p) = (
         backed(&dir, "grouped", "groups=16"),
         backed(&dir, "plain", "groups=off"),
@@ -262,13 +263,12 @@ fn grouped_pages_are_written_back_alone_with_their_groups_codec() {
     let (mut gc, mut pc) = (g.context().unwrap(), p.context().unwrap());
     let model = fill(&g, &mut gc, 40, 80);
     fill(&p, &mut pc, 40, 80);
-    let mut grouped = 0;
-    for (d, ctx) in [(&g, &mut gc), (&p, &mut pc)] {
-        d.mark_idle(None);
-        let r = d.recompress(ctx, &"type=idle".parse().unwrap()).unwrap();
-        grouped = grouped.max(r.grouped_pages);
-    }
-    assert!(grouped >= 32, "{grouped} pages grouped");
+    g.mark_idle(None);
+    let pass = g.make_groups(&mut gc, 1, 16).unwrap();
+    assert!(pass.pages >= 32, "{pass:?}");
+    p.mark_idle(None);
+    p.recompress(&mut pc, &"type=idle".parse().unwrap())
+        .unwrap();
     let members: Vec<u64> = (0..40)
         .filter(|&i| g.slot_state(PageIndex(i)).unwrap().is_grouped())
         .collect();
@@ -312,7 +312,7 @@ fn grouped_pages_are_written_back_alone_with_their_groups_codec() {
 }
 
 #[test]
-fn the_policy_groups_idle_pages_then_writes_them_back_by_age() {
+fn the_policy_makes_no_groups_with_a_backing_store_but_writes_groups_back_by_age() {
     use crate::device::policy::Policy;
     let dir = crate::device::testutil::tempdir("groups-policy");
     let d = backed(
@@ -325,8 +325,11 @@ fn the_policy_groups_idle_pages_then_writes_them_back_by_age() {
     let model = fill(&d, &mut ctx, 64, 300);
     d.advance_clock(610);
     let r = policy.tick(&d, &mut ctx, &crate::Pressure::none()).unwrap();
-    assert!(r.grouped >= 48, "{r:?}");
-    assert_eq!(d.stats().groups.pages, r.grouped);
+    assert_eq!((r.grouped, r.recompressed), (0, 64), "{r:?}");
+    // Groups made by hand (of the pages recompressed alone, idle again).
+    d.mark_idle(None);
+    let pass = d.make_groups(&mut ctx, 1, 16).unwrap();
+    assert!(pass.pages >= 48, "{pass:?}");
     d.advance_clock(3600);
     let r = policy.tick(&d, &mut ctx, &crate::Pressure::none()).unwrap();
     // The policy thread writes grouped pages back with its own streams and copy.
@@ -343,10 +346,8 @@ fn writes_at_the_limit_evict_grouped_pages_rather_than_fail() {
     let mut ctx = d.context().unwrap();
     let mut model = fill(&d, &mut ctx, 256, 7);
     d.mark_idle(None);
-    let r = d
-        .recompress(&mut ctx, &"type=idle".parse().unwrap())
-        .unwrap();
-    assert!(r.grouped_pages >= 240, "{r:?}");
+    let pass = d.make_groups(&mut ctx, 1, 16).unwrap();
+    assert!(pass.pages >= 240, "{pass:?}");
     // The pool holds groups alone, and no room is left: the next writes must evict grouped
     // pages (nothing else is there to evict).
     d.set_mem_limit(Some(d.stats().mm.mem_used_total));
@@ -356,7 +357,7 @@ fn writes_at_the_limit_evict_grouped_pages_rather_than_fail() {
         model.insert(i, p);
     }
     let s = d.stats();
-    assert!(s.groups.pages < r.grouped_pages, "{:?}", s.groups);
+    assert!(s.groups.pages < pass.pages, "{:?}", s.groups);
     assert!(d.policy_stats().evicted_pages > 0);
     check(&d, &mut ctx, &model, 320);
     let _ = std::fs::remove_dir_all(dir);

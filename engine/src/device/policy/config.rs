@@ -54,8 +54,9 @@ pub struct PolicyConfig {
     pub promote: bool,
     /// When idle pages are recompressed (by this policy or zram's `recompress type=idle`),
     /// compress runs of neighbouring idle pages together, up to this many pages a group
-    /// (`groups`, 4..=16; `off`). A read of a grouped page decompresses its whole group;
-    /// writeback and eviction take a grouped page out of its group, compressed alone.
+    /// (`groups`, 4..=16; `off`). A read of a grouped page decompresses its whole group. None
+    /// are made on a device with a backing store (writeback and eviction can take grouped
+    /// pages, each compressed alone, but on the starved build that is not yet better).
     pub groups: Option<u8>,
 }
 
