@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use super::policy::{self, PolicyConfig, PolicyStats};
-use super::writeback::{self, BackingStore, Lend, WbBuffers, WritebackRequest, WritebackStats};
+use super::writeback::{self, BackingStore, Batch, WritebackRequest, WritebackStats};
 use super::{Device, FreedPages, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::Error;
 
@@ -51,15 +51,9 @@ impl Tiering {
     /// Before a page of `size` stored bytes goes into the pool: past the pool's ceiling under
     /// host pressure, asks for room without waiting if the store would take a new pool page
     /// (see `policy::spill`).
-    pub(super) fn over_ceiling(
-        &self,
-        dev: &Device,
-        bufs: Option<&mut WbBuffers>,
-        lend: Option<&mut Lend<'_>>,
-        size: usize,
-    ) {
+    pub(super) fn over_ceiling(&self, dev: &Device, batch: Option<&mut Batch<'_>>, size: usize) {
         if self.backing.is_some() && self.past_ceiling(dev) && !dev.pool().has_room_for(size) {
-            self.ask_room(dev, bufs, lend, size);
+            self.ask_room(dev, batch, size);
         }
     }
 
@@ -69,8 +63,7 @@ impl Tiering {
     pub(super) fn no_room(
         &self,
         dev: &Device,
-        bufs: Option<&mut WbBuffers>,
-        lend: Option<&mut Lend<'_>>,
+        batch: Option<&mut Batch<'_>>,
         size: usize,
         tries: &mut usize,
     ) -> bool {
@@ -78,7 +71,7 @@ impl Tiering {
             return false;
         }
         *tries += 1;
-        self.make_room(dev, bufs, lend, size)
+        self.make_room(dev, batch, size)
     }
 
     /// A store failed after eviction was tried.

@@ -172,7 +172,7 @@ impl Device {
         streams: &mut [Option<Stream>],
         group: &mut super::group::ReadCache,
         buf: &mut [u8],
-        mut evict: Option<&mut writeback::WbBuffers>,
+        evict: Option<&mut writeback::WbBuffers>,
         reserve_wait: ReserveWait,
         index: PageIndex,
         page: &[u8; PAGE_SIZE],
@@ -198,9 +198,11 @@ impl Device {
             (&buf[..n], SlotFlags::STORED)
         };
         // Eviction writes grouped pages back alone with this context's streams and group copy.
-        let mut lend = writeback::Lend { streams, group };
-        self.tier
-            .over_ceiling(self, evict.as_deref_mut(), Some(&mut lend), bytes.len());
+        let mut batch = evict.map(|bufs| writeback::Batch {
+            bufs,
+            lend: Some(writeback::Lend { streams, group }),
+        });
+        self.tier.over_ceiling(self, batch.as_mut(), bytes.len());
         let mut rounds = 0;
         let handle = loop {
             let stored = match reserve_wait {
@@ -219,13 +221,9 @@ impl Device {
                     | uzram_allocator::Error::OutOfMemory { .. }
             );
             if no_room
-                && self.tier.no_room(
-                    self,
-                    evict.as_deref_mut(),
-                    Some(&mut lend),
-                    bytes.len(),
-                    &mut rounds,
-                )
+                && self
+                    .tier
+                    .no_room(self, batch.as_mut(), bytes.len(), &mut rounds)
             {
                 continue;
             }

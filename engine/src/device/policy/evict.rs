@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{EVICT_FAST_FAIL, EVICT_SCAN, EVICT_WAIT};
 use crate::device::tier::Tiering;
-use crate::device::writeback::{BatchStats, Lend, WbBuffers};
+use crate::device::writeback::{Batch, BatchStats, WbBuffers};
 use crate::device::{Device, PageIndex, SlotFlags, PAGE_SIZE};
 
 impl super::Requests {
@@ -34,19 +34,18 @@ impl super::Tier {
 }
 
 impl Tiering {
-    /// Makes room for an object of `size` bytes: inline with `bufs` ([`Tiering::evict`]), or
+    /// Makes room for an object of `size` bytes: inline with `batch` ([`Tiering::evict`]), or
     /// in hand-off mode by asking the policy thread and waiting at most [`EVICT_WAIT`] for its
     /// round. Returns whether room was made (the store is worth retrying).
     pub(in crate::device) fn make_room(
         &self,
         dev: &Device,
-        bufs: Option<&mut WbBuffers>,
-        lend: Option<&mut Lend<'_>>,
+        batch: Option<&mut Batch<'_>>,
         size: usize,
     ) -> bool {
         let tier = &self.policy;
         if !tier.hand_off.load(Ordering::Relaxed) {
-            return bufs.is_some_and(|b| self.evict(dev, b, lend, size));
+            return batch.is_some_and(|b| self.evict(dev, b, size));
         }
         if self.backing.is_none() || !tier.config.lock().evict {
             return false;
@@ -81,20 +80,19 @@ impl Tiering {
     }
 
     /// Makes room for an object of `size` bytes without waiting for it, for a write past the
-    /// pool's ceiling (a soft bound, unlike a limit): inline with `bufs` as
+    /// pool's ceiling (a soft bound, unlike a limit): inline with `batch` as
     /// [`Tiering::make_room`] does, or in hand-off mode by asking the policy thread's next
     /// round.
     pub(in crate::device) fn ask_room(
         &self,
         dev: &Device,
-        bufs: Option<&mut WbBuffers>,
-        lend: Option<&mut Lend<'_>>,
+        batch: Option<&mut Batch<'_>>,
         size: usize,
     ) {
         let tier = &self.policy;
         if !tier.hand_off.load(Ordering::Relaxed) {
-            if let Some(b) = bufs {
-                self.evict(dev, b, lend, size);
+            if let Some(b) = batch {
+                self.evict(dev, b, size);
             }
             return;
         }
@@ -112,8 +110,7 @@ impl Tiering {
     pub(in crate::device) fn evict(
         &self,
         dev: &Device,
-        bufs: &mut WbBuffers,
-        lend: Option<&mut Lend<'_>>,
+        batch: &mut Batch<'_>,
         size: usize,
     ) -> bool {
         let Some(backing) = self.backing.as_ref() else {
@@ -130,7 +127,7 @@ impl Tiering {
             tier.spill.stop();
             return false;
         }
-        let allowed = backing.limit_allows(bufs.capacity());
+        let allowed = backing.limit_allows(batch.bufs.capacity());
         if allowed == 0 {
             // zram's writeback_limit is spent.
             tier.counters.budget_denied.fetch_add(1, Ordering::Relaxed);
@@ -144,7 +141,7 @@ impl Tiering {
         let n = dev.pages();
         let scan = EVICT_SCAN.min(n);
         let start = tier.hand.fetch_add(scan, Ordering::Relaxed) % n;
-        let mut pages = std::mem::take(&mut bufs.pages);
+        let mut pages = std::mem::take(&mut batch.bufs.pages);
         let mut any_class = false;
         // Passes: same class and not touched for 10 s; same class; huge pages (each one written
         // back frees a whole pool page at once) and grouped ones; any class (then compaction
@@ -184,8 +181,7 @@ impl Tiering {
             self.write_batch(
                 dev,
                 backing,
-                bufs,
-                lend,
+                batch,
                 &pages,
                 &|s| s.flags.contains(SlotFlags::STORED),
                 false,
@@ -204,7 +200,7 @@ impl Tiering {
                 .fetch_add(pool.compact().pages_freed, Ordering::Relaxed);
         }
         let found = !pages.is_empty();
-        bufs.pages = pages;
+        batch.bufs.pages = pages;
         if b.written > 0 {
             tier.counters.evictions.fetch_add(1, Ordering::Relaxed);
             let c = &tier.counters;
@@ -231,12 +227,12 @@ pub(super) fn serve_pending(bufs: &mut Option<WbBuffers>, device: &Device) -> bo
         taken
     };
     let mut served = 0;
-    let bufs = super::buffers(bufs);
+    let mut batch = Batch::own(super::buffers(bufs));
     for &size in &sizes[..n] {
         // A class with room now (writes past the ceiling ask without waiting, several sizes of
         // one class may be pending, and an eviction for one made room for all) needs none.
         let size = usize::from(size);
-        if device.pool().has_room_for(size) || tiering.evict(device, bufs, None, size) {
+        if device.pool().has_room_for(size) || tiering.evict(device, &mut batch, size) {
             served += 1;
         }
     }

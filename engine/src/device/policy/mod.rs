@@ -43,7 +43,7 @@ use self::stats::Counters;
 pub use self::stats::PolicyStats;
 
 use super::tier::Tiering;
-use super::writeback::{BackingStore, BatchStats, WbBuffers, BATCH};
+use super::writeback::{BackingStore, Batch, BatchStats, WbBuffers, BATCH};
 use super::{Device, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 use crate::{Error, RecompressRequest};
 
@@ -599,8 +599,7 @@ impl Policy {
             let b = device.tiering().write_batch(
                 device,
                 backing,
-                buffers(&mut self.bufs),
-                None,
+                &mut Batch::own(buffers(&mut self.bufs)),
                 &self.pages[..allowed],
                 keep,
                 true,

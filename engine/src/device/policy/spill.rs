@@ -20,6 +20,7 @@ use crossbeam::queue::ArrayQueue;
 
 use super::{Policy, BATCH};
 use crate::device::tier::Tiering;
+use crate::device::writeback::Batch;
 use crate::device::{Device, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
 
 /// Page indexes the queue holds; a page that finds it full stays in the pool (host pressure
@@ -152,8 +153,7 @@ impl Policy {
             let b = tiering.write_batch(
                 device,
                 backing,
-                super::buffers(&mut self.bufs),
-                None,
+                &mut Batch::own(super::buffers(&mut self.bufs)),
                 &self.pages[..allowed],
                 &keep,
                 true,

@@ -107,6 +107,20 @@ pub(in crate::device) struct Lend<'a> {
     pub(in crate::device) group: &'a mut super::group::ReadCache,
 }
 
+/// A batch about to be written: its buffers, and what the thread writing it lends (without a
+/// loan, a grouped page goes back with the buffers' own streams and copy, made at the first).
+pub(in crate::device) struct Batch<'a> {
+    pub(in crate::device) bufs: &'a mut WbBuffers,
+    pub(in crate::device) lend: Option<Lend<'a>>,
+}
+
+impl<'a> Batch<'a> {
+    /// A batch in `bufs` with nothing lent.
+    pub(in crate::device) fn own(bufs: &'a mut WbBuffers) -> Batch<'a> {
+        Batch { bufs, lend: None }
+    }
+}
+
 /// A page a batch took.
 #[derive(Debug, Clone, Copy)]
 struct Taken {
@@ -320,22 +334,21 @@ impl Tiering {
     /// Writes back, as one batch, those of `pages` (at most the buffers' capacity) whose state
     /// `keep` accepts under their lock, and swaps their slots over to the records. With `wait`
     /// false a page whose lock is busy is skipped (eviction inside a write, which may hold a slot
-    /// lock itself). A grouped page is written back alone with `lend`'s streams and group copy,
-    /// or without one with the buffers' own (made at the first grouped page); nothing else is
+    /// lock itself). A grouped page is written back alone with the batch's loan, or without one
+    /// with the buffers' own streams and copy (made at the first grouped page); nothing else is
     /// allocated.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn write_batch(
         &self,
         dev: &Device,
         backing: &BackingStore,
-        bufs: &mut WbBuffers,
-        lend: Option<&mut Lend<'_>>,
+        batch: &mut Batch<'_>,
         pages: &[PageIndex],
         keep: &dyn Fn(&SlotState) -> bool,
         wait: bool,
     ) -> BatchStats {
         let mut stats = BatchStats::default();
-        let sectors = self.pick(dev, bufs, lend, pages, keep, wait);
+        let bufs = &mut *batch.bufs;
+        let sectors = self.pick(dev, bufs, batch.lend.as_mut(), pages, keep, wait);
         if bufs.taken.is_empty() {
             return stats;
         }
@@ -591,22 +604,15 @@ impl Tiering {
                 break;
             }
             let keep = |s: &SlotState| Self::wb_eligible_flags(s, req);
-            let mut lend = {
-                let s = ctx.scratch();
-                Lend {
+            let s = ctx.scratch();
+            let mut batch = Batch {
+                bufs: &mut bufs,
+                lend: Some(Lend {
                     streams: s.streams,
                     group: s.group,
-                }
+                }),
             };
-            let b = self.write_batch(
-                dev,
-                backing,
-                &mut bufs,
-                Some(&mut lend),
-                &chunk[..allowed],
-                &keep,
-                true,
-            );
+            let b = self.write_batch(dev, backing, &mut batch, &chunk[..allowed], &keep, true);
             stats.written += b.written;
             stats.bytes += b.bytes;
             stats.failed += b.failed;
