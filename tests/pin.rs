@@ -12,6 +12,7 @@ fn main() {
     io_heap_serves_marked_threads();
     uzram::daemon::pin::prefault_stack::<{ uzram::daemon::pin::STACK_PREFAULT }>();
     io_path_fits_in_the_prefaulted_stack();
+    evicting_writes_fit_in_the_prefaulted_stack();
     upkeep_fits_in_its_prefaulted_stack();
     let s = heap::stats();
     println!(
@@ -218,6 +219,17 @@ fn rss_anon_kib() -> u64 {
         .unwrap()
 }
 
+/// The whole stack a thread that faults in `prefault` bytes of stack is checked in: that, less
+/// 32 KiB for the frames above what is checked (libublk's on a queue thread). The daemon is
+/// built in release, and there that is the check; a debug build's frames are several times
+/// larger (zstd's C at `-O0` among them), so its check gets twice the room: it still catches a
+/// path that grew severalfold, and `cargo test --release --test pin` (in `.ci/long`) checks the
+/// budget itself.
+fn check_stack(prefault: usize) -> usize {
+    let room = if cfg!(debug_assertions) { 2 } else { 1 };
+    room * prefault - (32 << 10)
+}
+
 /// A request's first attempt, as a queue thread makes it (none is put off here).
 fn handle(
     device: &uzram_engine::Device,
@@ -244,7 +256,7 @@ fn handle(
 }
 
 /// The request path (`io::handle`, as a queue thread calls it), run on a thread whose whole
-/// stack is [`STACK_PREFAULT`] less 32 KiB (libublk's frames above the handler): a deeper path
+/// stack is [`check_stack`] ([`STACK_PREFAULT`] less 32 KiB in release): a deeper path
 /// would overflow it (the guard page ends the test with SIGSEGV), so the stack a queue thread
 /// faults in before serving covers every page it will touch.
 fn io_path_fits_in_the_prefaulted_stack() {
@@ -316,7 +328,7 @@ fn io_path_fits_in_the_prefaulted_stack() {
     heap::refill();
     let before = heap::stats().fallbacks;
     std::thread::Builder::new()
-        .stack_size(uzram::daemon::pin::STACK_PREFAULT - (32 << 10))
+        .stack_size(check_stack(uzram::daemon::pin::STACK_PREFAULT))
         .spawn(move || {
             heap::serve_from_io_heap();
             run();
@@ -329,6 +341,80 @@ fn io_path_fits_in_the_prefaulted_stack() {
         .unwrap()
         .join()
         .unwrap();
+}
+
+/// A queue thread's deepest request: a write at the pool's limit that evicts inline (a block
+/// device's backing store: no hand-off) a batch of grouped pages, each decompressed from its
+/// zstd group and compressed alone, sealed with the store's key. Run, as above, on a thread
+/// whose whole stack is [`check_stack`]; every page is read back as written.
+///
+/// [`STACK_PREFAULT`]: uzram::daemon::pin::STACK_PREFAULT
+fn evicting_writes_fit_in_the_prefaulted_stack() {
+    use uzram::daemon::io::{InPlace, Op, Request};
+    use uzram_engine::testing::pages::text_page;
+    use uzram_engine::{BackingKey, DeviceSetup, PAGE_SIZE};
+    const PAGES: u64 = 256;
+    let dir = std::env::temp_dir().join(format!("uzram-pin-evict-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let device = {
+        let mut setup = DeviceSetup::new();
+        setup.set_recomp_algorithm("zstd").unwrap();
+        setup.set_backing_dev(&dir.join("backing"));
+        setup.set_backing_key(BackingKey::generate());
+        setup.set_policy("min_free=0 psi=off evict=1").unwrap();
+        setup.init(4 * PAGES * PAGE_SIZE as u64).unwrap()
+    };
+    device.set_evict_hand_off(false);
+    let run = move || {
+        let mut ctx = device.context().unwrap();
+        let mut buf = vec![0u8; 128 << 10];
+        let req = |op, page: u64| Request {
+            op,
+            start_sector: page * 8,
+            nr_sectors: 8,
+            swap: true,
+        };
+        let write = |ctx: &mut uzram_engine::IoContext, page: u64, buf: &mut [u8]| {
+            buf[..PAGE_SIZE].copy_from_slice(&text_page(page));
+            assert_eq!(
+                handle(&device, ctx, req(Op::Write, page), buf, &InPlace),
+                PAGE_SIZE as i32
+            );
+        };
+        for page in 0..PAGES {
+            write(&mut ctx, page, &mut buf);
+        }
+        device.mark_idle(None);
+        let pass = device.make_groups(&mut ctx, 1, 16).unwrap();
+        assert!(pass.pages >= PAGES - 16, "{pass:?}");
+        // No room left but what eviction makes: only grouped pages are there to evict.
+        device.set_mem_limit(Some(device.stats().mm.mem_used_total));
+        for page in PAGES..PAGES + 64 {
+            write(&mut ctx, page, &mut buf);
+        }
+        assert!(device.policy_stats().evicted_pages > 0);
+        assert!(device.stats().groups.pages < pass.pages);
+        for page in 0..PAGES + 64 {
+            assert_eq!(
+                handle(&device, &mut ctx, req(Op::Read, page), &mut buf, &InPlace),
+                PAGE_SIZE as i32
+            );
+            assert!(
+                buf[..PAGE_SIZE] == text_page(page)[..],
+                "page {page} differs"
+            );
+        }
+    };
+    std::thread::Builder::new()
+        .stack_size(check_stack(uzram::daemon::pin::STACK_PREFAULT))
+        .spawn(move || {
+            heap::serve_from_io_heap();
+            run();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The memory thread's rounds on `d` (a region, its pool in reserve mode): calm, then short.
@@ -414,8 +500,30 @@ fn policy_rounds(d: &uzram_engine::Device) {
     }
 }
 
+/// The policy thread's rounds on `d` (no backing store, zstd second): idle pages grouped; every
+/// page read back as written, each grouped one through its group.
+fn group_rounds(d: &uzram_engine::Device) {
+    use uzram_engine::testing::pages::text_page;
+    use uzram_engine::{Policy, Pressure, PAGE_SIZE};
+    const PAGE: u64 = PAGE_SIZE as u64;
+    let mut ctx = d.context().unwrap();
+    let mut policy = Policy::new();
+    for i in 0..256 {
+        d.write(&mut ctx, i * PAGE, &text_page(i)).unwrap();
+    }
+    d.advance_clock(610);
+    policy.tick(d, &mut ctx, &Pressure::none()).unwrap();
+    assert!(d.stats().groups.pages >= 240, "{:?}", d.stats().groups);
+    let mut back = [0u8; PAGE_SIZE];
+    for i in 0..256 {
+        d.read(&mut ctx, i * PAGE, &mut back).unwrap();
+        assert!(back == text_page(i), "page {i} differs");
+    }
+}
+
 /// The memory thread's and the policy thread's rounds, run on a thread whose whole stack is
-/// [`UPKEEP_STACK_PREFAULT`] less 32 KiB (the thread's own frames above them): a deeper round
+/// [`check_stack`] ([`UPKEEP_STACK_PREFAULT`] less 32 KiB in release, the thread's own frames
+/// above them): a deeper round
 /// would overflow it (SIGSEGV), so the stack those threads fault in covers every page they
 /// touch. Each step's result is checked against what it must have done.
 ///
@@ -448,12 +556,23 @@ fn upkeep_fits_in_its_prefaulted_stack() {
             .unwrap();
         setup.init(4096 * PAGE).unwrap()
     };
+    // Without a backing store the policy's recompression makes cold groups (zstd over runs
+    // of neighbours, at the groups' level).
+    let group_device = {
+        let mut setup = DeviceSetup::new();
+        setup.set_recomp_algorithm("zstd").unwrap();
+        setup
+            .set_policy("recompress_after=10m min_free=0 psi=off")
+            .unwrap();
+        setup.init(4096 * PAGE).unwrap()
+    };
     let run = move || {
         memory_rounds(&memory_device);
         policy_rounds(&policy_device);
+        group_rounds(&group_device);
     };
     std::thread::Builder::new()
-        .stack_size(uzram::daemon::pin::UPKEEP_STACK_PREFAULT - (32 << 10))
+        .stack_size(check_stack(uzram::daemon::pin::UPKEEP_STACK_PREFAULT))
         .spawn(move || {
             heap::serve_from_io_heap();
             run();

@@ -63,6 +63,12 @@ pub enum CodecError {
         /// The run's length.
         want: usize,
     },
+    /// A context made at its first use could not be allocated.
+    #[error("{algorithm} could not allocate a decompression context: out of memory")]
+    NoContext {
+        /// The codec.
+        algorithm: Algorithm,
+    },
 }
 
 /// A codec could not be set up: a level out of range, a dictionary the backend rejects, a

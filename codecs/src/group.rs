@@ -31,6 +31,12 @@ pub const MAX_GROUP_PAGES: usize = 16;
 /// bytes and at 9 5.4-8.4 % fewer, for 2-5 times the compression time.
 pub const GROUP_ZSTD_LEVEL: i32 = 9;
 
+/// The size (log2 of entries) of zstd's match-finder tables for groups at [`GROUP_ZSTD_LEVEL`]:
+/// level 9 sizes them for its 64 KiB input at 2^16 and 2^17 entries, a context of 973 KiB that
+/// the thread that makes groups keeps; at 2^15 it is 493 KiB, for 0.13 % more bytes on the
+/// checked-in sample. A level given explicitly keeps zstd's own tables.
+pub const GROUP_ZSTD_TABLE_LOG: u32 = 15;
+
 /// The longest run, in bytes.
 pub const MAX_GROUP_LEN: usize = MAX_GROUP_PAGES * PAGE_SIZE;
 
@@ -52,7 +58,9 @@ enum GroupState {
         /// `None` in a stream made for reads: a context sized for 64 KiB runs costs hundreds of
         /// KiB, and only the thread that makes groups needs one.
         cctx: Option<CCtx<'static>>,
-        dctx: DCtx<'static>,
+        /// Made at once in a stream for reads (a read allocates nothing), at its first frame in
+        /// one that compresses (93 KiB the thread that makes groups does not need).
+        dctx: Option<DCtx<'static>>,
     },
 }
 
@@ -69,16 +77,24 @@ impl GroupStream {
             Algorithm::Lz4 => GroupState::Lz4(Some(Box::new(CompressTable::large()))),
             Algorithm::Zstd => {
                 let mut cctx = CCtx::try_create().ok_or(out_of_memory.clone())?;
-                cctx.set_parameter(zstd_safe::CParameter::ChecksumFlag(true))
-                    .and_then(|_| {
-                        cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(Self::level(
-                            codec,
-                        )))
-                    })
-                    .map_err(|_| out_of_memory.clone())?;
+                let tables = match codec.params().level {
+                    Some(_) => vec![],
+                    None => vec![
+                        zstd_safe::CParameter::HashLog(GROUP_ZSTD_TABLE_LOG),
+                        zstd_safe::CParameter::ChainLog(GROUP_ZSTD_TABLE_LOG),
+                    ],
+                };
+                [
+                    zstd_safe::CParameter::ChecksumFlag(true),
+                    zstd_safe::CParameter::CompressionLevel(Self::level(codec)),
+                ]
+                .into_iter()
+                .chain(tables)
+                .try_for_each(|p| cctx.set_parameter(p).map(drop))
+                .map_err(|_| out_of_memory.clone())?;
                 GroupState::Zstd {
                     cctx: Some(cctx),
-                    dctx: DCtx::try_create().ok_or(out_of_memory.clone())?,
+                    dctx: None,
                 }
             }
         };
@@ -108,10 +124,22 @@ impl GroupStream {
             Algorithm::Lz4 => GroupState::Lz4(None),
             Algorithm::Zstd => GroupState::Zstd {
                 cctx: None,
-                dctx: DCtx::try_create().ok_or(ConfigError::OutOfMemory { algorithm })?,
+                dctx: Some(DCtx::try_create().ok_or(ConfigError::OutOfMemory { algorithm })?),
             },
         };
         Ok(Self { algorithm, state })
+    }
+
+    /// Bytes its contexts hold (zstd's; lz4's table is fixed), for tests and accounting.
+    pub fn context_bytes(&self) -> usize {
+        match &self.state {
+            GroupState::Lz4(t) => t
+                .as_ref()
+                .map_or(0, |_| std::mem::size_of::<CompressTable>()),
+            GroupState::Zstd { cctx, dctx } => {
+                cctx.as_ref().map_or(0, |c| c.sizeof()) + dctx.as_ref().map_or(0, |d| d.sizeof())
+            }
+        }
     }
 
     /// The algorithm the groups are compressed with.
@@ -172,9 +200,17 @@ impl GroupStream {
         let want = dst.len();
         let result = match &mut self.state {
             GroupState::Lz4(_) => block::decompress_into(src, dst).map_err(|_| "invalid block"),
-            GroupState::Zstd { dctx, .. } => dctx
-                .decompress(&mut *dst, src)
-                .map_err(zstd_safe::get_error_name),
+            GroupState::Zstd { dctx, .. } => {
+                if dctx.is_none() {
+                    *dctx = DCtx::try_create();
+                }
+                let Some(dctx) = dctx.as_mut() else {
+                    dst.fill(0);
+                    return Err(CodecError::NoContext { algorithm });
+                };
+                dctx.decompress(&mut *dst, src)
+                    .map_err(zstd_safe::get_error_name)
+            }
         };
         let result = match result {
             Ok(len_bytes) if len_bytes == want => Ok(()),

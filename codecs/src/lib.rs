@@ -69,7 +69,8 @@ pub use codec::{Codec, Stream};
 pub use dict::{train_dictionary, MIN_DICT_LEN};
 pub use error::{CodecError, ConfigError};
 pub use group::{
-    GroupStream, GROUP_COMPRESS_BOUND, GROUP_ZSTD_LEVEL, MAX_GROUP_LEN, MAX_GROUP_PAGES,
+    GroupStream, GROUP_COMPRESS_BOUND, GROUP_ZSTD_LEVEL, GROUP_ZSTD_TABLE_LOG, MAX_GROUP_LEN,
+    MAX_GROUP_PAGES,
 };
 pub use params::{
     param_keys, read_dictionary, AlgorithmParams, CodecParams, ParamsError, MAX_COMPS, MAX_DICT_LEN,

@@ -9,20 +9,21 @@
 //! docs/design/safe-to-hold-swap.md.
 
 /// Stack a queue thread faults in (and so locks) before it serves: `tests/pin.rs` runs the
-/// request path (`io::handle`: lz4 and zstd up to level 19, whole and partial pages) on a
-/// thread whose whole stack is 32 KiB less than this, the 32 KiB for libublk's frames above it.
-/// The request path passes at 128 KiB too; 256 KiB is kept because a queue thread also evicts
-/// for its writes to a backing device (a batch written back, encrypted), which is not measured
-/// on a queue thread.
-pub const STACK_PREFAULT: usize = 256 << 10;
+/// request path (`io::handle`: lz4 and zstd up to level 19, whole and partial pages) and a write
+/// that evicts grouped pages inline (each decompressed from its zstd group, compressed alone,
+/// sealed) on a thread whose whole stack is 32 KiB less than this in a release build, the
+/// 32 KiB for libublk's frames above it. Held by every queue thread of the worker and of its
+/// standby, so kept as small as the deepest request needs.
+pub const STACK_PREFAULT: usize = 128 << 10;
 
 /// Stack the memory and policy threads fault in before their first round: `tests/pin.rs` runs
 /// their rounds (the pool's maintenance with the I/O heap's refill and a region's prefault,
 /// freed slots, the host's memory figures, a trim; the policy's idle recompression to zstd,
-/// writeback by age, encrypted, eviction above the watermark, the evictions writes hand it,
-/// compaction) on a thread whose whole stack is 32 KiB less than this: it is held by two
-/// threads of every daemon, so kept as small as the deepest round needs.
-pub const UPKEEP_STACK_PREFAULT: usize = 128 << 10;
+/// its cold groups, writeback by age, encrypted, eviction above the watermark, the evictions
+/// writes hand it, compaction) on a thread whose whole stack is 32 KiB less than this in a
+/// release build: it is held by two threads of every daemon, so kept as small as the deepest
+/// round needs.
+pub const UPKEEP_STACK_PREFAULT: usize = 96 << 10;
 
 /// Tunes glibc's malloc for the threads that still use it (control, watchdog; the I/O path has
 /// its own heap, [`super::heap`]): one arena, no trimming and no `mmap` below 32 MiB (giving

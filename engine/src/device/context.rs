@@ -87,9 +87,13 @@ impl std::fmt::Debug for IoContext {
 }
 
 impl Device {
-    /// A context for one I/O thread. Every stream compresses and decompresses one page before
-    /// it is returned, so that codecs that allocate their work memory lazily (zstd) have done so:
-    /// the I/O path then runs on memory it already holds.
+    /// A context for one I/O thread. The primary stream compresses and decompresses one page
+    /// before it is returned, so that codecs that allocate their work memory lazily (zstd) have
+    /// done so: the I/O path then runs on memory it already holds. The recompression streams
+    /// do too where the device has a backing store (an eviction compresses a grouped page alone
+    /// with its group's codec on the thread that writes); without one, only recompression
+    /// compresses with them, on the policy's or a control thread, which makes zstd's workspace
+    /// (77 KiB a context) at its first page instead of every I/O thread holding one.
     pub fn context(&self) -> Result<IoContext, Error> {
         Ok(self.new_context()?)
     }
@@ -113,7 +117,12 @@ impl Device {
             reserve_wait: ReserveWait::Pool,
         };
         let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
-        for stream in ctx.streams.iter_mut().flatten() {
+        let warm = if self.backing().is_some() {
+            ctx.streams.len()
+        } else {
+            1
+        };
+        for stream in ctx.streams.iter_mut().take(warm).flatten() {
             ctx.page.copy_from_slice(&sample);
             if let Ok(n) = stream.compress(&ctx.page, &mut ctx.buf) {
                 let _ = stream.decompress(&ctx.buf[..n], &mut ctx.page);

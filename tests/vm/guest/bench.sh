@@ -178,6 +178,18 @@ smaps_big() {
         $1 == "Rss:" && $2 >= 256 { print $2 ":" m }' "/proc/$1/smaps" | sort -rn | tr '\n' ' '
 }
 
+# smaps_pss: "comm:pid:Pss_kB:Private_kB:name" for each mapping of every uzram process with
+# 64 kB or more of Pss, largest first, separated by spaces (where the all-in figure goes)
+smaps_pss() {
+    local p
+    for p in /proc/[0-9]*; do
+        [ "$(cat "$p/comm" 2>/dev/null)" = uzram ] || continue
+        awk -v pid="${p#/proc/}" '/^[0-9a-f]+-[0-9a-f]+ / { n = ($6 == "" ? "anon" : $6) }
+            $1 == "Pss:" { pss = $2 } $1 == "Private_Dirty:" { priv = $2 }
+            $1 == "Private_Clean:" { priv += $2; if (pss >= 64) print pss ":" pid ":" priv ":" n }' "$p/smaps" 2>/dev/null
+    done | sort -rn | tr '\n' ' '
+}
+
 # reserve_target DEV: the bytes DEV's pool reserve is kept at now
 reserve_target() {
     "$UZRAM_BIN" attr "$1" uzram_stat | awk '$1 == "pool_reserve_target" { print $2 }'
@@ -198,13 +210,20 @@ settle() {
     elapsed "$t0"
 }
 
+# memory_part NAME: whether UZRAM_BENCH_MEMORY_PARTS (default "idle fills recompressed") names
+# NAME: the idle daemon, the fills of each algorithm, the recompressed pages
+memory_part() {
+    case " ${UZRAM_BENCH_MEMORY_PARTS:-idle fills recompressed} " in *" $1 "*) return 0 ;; esac
+    return 1
+}
+
 # The daemon's memory all in (issue 14): a fresh 1 GiB device's whole cost at idle, then each
 # algorithm's cost for the same pages against kernel zram's pool + table (16 B a page of
 # disksize) in the same guest. UZRAM_BENCH_MEMORY_FILLS: MiB of pages (default 130).
 memory_suite() {
     local disk=1073741824 table mb stat mem burst settle_s
     table=$((disk / 4096 * 16))
-    if uzram_setup lz4 1G; then
+    if memory_part idle && uzram_setup lz4 1G; then
         # What the daemon holds once it has settled (its threads started, the reserve at its
         # least).
         sleep 5
@@ -214,7 +233,7 @@ memory_suite() {
         uzram_reset
     fi
     for mb in ${UZRAM_BENCH_MEMORY_FILLS:-130}; do
-        for algo in lz4 zstd; do
+        for algo in $(memory_part fills && echo lz4 zstd); do
             FILL_MB=$mb
             # What kernel zram holds beyond mem_used_total, measured: its table (vmalloc) and
             # zsmalloc's handles and zspage records (slab), as the guest's counters move from
@@ -242,7 +261,7 @@ memory_suite() {
             uzram_reset
         done
     done
-    for mb in ${UZRAM_BENCH_MEMORY_FILLS:-130}; do
+    for mb in $(memory_part recompressed && echo "${UZRAM_BENCH_MEMORY_FILLS:-130}"); do
         FILL_MB=$mb
         memory_recompressed $mb
     done
@@ -292,6 +311,7 @@ memory_recompressed() {
         stat=$(dev_mm_stat "$UZRAM_DEV" | tr -s ' ' | sed 's/^ //')
         mem=$(uzram_mem "$UZRAM_DEV")
         emit "{\"kind\":\"smaps\",\"algorithm\":\"recompressed\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"mappings\":\"$(smaps_big "$(uzram_mem "$UZRAM_DEV" | sed 's/"pid":\([0-9]*\).*/\1/')")\"}"
+        emit "{\"kind\":\"smaps_pss\",\"algorithm\":\"recompressed\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"mappings\":\"$(smaps_pss)\"}"
         emit "{\"kind\":\"allin\",\"device\":\"uzram\",\"algorithm\":\"recompressed\",\"setup\":\"$usetup\",\"cpus\":$(nproc),\"fill_mb\":$mb,\"disksize\":$disk,\"table\":$table,\"mm_stat\":\"$stat\",$mem,\"burst_rss_kb\":$burst,\"settle_s\":$settle_s,\"policy_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" policy_stat | tr '\n' ' ')\",\"uzram_stat\":\"$("$UZRAM_BIN" attr "$UZRAM_DEV" uzram_stat | tr '\n' ' ')\"}"
     fi
     uzram_reset
