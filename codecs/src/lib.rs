@@ -57,6 +57,7 @@ mod backend_zstd;
 mod codec;
 mod dict;
 mod error;
+mod estimate;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
 mod group;
@@ -68,6 +69,7 @@ pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use codec::{Codec, Stream};
 pub use dict::{train_dictionary, MIN_DICT_LEN};
 pub use error::{CodecError, ConfigError};
+pub use estimate::looks_incompressible;
 pub use group::{
     GroupStream, GROUP_COMPRESS_BOUND, GROUP_ZSTD_LEVEL, GROUP_ZSTD_TABLE_LOG, MAX_GROUP_LEN,
     MAX_GROUP_PAGES,

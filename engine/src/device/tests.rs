@@ -48,31 +48,41 @@ fn same_filled_detection() {
 
 #[test]
 fn pages_round_trip_by_kind() {
-    let (d, mut ctx) = device(8);
-    let text = text_page(1);
-    let noise = crate::testing::pages::noise_page(0x9e37_79b9_7f4a_7c15);
-    let mut same = [0u8; PAGE_SIZE];
-    fill(&mut same, 0xabab_abab_abab_abab);
-    d.write(&mut ctx, 0, &text).unwrap();
-    d.write(&mut ctx, 4096, &noise).unwrap();
-    d.write(&mut ctx, 8192, &same).unwrap();
-    let mut out = [0u8; PAGE_SIZE];
-    for (i, want) in [text, noise, same, [0; PAGE_SIZE]].iter().enumerate() {
-        d.read(&mut ctx, i as u64 * 4096, &mut out).unwrap();
-        assert_page(&out, want);
+    // lz4 compresses every page; zstd stores the noise page whole without compressing it (it
+    // looks incompressible), and compresses the page that is half noise.
+    for algorithm in ["lz4", "zstd"] {
+        let mut setup = DeviceSetup::new();
+        setup.set_comp_algorithm(algorithm).unwrap();
+        let d = setup.init(8 * PAGE_SIZE as u64).unwrap();
+        let mut ctx = d.context().unwrap();
+        let text = text_page(1);
+        let noise = crate::testing::pages::noise_page(0x9e37_79b9_7f4a_7c15);
+        assert!(uzram_codecs::looks_incompressible(&noise));
+        let mut same = [0u8; PAGE_SIZE];
+        fill(&mut same, 0xabab_abab_abab_abab);
+        let mut half = noise;
+        half[PAGE_SIZE / 2..].copy_from_slice(&text[..PAGE_SIZE / 2]);
+        let pages = [text, noise, same, half];
+        for (i, p) in pages.iter().enumerate() {
+            d.write(&mut ctx, i as u64 * 4096, p).unwrap();
+        }
+        let mut out = [0u8; PAGE_SIZE];
+        for (i, want) in pages.iter().chain([&[0; PAGE_SIZE]]).enumerate() {
+            d.read(&mut ctx, i as u64 * 4096, &mut out).unwrap();
+            assert_page(&out, want);
+        }
+        let st = d.stats().mm;
+        assert_eq!(
+            (st.same_pages, st.huge_pages, st.huge_pages_since),
+            (1, 1, 1),
+            "{algorithm}"
+        );
+        assert_eq!(st.orig_data_size, 4 * 4096);
+        let flags = |i| d.slot_state(PageIndex(i)).unwrap().flags;
+        assert!(flags(1).contains(SlotFlags::HUGE));
+        assert!(!flags(3).contains(SlotFlags::HUGE), "{algorithm}");
+        d.check_invariants().unwrap();
     }
-    let st = d.stats().mm;
-    assert_eq!(
-        (st.same_pages, st.huge_pages, st.huge_pages_since),
-        (1, 1, 1)
-    );
-    assert_eq!(st.orig_data_size, 3 * 4096);
-    assert!(d
-        .slot_state(PageIndex(1))
-        .unwrap()
-        .flags
-        .contains(SlotFlags::HUGE));
-    d.check_invariants().unwrap();
 }
 
 #[test]

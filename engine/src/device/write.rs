@@ -187,11 +187,17 @@ impl Device {
                 atime,
             });
         }
-        let n = streams[0]
+        let primary = streams[0]
             .as_mut()
-            .expect("the primary codec is always there")
-            .compress(page, buf)
-            .map_err(|source| IoError::Compress { index, source })?;
+            .expect("the primary codec is always there");
+        // A page that looks incompressible is stored whole without a costly compression.
+        let n = if primary.worth_compressing(page) {
+            primary
+                .compress(page, buf)
+                .map_err(|source| IoError::Compress { index, source })?
+        } else {
+            PAGE_SIZE
+        };
         let (bytes, flags) = if n >= self.huge_threshold {
             (&page[..], SlotFlags::STORED | SlotFlags::HUGE)
         } else {

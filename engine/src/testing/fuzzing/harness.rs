@@ -360,6 +360,8 @@ impl Harness {
     pub(super) fn page(&mut self, data: Box<[u8; PAGE_SIZE]>) -> ModelPage {
         let stored = match same_word(&data[..]) {
             Some(word) => Stored::Same(word),
+            // Stored whole without a compression, as the engine's write does.
+            None if !self.sizer.worth_compressing(&data) => Stored::Huge,
             None => {
                 let n = self
                     .sizer
