@@ -47,18 +47,40 @@ pub(crate) struct ZstdStream {
 
 impl ZstdStream {
     pub(crate) fn new(level: i32, dicts: Option<&ZstdDicts>) -> Result<Self, ConfigError> {
+        let mut stream = Self::unwarmed(level)?;
+        // Allocate the compression workspace now rather than on the first page.
+        stream.warm_compression(dicts)?;
+        Ok(stream)
+    }
+
+    /// Its contexts, the compression workspace not yet made (zstd makes it at the first
+    /// compression, or at [`ZstdStream::warm_compression`]).
+    pub(crate) fn unwarmed(level: i32) -> Result<Self, ConfigError> {
         let out_of_memory = ConfigError::OutOfMemory {
             algorithm: Algorithm::Zstd,
         };
         let cctx = CCtx::try_create().ok_or(out_of_memory.clone())?;
-        let dctx = DCtx::try_create().ok_or(out_of_memory.clone())?;
-        let mut stream = Self { cctx, dctx, level };
-        // Allocate the compression workspace now rather than on the first page.
+        let dctx = DCtx::try_create().ok_or(out_of_memory)?;
+        Ok(Self { cctx, dctx, level })
+    }
+
+    /// Makes the compression workspace and faults it in, by compressing a page (once it is
+    /// made, a page costs the same).
+    pub(crate) fn warm_compression(
+        &mut self,
+        dicts: Option<&ZstdDicts>,
+    ) -> Result<(), ConfigError> {
         let mut warm_up = [0u8; COMPRESS_BOUND];
-        stream
-            .compress(dicts, &[0; PAGE_SIZE], &mut warm_up)
-            .map_err(|_| out_of_memory)?;
-        Ok(stream)
+        self.compress(dicts, &crate::codec::WARM_PAGE, &mut warm_up)
+            .map(drop)
+            .map_err(|_| ConfigError::OutOfMemory {
+                algorithm: Algorithm::Zstd,
+            })
+    }
+
+    /// Bytes its two contexts hold.
+    pub(crate) fn context_bytes(&self) -> usize {
+        self.cctx.sizeof() + self.dctx.sizeof()
     }
 
     /// Compresses into `dst`, which is at least [`COMPRESS_BOUND`] bytes.

@@ -22,6 +22,24 @@ struct Inner {
     level: i32,
     /// zstd's prepared dictionaries; lz4 uses `params.dict` as it is.
     zstd_dicts: Option<ZstdDicts>,
+    /// zstd: [`WARM_PAGE`] compressed, which [`Codec::stream_for_reads`] decompresses to fault
+    /// its decompression context in.
+    warm_frame: Option<Box<[u8]>>,
+}
+
+/// A page of varied bytes (literals and matches both) that a stream compresses or decompresses
+/// once when it is made, so that zstd's contexts are allocated and faulted in before the first
+/// real page.
+pub(crate) static WARM_PAGE: [u8; PAGE_SIZE] = warm_page();
+
+const fn warm_page() -> [u8; PAGE_SIZE] {
+    let mut page = [0u8; PAGE_SIZE];
+    let mut i = 0;
+    while i < PAGE_SIZE {
+        page[i] = (i * 7 % 251 / 3) as u8;
+        i += 1;
+    }
+    page
 }
 
 impl Codec {
@@ -46,12 +64,24 @@ impl Codec {
             (Algorithm::Zstd, Some(dict)) => Some(ZstdDicts::new(dict, level)?),
             _ => None,
         };
+        let warm_frame = match algorithm {
+            Algorithm::Zstd => {
+                let mut frame = vec![0u8; backend_zstd::COMPRESS_BOUND];
+                let n = ZstdStream::new(level, zstd_dicts.as_ref())?
+                    .compress(zstd_dicts.as_ref(), &WARM_PAGE, &mut frame)
+                    .map_err(|_| ConfigError::OutOfMemory { algorithm })?;
+                frame.truncate(n);
+                Some(frame.into_boxed_slice())
+            }
+            Algorithm::Lz4 => None,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 algorithm,
                 params,
                 level,
                 zstd_dicts,
+                warm_frame,
             }),
         })
     }
@@ -66,6 +96,32 @@ impl Codec {
                 self.inner.level,
                 self.inner.zstd_dicts.as_ref(),
             )?),
+        };
+        Ok(Stream {
+            codec: self.clone(),
+            state,
+            scratch: Box::new([0; MAX_COMPRESSED_LEN]),
+        })
+    }
+
+    /// A stream for a thread that decompresses this codec's pages but rarely or never
+    /// compresses: like [`Codec::stream`]'s, its decompression allocates nothing (its context is
+    /// made and faulted in now), but zstd's compression workspace (about 90 KiB) is made at
+    /// its first compression, or at [`Stream::warm_compression`].
+    pub fn stream_for_reads(&self) -> Result<Stream, ConfigError> {
+        let state = match self.inner.algorithm {
+            Algorithm::Lz4 => State::Lz4(Lz4Stream::new()),
+            Algorithm::Zstd => {
+                let mut zstd = ZstdStream::unwarmed(self.inner.level)?;
+                if let Some(frame) = &self.inner.warm_frame {
+                    let mut page = [0u8; PAGE_SIZE];
+                    zstd.decompress(self.inner.zstd_dicts.as_ref(), frame, &mut page)
+                        .map_err(|_| ConfigError::OutOfMemory {
+                            algorithm: Algorithm::Zstd,
+                        })?;
+                }
+                State::Zstd(zstd)
+            }
         };
         Ok(Stream {
             codec: self.clone(),
@@ -194,6 +250,25 @@ impl Stream {
             dst.fill(0);
         }
         result
+    }
+
+    /// Makes the compression workspace of a stream made by [`Codec::stream_for_reads`] now (and
+    /// faults it in), so that its first compression does not: for a thread about to compress
+    /// under a slot lock. On a stream that has one, it costs one page's compression.
+    pub fn warm_compression(&mut self) -> Result<(), ConfigError> {
+        match &mut self.state {
+            State::Lz4(_) => Ok(()),
+            State::Zstd(zstd) => zstd.warm_compression(self.codec.inner.zstd_dicts.as_ref()),
+        }
+    }
+
+    /// Bytes its codec's contexts hold (zstd's; lz4's table is part of the stream), for tests
+    /// and accounting.
+    pub fn context_bytes(&self) -> usize {
+        match &self.state {
+            State::Lz4(_) => 0,
+            State::Zstd(zstd) => zstd.context_bytes(),
+        }
     }
 
     /// The codec this stream belongs to: its algorithm and parameters.

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use uzram_codecs::{Codec, Stream, MAX_COMPRESSED_LEN};
+use uzram_codecs::{Stream, MAX_COMPRESSED_LEN};
 
 use super::{policy, writeback, Device, PAGE_SIZE};
 use crate::{Error, IoError};
@@ -54,6 +54,17 @@ pub(super) struct Scratch<'a> {
 }
 
 impl IoContext {
+    /// Makes the compression workspace of each recompression stream now, before a pass that
+    /// compresses with them under slot locks (a stream made for reads has none yet; one that
+    /// has one compresses a page).
+    pub(super) fn warm_compression(&mut self) -> Result<(), uzram_codecs::ConfigError> {
+        self.streams
+            .iter_mut()
+            .skip(1)
+            .flatten()
+            .try_for_each(Stream::warm_compression)
+    }
+
     pub(super) fn scratch(&mut self) -> Scratch<'_> {
         self.scratch_and_page().0
     }
@@ -91,18 +102,33 @@ impl Device {
     /// before it is returned, so that codecs that allocate their work memory lazily (zstd) have
     /// done so: the I/O path then runs on memory it already holds. The recompression streams
     /// do too where the device has a backing store (an eviction compresses a grouped page alone
-    /// with its group's codec on the thread that writes); without one, only recompression
-    /// compresses with them, on the policy's or a control thread, which makes zstd's workspace
-    /// (77 KiB a context) at its first page instead of every I/O thread holding one.
+    /// with its group's codec on the thread that writes). Without one, an I/O thread only
+    /// decompresses with them: they are made for reads
+    /// ([`uzram_codecs::Codec::stream_for_reads`], their decompression faulted in), and the
+    /// threads that recompress make zstd's compression workspace (about 90 KiB a context) at
+    /// the start of their pass ([`IoContext::warm_compression`]), so that no I/O thread holds
+    /// one it never uses.
     pub fn context(&self) -> Result<IoContext, Error> {
         Ok(self.new_context()?)
     }
 
     pub(super) fn new_context(&self) -> Result<IoContext, uzram_codecs::ConfigError> {
+        let backing = self.backing().is_some();
         let streams = self
             .codecs
             .iter()
-            .map(|c| c.as_ref().map(Codec::stream).transpose())
+            .enumerate()
+            .map(|(p, c)| {
+                c.as_ref()
+                    .map(|c| {
+                        if p == 0 || backing {
+                            c.stream()
+                        } else {
+                            c.stream_for_reads()
+                        }
+                    })
+                    .transpose()
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mut ctx = IoContext {
             device: self.id,
@@ -117,11 +143,7 @@ impl Device {
             reserve_wait: ReserveWait::Pool,
         };
         let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
-        let warm = if self.backing().is_some() {
-            ctx.streams.len()
-        } else {
-            1
-        };
+        let warm = if backing { ctx.streams.len() } else { 1 };
         for stream in ctx.streams.iter_mut().take(warm).flatten() {
             ctx.page.copy_from_slice(&sample);
             if let Ok(n) = stream.compress(&ctx.page, &mut ctx.buf) {

@@ -193,6 +193,8 @@ impl Device {
         candidates: &mut Vec<(u16, u64)>,
     ) -> Result<RecompressStats, Error> {
         self.fit_context(ctx)?;
+        // Its pages are compressed under their slot locks: zstd's workspace is made first.
+        ctx.warm_compression()?;
         let now = self.now();
         let prios: Vec<u8> = self
             .recomp_algorithms()

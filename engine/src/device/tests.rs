@@ -414,3 +414,48 @@ fn a_write_that_stops_short_for_the_reserve_tells_how_far_it_got_and_counts_no_f
     d.count_failed_write(&ctx);
     assert_eq!(d.stats().io.failed_writes, 1);
 }
+
+#[test]
+fn io_threads_hold_no_recompression_workspace_without_a_backing_store() {
+    let mut setup = DeviceSetup::new();
+    setup.set_recomp_algorithm("zstd").unwrap();
+    let d = setup.init(64 * PAGE_SIZE as u64).unwrap();
+    let mut ctx = d.context().unwrap();
+    let full = d.codecs[1]
+        .as_ref()
+        .unwrap()
+        .stream()
+        .unwrap()
+        .context_bytes();
+    let bytes = |ctx: &IoContext| ctx.streams[1].as_ref().unwrap().context_bytes();
+    assert!(bytes(&ctx) + (32 << 10) < full, "{} of {full}", bytes(&ctx));
+    // Reads of recompressed pages, on such a context, are exact. (Every other page: no run of
+    // neighbours to group.)
+    let pages: Vec<_> = (0..16).map(text_page).collect();
+    for (i, p) in pages.iter().enumerate() {
+        d.write(&mut ctx, 2 * i as u64 * 4096, p).unwrap();
+    }
+    d.mark_idle(None);
+    let mut policy_ctx = d.context().unwrap();
+    let r = d
+        .recompress(&mut policy_ctx, &"type=idle".parse().unwrap())
+        .unwrap();
+    assert!(r.recompressed > 0, "{r:?}");
+    // The pass made its context's workspace before it started.
+    assert_eq!(bytes(&policy_ctx), full);
+    assert!(bytes(&ctx) + (32 << 10) < full);
+    let mut out = [0u8; PAGE_SIZE];
+    for (i, p) in pages.iter().enumerate() {
+        d.read(&mut ctx, 2 * i as u64 * 4096, &mut out).unwrap();
+        assert_page(&out, p);
+    }
+    // With a backing store an I/O thread may compress with it (an eviction writes a grouped
+    // page back alone), so its context has the workspace from the start.
+    let dir = super::testutil::tempdir("ctx-backing");
+    let mut setup = DeviceSetup::new();
+    setup.set_recomp_algorithm("zstd").unwrap();
+    setup.set_backing_dev(&dir.join("backing"));
+    let d = setup.init(64 * PAGE_SIZE as u64).unwrap();
+    assert_eq!(bytes(&d.context().unwrap()), full);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -178,15 +178,15 @@ smaps_big() {
         $1 == "Rss:" && $2 >= 256 { print $2 ":" m }' "/proc/$1/smaps" | sort -rn | tr '\n' ' '
 }
 
-# smaps_pss: "comm:pid:Pss_kB:Private_kB:name" for each mapping of every uzram process with
-# 64 kB or more of Pss, largest first, separated by spaces (where the all-in figure goes)
+# smaps_pss: "Pss_kB:pid:Private_kB:name" for each mapping of every uzram process with 64 kB or
+# more of Pss, largest first, separated by spaces (where the all-in figure goes)
 smaps_pss() {
     local p
     for p in /proc/[0-9]*; do
         [ "$(cat "$p/comm" 2>/dev/null)" = uzram ] || continue
         awk -v pid="${p#/proc/}" '/^[0-9a-f]+-[0-9a-f]+ / { n = ($6 == "" ? "anon" : $6) }
-            $1 == "Pss:" { pss = $2 } $1 == "Private_Dirty:" { priv = $2 }
-            $1 == "Private_Clean:" { priv += $2; if (pss >= 64) print pss ":" pid ":" priv ":" n }' "$p/smaps" 2>/dev/null
+            $1 == "Pss:" { pss = $2 } $1 == "Private_Clean:" { priv = $2 }
+            $1 == "Private_Dirty:" { priv += $2; if (pss >= 64) print pss ":" pid ":" priv ":" n }' "$p/smaps" 2>/dev/null
     done | sort -rn | tr '\n' ' '
 }
 

@@ -303,6 +303,8 @@ impl Device {
             return Ok(0);
         }
         self.fit_context(ctx)?;
+        // Its pages are compressed under their slot locks: zstd's workspace is made first.
+        ctx.warm_compression()?;
         let mut split = 0;
         for head in sparse {
             let Some(head) = uzram_allocator::Handle::from_raw(head) else {
