@@ -71,7 +71,7 @@ impl ZstdStream {
         dicts: Option<&ZstdDicts>,
     ) -> Result<(), ConfigError> {
         let mut warm_up = [0u8; COMPRESS_BOUND];
-        self.compress(dicts, &crate::codec::WARM_PAGE, &mut warm_up)
+        self.compress(dicts, &crate::warm::WARM_PAGE, &mut warm_up)
             .map(drop)
             .map_err(|_| ConfigError::OutOfMemory {
                 algorithm: Algorithm::Zstd,

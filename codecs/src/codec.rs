@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::backend_lz4::{self, Lz4Stream};
 use crate::backend_zstd::{self, ZstdDicts, ZstdStream};
+use crate::warm::WARM_PAGE;
 use crate::{Algorithm, CodecError, CodecParams, ConfigError, MAX_COMPRESSED_LEN, PAGE_SIZE};
 
 /// An algorithm with its level and dictionary, validated and prepared: zram's `zcomp`.
@@ -25,21 +26,6 @@ struct Inner {
     /// zstd: [`WARM_PAGE`] compressed, which [`Codec::stream_for_reads`] decompresses to fault
     /// its decompression context in.
     warm_frame: Option<Box<[u8]>>,
-}
-
-/// A page of varied bytes (literals and matches both) that a stream compresses or decompresses
-/// once when it is made, so that zstd's contexts are allocated and faulted in before the first
-/// real page.
-pub(crate) static WARM_PAGE: [u8; PAGE_SIZE] = warm_page();
-
-const fn warm_page() -> [u8; PAGE_SIZE] {
-    let mut page = [0u8; PAGE_SIZE];
-    let mut i = 0;
-    while i < PAGE_SIZE {
-        page[i] = (i * 7 % 251 / 3) as u8;
-        i += 1;
-    }
-    page
 }
 
 impl Codec {
@@ -67,7 +53,7 @@ impl Codec {
         let warm_frame = match algorithm {
             Algorithm::Zstd => {
                 let mut frame = vec![0u8; backend_zstd::COMPRESS_BOUND];
-                let n = ZstdStream::new(level, zstd_dicts.as_ref())?
+                let n = ZstdStream::unwarmed(level)?
                     .compress(zstd_dicts.as_ref(), &WARM_PAGE, &mut frame)
                     .map_err(|_| ConfigError::OutOfMemory { algorithm })?;
                 frame.truncate(n);
@@ -88,37 +74,38 @@ impl Codec {
 
     /// A new stream: the contexts and buffers for compressing and decompressing pages on one
     /// thread. It allocates everything it will need now, so its calls don't (see
-    /// [`Stream`]).
+    /// [`Stream`]): zstd's contexts are made and written by compressing and decompressing a
+    /// page that uses their entropy tables (`warm.rs`).
     pub fn stream(&self) -> Result<Stream, ConfigError> {
-        let state = match self.inner.algorithm {
-            Algorithm::Lz4 => State::Lz4(Lz4Stream::new()),
-            Algorithm::Zstd => State::Zstd(ZstdStream::new(
-                self.inner.level,
-                self.inner.zstd_dicts.as_ref(),
-            )?),
-        };
-        Ok(Stream {
-            codec: self.clone(),
-            state,
-            scratch: Box::new([0; MAX_COMPRESSED_LEN]),
-        })
+        self.make_stream(true)
     }
 
     /// A stream for a thread that decompresses this codec's pages but rarely or never
     /// compresses: like [`Codec::stream`]'s, its decompression allocates nothing (its context is
-    /// made and faulted in now), but zstd's compression workspace (about 90 KiB) is made at
-    /// its first compression, or at [`Stream::warm_compression`].
+    /// made and written now), but zstd's compression workspace (about 90 KiB) is made at its
+    /// first compression, or at [`Stream::warm_compression`].
     pub fn stream_for_reads(&self) -> Result<Stream, ConfigError> {
-        let state = match self.inner.algorithm {
+        self.make_stream(false)
+    }
+
+    fn make_stream(&self, compresses: bool) -> Result<Stream, ConfigError> {
+        let inner = &*self.inner;
+        let state = match inner.algorithm {
             Algorithm::Lz4 => State::Lz4(Lz4Stream::new()),
             Algorithm::Zstd => {
-                let mut zstd = ZstdStream::unwarmed(self.inner.level)?;
-                if let Some(frame) = &self.inner.warm_frame {
+                let dicts = inner.zstd_dicts.as_ref();
+                let mut zstd = if compresses {
+                    ZstdStream::new(inner.level, dicts)?
+                } else {
+                    ZstdStream::unwarmed(inner.level)?
+                };
+                if let Some(frame) = &inner.warm_frame {
                     let mut page = [0u8; PAGE_SIZE];
-                    zstd.decompress(self.inner.zstd_dicts.as_ref(), frame, &mut page)
-                        .map_err(|_| ConfigError::OutOfMemory {
+                    zstd.decompress(dicts, frame, &mut page).map_err(|_| {
+                        ConfigError::OutOfMemory {
                             algorithm: Algorithm::Zstd,
-                        })?;
+                        }
+                    })?;
                 }
                 State::Zstd(zstd)
             }

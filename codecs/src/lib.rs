@@ -64,6 +64,7 @@ mod group;
 #[cfg(any(test, feature = "testing"))]
 pub mod pages;
 mod params;
+mod warm;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use codec::{Codec, Stream};

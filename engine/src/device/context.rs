@@ -98,16 +98,16 @@ impl std::fmt::Debug for IoContext {
 }
 
 impl Device {
-    /// A context for one I/O thread. The primary stream compresses and decompresses one page
-    /// before it is returned, so that codecs that allocate their work memory lazily (zstd) have
-    /// done so: the I/O path then runs on memory it already holds. The recompression streams
-    /// do too where the device has a backing store (an eviction compresses a grouped page alone
-    /// with its group's codec on the thread that writes). Without one, an I/O thread only
-    /// decompresses with them: they are made for reads
-    /// ([`uzram_codecs::Codec::stream_for_reads`], their decompression faulted in), and the
-    /// threads that recompress make zstd's compression workspace (about 90 KiB a context) at
-    /// the start of their pass ([`IoContext::warm_compression`]), so that no I/O thread holds
-    /// one it never uses.
+    /// A context for one I/O thread. Its primary stream has compressed and decompressed a page
+    /// that uses zstd's entropy tables ([`uzram_codecs::Codec::stream`]), so that the work
+    /// memory zstd allocates lazily is made and written: the I/O path then runs on memory it
+    /// already holds. The recompression streams are made so too where the device has a
+    /// backing store (an eviction compresses a grouped page alone with its group's codec on
+    /// the thread that writes). Without one, an I/O thread only decompresses with them: they
+    /// are made for reads ([`uzram_codecs::Codec::stream_for_reads`]: a decompression), and
+    /// the threads that recompress make zstd's compression workspace (about 90 KiB a context)
+    /// at the start of their pass ([`IoContext::warm_compression`]), so that no I/O thread
+    /// holds one it never uses.
     pub fn context(&self) -> Result<IoContext, Error> {
         Ok(self.new_context()?)
     }
@@ -130,7 +130,7 @@ impl Device {
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut ctx = IoContext {
+        let ctx = IoContext {
             device: self.id,
             shard: self.next_shard.fetch_add(1, Ordering::Relaxed),
             streams,
@@ -142,14 +142,6 @@ impl Device {
                 .map(|_| writeback::WbBuffers::new(policy::EVICT_BATCH)),
             reserve_wait: ReserveWait::Pool,
         };
-        let sample: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 % 251 / 3) as u8).collect();
-        let warm = if backing { ctx.streams.len() } else { 1 };
-        for stream in ctx.streams.iter_mut().take(warm).flatten() {
-            ctx.page.copy_from_slice(&sample);
-            if let Ok(n) = stream.compress(&ctx.page, &mut ctx.buf) {
-                let _ = stream.decompress(&ctx.buf[..n], &mut ctx.page);
-            }
-        }
         Ok(ctx)
     }
 

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use uzram_codecs::Algorithm;
 
 use super::{Device, GroupPass, IoContext, PageIndex, SlotFlags, SlotState, PAGE_SIZE};
-use crate::Error;
+use crate::{Error, IoError};
 
 /// Which pages a recompression pass looks at (zram's `type=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,7 +194,7 @@ impl Device {
     ) -> Result<RecompressStats, Error> {
         self.fit_context(ctx)?;
         // Its pages are compressed under their slot locks: zstd's workspace is made first.
-        ctx.warm_compression()?;
+        ctx.warm_compression().map_err(IoError::Context)?;
         let now = self.now();
         let prios: Vec<u8> = self
             .recomp_algorithms()

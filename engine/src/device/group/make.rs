@@ -304,7 +304,7 @@ impl Device {
         }
         self.fit_context(ctx)?;
         // Its pages are compressed under their slot locks: zstd's workspace is made first.
-        ctx.warm_compression()?;
+        ctx.warm_compression().map_err(IoError::Context)?;
         let mut split = 0;
         for head in sparse {
             let Some(head) = uzram_allocator::Handle::from_raw(head) else {
