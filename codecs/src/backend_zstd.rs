@@ -64,6 +64,18 @@ impl ZstdStream {
         Ok(Self { cctx, dctx, level })
     }
 
+    /// Writes the decompression context (its entropy tables among it) by decoding the warm-up
+    /// frame, which uses them (`warm.rs`).
+    pub(crate) fn warm_decompression(&mut self) -> Result<(), ConfigError> {
+        let mut page = [0u8; PAGE_SIZE];
+        self.dctx
+            .decompress(&mut page[..], crate::warm::WARM_FRAME)
+            .map(drop)
+            .map_err(|_| ConfigError::OutOfMemory {
+                algorithm: Algorithm::Zstd,
+            })
+    }
+
     /// Makes the compression workspace and faults it in, by compressing a page (once it is
     /// made, a page costs the same).
     pub(crate) fn warm_compression(

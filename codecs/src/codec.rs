@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::backend_lz4::{self, Lz4Stream};
 use crate::backend_zstd::{self, ZstdDicts, ZstdStream};
-use crate::warm::WARM_PAGE;
 use crate::{Algorithm, CodecError, CodecParams, ConfigError, MAX_COMPRESSED_LEN, PAGE_SIZE};
 
 /// An algorithm with its level and dictionary, validated and prepared: zram's `zcomp`.
@@ -23,9 +22,6 @@ struct Inner {
     level: i32,
     /// zstd's prepared dictionaries; lz4 uses `params.dict` as it is.
     zstd_dicts: Option<ZstdDicts>,
-    /// zstd: [`WARM_PAGE`] compressed, which [`Codec::stream_for_reads`] decompresses to fault
-    /// its decompression context in.
-    warm_frame: Option<Box<[u8]>>,
 }
 
 impl Codec {
@@ -50,24 +46,12 @@ impl Codec {
             (Algorithm::Zstd, Some(dict)) => Some(ZstdDicts::new(dict, level)?),
             _ => None,
         };
-        let warm_frame = match algorithm {
-            Algorithm::Zstd => {
-                let mut frame = vec![0u8; backend_zstd::COMPRESS_BOUND];
-                let n = ZstdStream::unwarmed(level)?
-                    .compress(zstd_dicts.as_ref(), &WARM_PAGE, &mut frame)
-                    .map_err(|_| ConfigError::OutOfMemory { algorithm })?;
-                frame.truncate(n);
-                Some(frame.into_boxed_slice())
-            }
-            Algorithm::Lz4 => None,
-        };
         Ok(Self {
             inner: Arc::new(Inner {
                 algorithm,
                 params,
                 level,
                 zstd_dicts,
-                warm_frame,
             }),
         })
     }
@@ -99,14 +83,7 @@ impl Codec {
                 } else {
                     ZstdStream::unwarmed(inner.level)?
                 };
-                if let Some(frame) = &inner.warm_frame {
-                    let mut page = [0u8; PAGE_SIZE];
-                    zstd.decompress(dicts, frame, &mut page).map_err(|_| {
-                        ConfigError::OutOfMemory {
-                            algorithm: Algorithm::Zstd,
-                        }
-                    })?;
-                }
+                zstd.warm_decompression()?;
                 State::Zstd(zstd)
             }
         };

@@ -14,6 +14,11 @@ use crate::PAGE_SIZE;
 /// The warm-up page.
 pub(crate) static WARM_PAGE: [u8; PAGE_SIZE] = warm_page();
 
+/// [`WARM_PAGE`] compressed by zstd at level 3, as a frame any zstd decompression context
+/// decodes (made once, checked by the tests below): a stream's decompression context is
+/// written by decoding it, with no compression context made for it.
+pub(crate) static WARM_FRAME: &[u8] = include_bytes!("warm_page.zst");
+
 const WORDS: [&[u8]; 16] = [
     b"alpha",
     b"bravo",
@@ -104,6 +109,12 @@ mod tests {
         };
         let modes = f[p];
         (literals, [modes >> 6, (modes >> 4) & 3, (modes >> 2) & 3])
+    }
+
+    #[test]
+    fn the_warm_frame_is_the_warm_page_with_its_own_tables() {
+        assert_eq!(zstd::decode_all(WARM_FRAME).unwrap(), WARM_PAGE);
+        assert_eq!(first_block(WARM_FRAME), (2, [2, 2, 2]));
     }
 
     #[test]

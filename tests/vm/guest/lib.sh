@@ -27,6 +27,9 @@ fail_log() { # NAME LOG REASON...
         echo "---- $UZRAM_LOG: failures and bugs the daemons logged"
         grep -E 'BUG|panicked|requests failed|cannot refill|gave up' "$UZRAM_LOG" | tail -n 12 | sed 's/^/  d /'
     fi
+    # a daemon that crashed: where (the kernel's line names the faulting address and the
+    # binary's mapping)
+    dmesg 2>/dev/null | grep -E 'segfault|traps:|general protection' | tail -n 4 | sed 's/^/  k /'
     fail "$_n" "$*"
 }
 
