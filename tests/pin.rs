@@ -219,15 +219,24 @@ fn rss_anon_kib() -> u64 {
         .unwrap()
 }
 
-/// The whole stack a thread that faults in `prefault` bytes of stack is checked in: that, less
-/// 32 KiB for the frames above what is checked (libublk's on a queue thread). The daemon is
-/// built in release, and there that is the check; a debug build's frames are several times
-/// larger (zstd's C at `-O0` among them), so its check gets twice the room: it still catches a
-/// path that grew severalfold, and `cargo test --release --test pin` (in `.ci/long`) checks the
-/// budget itself.
-fn check_stack(prefault: usize) -> usize {
+/// Runs `check` on a thread served from the I/O heap, as the daemon's I/O and upkeep threads
+/// are, whose whole stack is what such a thread faults in (`prefault`) less 32 KiB for the
+/// frames above what is checked (libublk's on a queue thread): a deeper path overflows it (the
+/// guard page ends the test with SIGSEGV). The daemon is built in release, and there that is
+/// the check; a debug build's frames are several times larger (zstd's C at `-O0` among them),
+/// so its check gets twice the room: it still catches a path that grew severalfold, and
+/// `cargo test --release --test pin` (in `.ci/long`) checks the budget itself.
+fn in_checked_stack(prefault: usize, check: impl FnOnce() + Send + 'static) {
     let room = if cfg!(debug_assertions) { 2 } else { 1 };
-    room * prefault - (32 << 10)
+    std::thread::Builder::new()
+        .stack_size(room * prefault - (32 << 10))
+        .spawn(move || {
+            heap::serve_from_io_heap();
+            check();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
 }
 
 /// A request's first attempt, as a queue thread makes it (none is put off here).
@@ -256,7 +265,7 @@ fn handle(
 }
 
 /// The request path (`io::handle`, as a queue thread calls it), run on a thread whose whole
-/// stack is [`check_stack`] ([`STACK_PREFAULT`] less 32 KiB in release): a deeper path
+/// stack is [`in_checked_stack`] ([`STACK_PREFAULT`] less 32 KiB in release): a deeper path
 /// would overflow it (the guard page ends the test with SIGSEGV), so the stack a queue thread
 /// faults in before serving covers every page it will touch.
 fn io_path_fits_in_the_prefaulted_stack() {
@@ -331,26 +340,20 @@ fn io_path_fits_in_the_prefaulted_stack() {
     };
     heap::refill();
     let before = heap::stats().fallbacks;
-    std::thread::Builder::new()
-        .stack_size(check_stack(uzram::daemon::pin::STACK_PREFAULT))
-        .spawn(move || {
-            heap::serve_from_io_heap();
-            run();
-            assert_eq!(
-                heap::stats().fallbacks,
-                before,
-                "the request path outgrew a full I/O heap"
-            );
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    in_checked_stack(uzram::daemon::pin::STACK_PREFAULT, move || {
+        run();
+        assert_eq!(
+            heap::stats().fallbacks,
+            before,
+            "the request path outgrew a full I/O heap"
+        );
+    });
 }
 
 /// A queue thread's deepest request: a write at the pool's limit that evicts inline (a block
 /// device's backing store: no hand-off) a batch of grouped pages, each decompressed from its
 /// zstd group and compressed alone, sealed with the store's key. Run, as above, on a thread
-/// whose whole stack is [`check_stack`]; every page is read back as written.
+/// whose whole stack is [`in_checked_stack`]; every page is read back as written.
 ///
 /// [`STACK_PREFAULT`]: uzram::daemon::pin::STACK_PREFAULT
 fn evicting_writes_fit_in_the_prefaulted_stack() {
@@ -409,15 +412,7 @@ fn evicting_writes_fit_in_the_prefaulted_stack() {
             );
         }
     };
-    std::thread::Builder::new()
-        .stack_size(check_stack(uzram::daemon::pin::STACK_PREFAULT))
-        .spawn(move || {
-            heap::serve_from_io_heap();
-            run();
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    in_checked_stack(uzram::daemon::pin::STACK_PREFAULT, run);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -525,11 +520,10 @@ fn group_rounds(d: &uzram_engine::Device) {
     }
 }
 
-/// The memory thread's and the policy thread's rounds, run on a thread whose whole stack is
-/// [`check_stack`] ([`UPKEEP_STACK_PREFAULT`] less 32 KiB in release, the thread's own frames
-/// above them): a deeper round
-/// would overflow it (SIGSEGV), so the stack those threads fault in covers every page they
-/// touch. Each step's result is checked against what it must have done.
+/// The memory thread's and the policy thread's rounds, run [`in_checked_stack`]
+/// ([`UPKEEP_STACK_PREFAULT`] less 32 KiB in release, the thread's own frames above them): a
+/// deeper round would overflow it (SIGSEGV), so the stack those threads fault in covers every
+/// page they touch. Each step's result is checked against what it must have done.
 ///
 /// [`UPKEEP_STACK_PREFAULT`]: uzram::daemon::pin::UPKEEP_STACK_PREFAULT
 fn upkeep_fits_in_its_prefaulted_stack() {
@@ -575,14 +569,6 @@ fn upkeep_fits_in_its_prefaulted_stack() {
         policy_rounds(&policy_device);
         group_rounds(&group_device);
     };
-    std::thread::Builder::new()
-        .stack_size(check_stack(uzram::daemon::pin::UPKEEP_STACK_PREFAULT))
-        .spawn(move || {
-            heap::serve_from_io_heap();
-            run();
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    in_checked_stack(uzram::daemon::pin::UPKEEP_STACK_PREFAULT, run);
     let _ = std::fs::remove_dir_all(&dir);
 }
